@@ -1,0 +1,100 @@
+/*
+ * internal.h - private declarations shared by the engine's areas.
+ * Non-static private symbols use the opt4__ prefix.
+ */
+#ifndef OPT4_INTERNAL_H
+#define OPT4_INTERNAL_H
+
+#include "opt4.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define OPT4__LIKELY(x) __builtin_expect(!!(x), 1)
+#define OPT4__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define OPT4__PREFETCH(p) __builtin_prefetch((p))
+#define OPT4__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define OPT4__LIKELY(x) (x)
+#define OPT4__UNLIKELY(x) (x)
+#define OPT4__PREFETCH(p) ((void)(p))
+#define OPT4__PRINTF(a, b)
+#endif
+
+/* "Never used again": one past the largest position. */
+#define OPT4__NEVER UINT32_MAX
+
+/* ---- memory: every engine allocation goes through these, so the allocator
+ * hook and the peak counter see all of it. The size is passed back to free
+ * so that no per-block header is needed. ---- */
+void *opt4__malloc(size_t size);
+void *opt4__calloc(size_t count, size_t size);
+void opt4__free(void *ptr, size_t size);
+/* Ask for transparent huge pages on a large array before first touch: the
+ * planner makes random accesses over tens of MB, where 4 KiB pages cost a
+ * page walk each, and faulting in fresh memory is 5x cheaper in 2 MiB pages.
+ * Only a hint; small arrays and other allocators are unaffected. */
+void opt4__advise_huge(void *ptr, size_t len);
+/* count * size with overflow check; returns 0 and sets *out on success. */
+int opt4__mul_size(size_t count, size_t size, size_t *out);
+
+/* ---- errors: record a sentence for opt4_errdetail() and return code. ---- */
+int opt4__fail(int code, const char *fmt, ...) OPT4__PRINTF(2, 3);
+void opt4__clear_detail(void);
+
+/* ---- hashing (XXH3-64) ---- */
+typedef struct opt4__hasher opt4__hasher;
+opt4__hasher *opt4__hasher_new(void);
+void opt4__hasher_update(opt4__hasher *h, const void *data, size_t len);
+uint64_t opt4__hasher_digest(const opt4__hasher *h);
+void opt4__hasher_free(opt4__hasher *h);
+uint64_t opt4__hash64(const void *data, size_t len);
+
+/* ---- sequences ---- */
+static inline uint64_t opt4__seq_get(const opt4_seq *s, uint64_t t) {
+  switch (s->dtype) {
+  case OPT4_I32: return (uint64_t)(int64_t)((const int32_t *)s->data)[t];
+  case OPT4_I64: return (uint64_t)((const int64_t *)s->data)[t];
+  case OPT4_U32: return ((const uint32_t *)s->data)[t];
+  default: return ((const uint64_t *)s->data)[t];
+  }
+}
+/* Check the view's shape (not its values). */
+int opt4__seq_check(const opt4_seq *seq);
+/* Copy ids [first, first + count) into dst as uint32, checking each against
+ * items (OPT4_ERANGE names the position). */
+int opt4__seq_to_u32(const opt4_seq *seq, uint64_t first, uint64_t count,
+                     uint32_t *dst);
+
+/* ---- plans ---- */
+struct opt4_plan {
+  opt4_plan_info info;
+  const uint32_t *seq; /* T ids */
+  const uint32_t *ops; /* T ops, or NULL */
+  char *desc;          /* owned copy, or NULL */
+  size_t desc_len;
+  /* Ownership: either owned heap arrays (freed with their sizes), or one
+   * read-only mapping of a plan file / one owned buffer holding both. */
+  uint32_t *own_seq;
+  uint32_t *own_ops;
+  void *map;
+  size_t map_len;
+  int map_is_mmap; /* 1: munmap(map); 0: opt4__free(map, map_len) */
+};
+
+opt4_plan *opt4__plan_alloc(void);
+
+/* Belady over seq (any dtype) into ops[T]; fills the totals. ops doubles as
+ * the next-use array during the build. */
+int opt4__belady(const opt4_seq *seq, const opt4_plan_opts *opts, uint32_t *ops,
+                 opt4_plan_info *info);
+
+/* Replay ops against seq and check every HIT finds its id in its slot, every
+ * slot is < capacity, and the totals match. 0 or OPT4_ECORRUPT. */
+int opt4__plan_verify(const uint32_t *seq, const uint32_t *ops,
+                      const opt4_plan_info *info);
+
+#endif /* OPT4_INTERNAL_H */

@@ -1,0 +1,132 @@
+/* test_alloc_fail.c - fail each allocation in turn (the idea of rax's
+ * rax_oom_malloc.h): every API call must return OPT4_ENOMEM cleanly, leave its
+ * out-parameter NULL and hold no memory afterwards. */
+#include "task.h"
+
+#include <unistd.h>
+
+static long countdown = -1; /* fail when it reaches 0; -1 never */
+static long calls;
+
+static void *failing_malloc(void *opaque, size_t size) {
+  (void)opaque;
+  calls++;
+  if (countdown >= 0 && countdown-- == 0) return NULL;
+  return malloc(size);
+}
+static void plain_free(void *opaque, void *ptr) {
+  (void)opaque;
+  free(ptr);
+}
+
+typedef int (*scenario)(void);
+
+static uint32_t seq[3000];
+static char path[] = "/tmp/opt4_oom_XXXXXX";
+
+static int do_build(void) {
+  opt4_seq s = {seq, OPT4_U32, 3000, 100};
+  opt4_plan_opts o;
+  memset(&o, 0, sizeof o);
+  o.capacity = 20;
+  opt4_plan *p = NULL;
+  int rc = opt4_plan_build(&s, &o, &p);
+  if (rc != 0) ASSERT(p == NULL);
+  if (rc == 0) {
+    int64_t *v = malloc(3000 * sizeof *v);
+    rc = opt4_plan_victims(p, v, 3000);
+    free(v);
+  }
+  opt4_plan_close(p);
+  return rc;
+}
+
+static int do_open(void) {
+  opt4_plan *p = NULL;
+  int rc = opt4_plan_open(path, &p);
+  if (rc != 0) ASSERT(p == NULL);
+  opt4_plan_close(p);
+  return rc;
+}
+
+static int do_save(void) {
+  /* Built without the failing allocator, saved with it. */
+  long saved = countdown;
+  countdown = -1;
+  opt4_seq s = {seq, OPT4_U32, 3000, 100};
+  opt4_plan *p = NULL;
+  ASSERT_OK(opt4_plan_from_seq(&s, &p));
+  countdown = saved;
+  int rc = opt4_plan_set_desc(p, "x", 1);
+  if (rc == 0) rc = opt4_plan_save(p, path);
+  opt4_plan_close(p);
+  return rc;
+}
+
+static int do_sim_lru(void) {
+  opt4_seq s = {seq, OPT4_U32, 3000, 100};
+  opt4_sim_result r;
+  return opt4_simulate("lru", &s, 10, 0, &r);
+}
+
+static int do_sim_fifo(void) {
+  opt4_seq s = {seq, OPT4_U32, 3000, 100};
+  opt4_sim_result r;
+  return opt4_simulate("fifo", &s, 10, 0, &r);
+}
+
+static int do_fingerprint(void) {
+  opt4_seq s = {seq, OPT4_U32, 3000, 100};
+  uint64_t fp;
+  return opt4_fingerprint(&s, &fp);
+}
+
+static void run_scenario(const char *name, scenario fn) {
+  opt4_allocator a = {failing_malloc, plain_free, NULL};
+  opt4_set_allocator(&a);
+  long k = 0;
+  for (;; k++) {
+    countdown = k;
+    calls = 0;
+    int rc = fn();
+    ASSERT_NO_ENGINE_MEMORY();
+    if (countdown >= 0) { /* the k-th allocation was never reached */
+      ASSERT_OK(rc);
+      break;
+    }
+    if (rc != OPT4_ENOMEM)
+      FAIL_AT("%s: failing allocation %ld gave %s (%s)", name, k, opt4_err_name(rc),
+              opt4_errdetail());
+  }
+  ASSERT(k > 0);
+  countdown = -1;
+  opt4_set_allocator(NULL);
+  fprintf(stderr, "    %s: %ld allocation failures handled\n", name, k);
+}
+
+int main(void) {
+  uint64_t rng = 1;
+  for (int t = 0; t < 3000; t++) seq[t] = (uint32_t)(test_rand(&rng) % 100);
+  int fd = mkstemp(path);
+  ASSERT(fd >= 0);
+  close(fd);
+  {
+    opt4_seq s = {seq, OPT4_U32, 3000, 100};
+    opt4_plan_opts o;
+    memset(&o, 0, sizeof o);
+    o.capacity = 20;
+    opt4_plan *p = NULL;
+    ASSERT_OK(opt4_plan_build(&s, &o, &p));
+    ASSERT_OK(opt4_plan_set_desc(p, "d", 1));
+    ASSERT_OK(opt4_plan_save(p, path));
+    opt4_plan_close(p);
+  }
+  run_scenario("build", do_build);
+  run_scenario("open", do_open);
+  run_scenario("sim_lru", do_sim_lru);
+  run_scenario("sim_fifo", do_sim_fifo);
+  run_scenario("fingerprint", do_fingerprint);
+  run_scenario("save", do_save);
+  unlink(path);
+  return 0;
+}

@@ -163,6 +163,10 @@ typedef struct opt4_plan_opts {
   const uint64_t *item_sizes;
   uint64_t capacity_bytes;
   uint64_t page_size;
+  /* Optional: the build stores its progress here, from 0 to 3 * T (three
+   * passes), with relaxed atomic stores every 65536 positions, so another
+   * thread can show a progress bar. Must be 8-byte aligned. NULL: none. */
+  volatile uint64_t *progress;
 } opt4_plan_opts;
 
 /* What a plan holds, and its totals. For a sequence-only plan (capacity 0,
@@ -179,6 +183,9 @@ typedef struct opt4_plan_info {
   uint64_t admits;
   uint64_t bypasses;
   uint64_t compulsory; /* first accesses: the number of distinct ids */
+  /* Slots the plan can use: min(capacity, items, accesses). Slots are handed
+   * out lowest first, so every op's slot is below this. */
+  uint64_t slots;
 } opt4_plan_info;
 
 typedef struct opt4_plan opt4_plan;
@@ -241,7 +248,7 @@ int opt4_plan_victims(const opt4_plan *plan, int64_t *dst, uint64_t dst_len);
 
 /* What each slot holds just before position t (0 <= t <= T): dst[s] = id or
  * -1 for a slot never written. Slots freed by dead ids keep their bytes, so
- * they report the dead id. dst_len must be at least the capacity. */
+ * they report the dead id. dst_len must be at least info.slots. */
 int opt4_plan_slots_at(const opt4_plan *plan, uint64_t t, int64_t *dst,
                        uint64_t dst_len);
 

@@ -87,6 +87,17 @@ struct opt4_plan {
 
 opt4_plan *opt4__plan_alloc(void);
 
+/* min(capacity, items, accesses): no valid plan uses a slot at or above it. */
+static inline uint64_t opt4__slot_count(const opt4_plan_info *in) {
+  uint64_t n = in->capacity < in->items ? in->capacity : in->items;
+  return n < in->accesses ? n : in->accesses;
+}
+
+/* The number of distinct ids in seq[0, T), all < items, in memory bounded by
+ * the sequence's own size: a bitmap when it is no larger, else a sorted copy.
+ * 0 or OPT4_ENOMEM. */
+int opt4__count_distinct(const uint32_t *seq, uint64_t T, uint64_t items, uint64_t *out);
+
 /* Belady over seq (any dtype) into ops[T]; fills the totals. ops doubles as
  * the next-use array during the build. */
 int opt4__belady(const opt4_seq *seq, const opt4_plan_opts *opts, uint32_t *ops,

@@ -47,6 +47,7 @@ typedef struct id_state {
 
 typedef struct belady_ctx {
   uint64_t T, N, C;
+  volatile uint64_t *progress;
   int bypass;
   uint32_t *ops;
   id_state *ids;
@@ -66,6 +67,14 @@ static int range_error(uint64_t raw, int is_signed, uint64_t t, uint64_t N) {
                     (unsigned long long)N);
 }
 
+/* Publish how far the build is, every 65536 positions of a pass. */
+#define REPORT(c, pass, done)                                                  \
+  do {                                                                         \
+    if (OPT4__UNLIKELY(((done)&0xFFFF) == 0) && (c)->progress != NULL)         \
+      __atomic_store_n((c)->progress, (uint64_t)(pass) * (c)->T + (done),      \
+                       __ATOMIC_RELAXED);                                      \
+  } while (0)
+
 /* Pass 2 does not depend on the dtype: it reads only ops and the key set. */
 static void decide(belady_ctx *c) {
   uint32_t *restrict ops = c->ops;
@@ -84,6 +93,7 @@ static void decide(belady_ctx *c) {
       uint32_t nx_ahead = ops[t + AHEAD];
       if (nx_ahead != OPT4__NEVER) OPT4__PREFETCH(&ks->level[0][nx_ahead >> 6]);
     }
+    REPORT(c, 1, t);
     const uint32_t nx = ops[t];
     if (opt4__ks_take(ks, t)) {
       if (t == max) max = NO_MAX; /* it was the only key: t is the smallest */
@@ -142,6 +152,7 @@ static void decide(belady_ctx *c) {
         uint64_t ahead = (uint64_t)seq[t - AHEAD];                             \
         OPT4__PREFETCH(&ids[ahead < N ? ahead : 0]);                           \
       }                                                                        \
+      REPORT(c, 0, c->T - t);                                                  \
       uint64_t x = (uint64_t)seq[t];                                           \
       if (OPT4__UNLIKELY(x >= N)) return range_error(x, IS_SIGNED, t, N);      \
       uint32_t nx = ids[x].slot;                                               \
@@ -172,6 +183,7 @@ static void decide(belady_ctx *c) {
         OPT4__PREFETCH(&ids[(uint64_t)seq[t + AHEAD]]);                        \
         if (c1 < CODE_ADMIT_FREE) OPT4__PREFETCH(&ids[(uint64_t)seq[c1]]);     \
       }                                                                        \
+      REPORT(c, 2, t);                                                         \
       const uint32_t x = (uint32_t)seq[t];                                     \
       const uint32_t code = ops[t];                                            \
       uint32_t s;                                                              \
@@ -229,6 +241,7 @@ int opt4__belady(const opt4_seq *seq, const opt4_plan_opts *opts, uint32_t *ops,
   c.C = opts->capacity;
   c.bypass = (opts->flags & OPT4_PLAN_NOBYPASS) == 0;
   c.ops = ops;
+  c.progress = opts->progress;
   /* Never more than N ids are resident, so a larger capacity needs no more
    * than N slots; they are handed out lowest first. */
   c.n_slots = c.C < c.N ? c.C : c.N;
@@ -265,6 +278,7 @@ int opt4__belady(const opt4_seq *seq, const opt4_plan_opts *opts, uint32_t *ops,
     c.stack[i] = (uint32_t)(c.n_slots - 1 - i); /* slot 0 on top */
   assign_slots(&c, seq);
 
+  if (c.progress != NULL) __atomic_store_n(c.progress, 3 * c.T, __ATOMIC_RELAXED);
   info->hits = c.hits;
   info->admits = c.admits;
   info->bypasses = c.bypasses;

@@ -4,6 +4,7 @@
  */
 #include "internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -73,19 +74,8 @@ int opt4_plan_from_seq(const opt4_seq *seq, opt4_plan **out) {
   rc = attach_seq(plan, seq);
   if (rc != 0) goto leave;
   /* Count distinct ids so that compulsory misses are known without a plan. */
-  uint8_t *seen = opt4__calloc((size_t)seq->items, 1);
-  if (seen == NULL) {
-    rc = opt4__fail(OPT4_ENOMEM, "no memory for %llu ids",
-                    (unsigned long long)seq->items);
-    goto leave;
-  }
-  uint64_t distinct = 0;
-  for (uint64_t t = 0; t < seq->len; t++) {
-    distinct += !seen[plan->seq[t]];
-    seen[plan->seq[t]] = 1;
-  }
-  opt4__free(seen, (size_t)seq->items);
-  plan->info.compulsory = distinct;
+  rc = opt4__count_distinct(plan->seq, seq->len, seq->items, &plan->info.compulsory);
+  if (rc != 0) rc = opt4__fail(rc, "no memory to count distinct ids");
 leave:
   if (rc != 0) {
     opt4_plan_close(plan);
@@ -120,6 +110,7 @@ int opt4_plan_build(const opt4_seq *seq, const opt4_plan_opts *opts,
   }
   /* Decide first and copy the ids after: the key set is freed by then, so
    * the peak stays at two uint32 arrays plus O(items). */
+  plan->info.slots = opt4__slot_count(&plan->info);
   rc = opt4__belady(seq, opts, plan->own_ops, &plan->info);
   if (rc != 0) goto leave;
   plan->ops = plan->own_ops;
@@ -194,9 +185,37 @@ static void replay_slots(const opt4_plan *plan, uint64_t t, int64_t *slots,
   }
 }
 
-static uint64_t slots_used(const opt4_plan *plan) {
-  return plan->info.capacity < plan->info.items ? plan->info.capacity
-                                                : plan->info.items;
+static uint64_t slots_used(const opt4_plan *plan) { return opt4__slot_count(&plan->info); }
+
+static int cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return (x > y) - (x < y);
+}
+
+int opt4__count_distinct(const uint32_t *seq, uint64_t T, uint64_t items, uint64_t *out) {
+  uint64_t distinct = 0;
+  if ((items + 7) / 8 <= T * sizeof(uint32_t) + 64) {
+    size_t bytes = (size_t)((items + 7) / 8);
+    uint8_t *seen = opt4__calloc(bytes, 1);
+    if (seen == NULL) return OPT4_ENOMEM;
+    for (uint64_t t = 0; t < T; t++) {
+      uint32_t x = seq[t];
+      uint8_t bit = (uint8_t)(1u << (x & 7));
+      distinct += (seen[x >> 3] & bit) == 0;
+      seen[x >> 3] |= bit;
+    }
+    opt4__free(seen, bytes);
+  } else { /* far more ids than accesses: sort a copy instead */
+    size_t bytes = (size_t)T * sizeof(uint32_t);
+    uint32_t *copy = opt4__malloc(bytes);
+    if (copy == NULL) return OPT4_ENOMEM;
+    memcpy(copy, seq, bytes);
+    qsort(copy, (size_t)T, sizeof(uint32_t), cmp_u32);
+    for (uint64_t t = 0; t < T; t++) distinct += (t == 0 || copy[t] != copy[t - 1]);
+    opt4__free(copy, bytes);
+  }
+  *out = distinct;
+  return 0;
 }
 
 int opt4_plan_victims(const opt4_plan *plan, int64_t *dst, uint64_t dst_len) {
@@ -242,7 +261,7 @@ int opt4_plan_slots_at(const opt4_plan *plan, uint64_t t, int64_t *dst,
 
 int opt4__plan_verify(const uint32_t *seq, const uint32_t *ops,
                       const opt4_plan_info *info) {
-  uint64_t n = info->capacity < info->items ? info->capacity : info->items;
+  uint64_t n = opt4__slot_count(info);
   uint32_t *slots = opt4__malloc((size_t)n * sizeof(uint32_t));
   if (slots == NULL && n > 0)
     return opt4__fail(OPT4_ENOMEM, "no memory to verify %llu slots",

@@ -1,0 +1,69 @@
+# OPT4TorchDataset developer entry points. Everything runs from a fresh clone:
+# the first target that needs it creates .venv with the pinned dependencies.
+#
+#   make demo    capture a seeded sampler, plan, compare OPT with LRU/FIFO
+#   make test    every test: C (plain, ASan+UBSan, TSan), fuzz smoke, Python
+#   make bench   the benchmarks (writes bench/results/*.json)
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.deps-installed
+JOBS   ?= 2
+# Seconds of libFuzzer per target in `make test` (0 skips the fuzzing run;
+# the checked-in corpus is replayed either way).
+FUZZ_SECONDS ?= 60
+
+.PHONY: all demo install test test-c test-asan test-tsan test-fuzz test-python bench clean
+
+all: test
+
+$(STAMP): requirements-dev.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -r requirements-dev.txt
+	@touch $@
+
+# Build and install the package (C engine + extension) into .venv.
+install: $(STAMP)
+	$(PIP) install --quiet --no-build-isolation --no-deps --force-reinstall .
+
+demo: install
+	$(VENV)/bin/opt4torch demo
+
+test: install test-c test-asan test-tsan test-fuzz test-python
+	@echo "all tests passed"
+
+define ctest_build
+	$(VENV)/bin/cmake -S . -B build/$(1) -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) \
+	    -DOPT4_BUILD_TESTS=ON $(2) > build-$(1).log 2>&1 || { cat build-$(1).log; exit 1; }
+	$(VENV)/bin/cmake --build build/$(1) -j $(JOBS)
+	cd build/$(1) && $(abspath $(VENV)/bin/ctest) --output-on-failure -j $(JOBS) $(3)
+	@rm -f build-$(1).log
+endef
+
+test-c: $(STAMP)
+	$(call ctest_build,ctest,-DCMAKE_BUILD_TYPE=Release,)
+
+test-asan: $(STAMP)
+	$(call ctest_build,asan,-DCMAKE_BUILD_TYPE=Debug -DOPT4_SANITIZE=address$(comma)undefined,)
+
+# ThreadSanitizer runs the concurrent tests (label "concurrent").
+test-tsan: $(STAMP)
+	$(call ctest_build,tsan,-DCMAKE_BUILD_TYPE=Debug -DOPT4_SANITIZE=thread,-L concurrent --no-tests=ignore)
+
+test-fuzz: $(STAMP)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) CMAKE=$(abspath $(VENV)/bin/cmake) NINJA=$(abspath $(VENV)/bin/ninja) \
+	    scripts/fuzz.sh
+
+test-python: install
+	$(PY) -m pytest -q tests/python
+
+bench: install
+	$(PY) bench/plan_speed.py
+
+clean:
+	rm -rf build dist out *.egg-info
+
+comma := ,

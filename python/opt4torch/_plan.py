@@ -1,0 +1,385 @@
+"""Plans: Belady's OPT decisions for a known access sequence.
+
+A plan holds, for every position ``t`` of the sequence, one of
+
+* ``HIT``: the item is in the cache, in ``slot``;
+* ``ADMIT``: load the item and store it in ``slot`` (evicting what was there);
+* ``BYPASS``: load the item and do not store it,
+
+plus the totals. Plans are built by the C engine and saved in a versioned,
+checksummed binary file (docs/plan-format.md) that loads with mmap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _engine
+from ._engine import InvalidInputError, PlanFileError
+from ._progress import progress_bar
+
+__all__ = ["HIT", "ADMIT", "BYPASS", "Plan", "plan", "load_plan", "fingerprint", "as_sequence"]
+
+HIT: int = _engine.OP_HIT
+ADMIT: int = _engine.OP_ADMIT
+BYPASS: int = _engine.OP_BYPASS
+
+_SLOT_MASK = 0x3FFFFFFF
+
+# Builds below this many accesses finish in well under a second: no bar.
+_PROGRESS_THRESHOLD = 50_000_000
+
+
+def as_sequence(seq: Any, items: int | None = None) -> tuple[np.ndarray, int]:
+    """Turn ``seq`` into a 1-D integer numpy array and the number of items.
+
+    Accepts numpy arrays, torch tensors, lists and any iterable of ints.
+    ``items`` defaults to ``max(seq) + 1``. Raises :class:`InvalidInputError`
+    naming the first bad position for negative or out-of-range ids.
+    """
+    arr = np.asarray(seq)
+    if arr.dtype == object or arr.ndim != 1:
+        arr = np.asarray(list(seq) if arr.ndim == 0 else seq, dtype=np.int64)
+        if arr.ndim != 1:
+            raise InvalidInputError(f"a sequence must be one-dimensional, got shape {arr.shape}")
+    if arr.size == 0:
+        arr = arr.astype(np.int64)
+    if not np.issubdtype(arr.dtype, np.integer):
+        if np.issubdtype(arr.dtype, np.floating) and arr.size and np.all(np.mod(arr, 1) == 0):
+            arr = arr.astype(np.int64)
+        else:
+            raise InvalidInputError(
+                f"a sequence must hold integer item ids, got dtype {arr.dtype}"
+            )
+    if arr.dtype.itemsize not in (4, 8):
+        arr = arr.astype(np.int64)
+    arr = np.ascontiguousarray(arr)
+    if items is None:
+        if arr.size == 0:
+            raise InvalidInputError("cannot infer the number of items of an empty sequence: pass items=")
+        low = int(arr.min())
+        if low < 0:
+            bad = int(np.argmax(arr < 0))
+            raise InvalidInputError(f"id {int(arr[bad])} at position {bad} is negative")
+        items = int(arr.max()) + 1
+    items = int(items)
+    if items < 1:
+        raise InvalidInputError(f"items must be at least 1, got {items}")
+    return arr, items
+
+
+def fingerprint(seq: Any, items: int | None = None) -> int:
+    """The 64-bit fingerprint that plans record for their sequence."""
+    arr, items = as_sequence(seq, items)
+    return int(_engine.fingerprint(arr, items))
+
+
+def _run_with_progress(fn: Any, total: int, desc: str, show: bool | None) -> Any:
+    """Run ``fn(progress_buffer)`` (which releases the GIL) on a worker thread
+    while this thread draws a bar from the engine's progress counter."""
+    if show is None:
+        show = total >= _PROGRESS_THRESHOLD
+    if not show or total == 0:
+        return fn(None)
+    counter = np.zeros(1, dtype=np.uint64)  # 8-byte aligned
+    result: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            result["value"] = fn(counter)
+        except BaseException as exc:  # re-raised on the calling thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=work, name="opt4-plan", daemon=True)
+    with progress_bar(total=total, desc=desc, unit="acc", show=True) as bar:
+        thread.start()
+        done = 0
+        while thread.is_alive():
+            thread.join(0.1)
+            now = int(counter[0])
+            bar.update(now - done)
+            done = now
+        bar.update(total - done)
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+class Plan:
+    """An OPT cache plan held by the C engine.
+
+    Build one with :func:`plan` or load one with :func:`load_plan`. The arrays
+    (:attr:`seq`, :attr:`ops`, ...) are zero-copy, read-only numpy views that
+    keep the plan alive.
+    """
+
+    __slots__ = ("_h", "_info", "path")
+
+    def __init__(self, handle: _engine.Plan, path: str | None = None) -> None:
+        self._h = handle
+        self._info: dict[str, Any] = handle.info()
+        self.path = path
+
+    # ---- header and totals ----
+    @property
+    def items(self) -> int:
+        """N: item ids are in ``[0, items)``."""
+        return int(self._info["items"])
+
+    @property
+    def accesses(self) -> int:
+        """T: the length of the sequence."""
+        return int(self._info["accesses"])
+
+    def __len__(self) -> int:
+        return self.accesses
+
+    @property
+    def capacity(self) -> int:
+        """Cache capacity in items (0 for a sequence-only plan)."""
+        return int(self._info["capacity"])
+
+    @property
+    def has_decisions(self) -> bool:
+        """False for a sequence-only plan (made before a capacity was known)."""
+        return bool(self._info["has_ops"])
+
+    @property
+    def bypass(self) -> bool:
+        """Whether the plan may decline to cache a miss (policy ``opt``)."""
+        return bool(self._info["bypass"])
+
+    @property
+    def policy(self) -> str:
+        """``"opt"`` (with bypass) or ``"opt-nobypass"`` (classic Belady MIN)."""
+        return "opt" if self.bypass else "opt-nobypass"
+
+    @property
+    def hits(self) -> int:
+        return int(self._info["hits"])
+
+    @property
+    def misses(self) -> int:
+        """Admits plus bypasses."""
+        return int(self._info["misses"])
+
+    @property
+    def admits(self) -> int:
+        return int(self._info["admits"])
+
+    @property
+    def bypasses(self) -> int:
+        return int(self._info["bypasses"])
+
+    @property
+    def compulsory_misses(self) -> int:
+        """First accesses: the number of distinct ids in the sequence."""
+        return int(self._info["compulsory"])
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.accesses if self.accesses else 0.0
+
+    @property
+    def fingerprint(self) -> int:
+        """64-bit XXH3 fingerprint of the sequence (see :func:`fingerprint`)."""
+        return int(self._info["fingerprint"])
+
+    @property
+    def description(self) -> str:
+        """The sampler description stored with the plan (often JSON)."""
+        return str(self._info["description"])
+
+    @description.setter
+    def description(self, text: str) -> None:
+        self._h.set_description(text)
+        self._info = self._h.info()
+
+    # ---- arrays ----
+    @property
+    def seq(self) -> npt.NDArray[np.uint32]:
+        """The item id at each position (read-only, zero-copy)."""
+        return np.frombuffer(self._h.seq_buffer(), dtype=np.uint32)
+
+    @property
+    def ops(self) -> npt.NDArray[np.uint32]:
+        """The raw op per position: kind in the top 2 bits, slot in the low 30."""
+        return np.frombuffer(self._h.ops_buffer(), dtype=np.uint32)
+
+    @property
+    def kinds(self) -> npt.NDArray[np.uint8]:
+        """HIT (0), ADMIT (1) or BYPASS (2) per position."""
+        return (self.ops >> 30).astype(np.uint8)
+
+    @property
+    def slots(self) -> npt.NDArray[np.int64]:
+        """The slot per position; -1 for BYPASS."""
+        ops = self.ops
+        out = (ops & _SLOT_MASK).astype(np.int64)
+        out[(ops >> 30) == BYPASS] = -1
+        return out
+
+    def victims(self) -> npt.NDArray[np.int64]:
+        """The id each position evicts (-1 where nothing is evicted)."""
+        return np.frombuffer(self._h.victims(), dtype=np.int64)
+
+    def slots_at(self, t: int) -> npt.NDArray[np.int64]:
+        """What each slot holds just before position ``t`` (-1: never written)."""
+        return np.frombuffer(self._h.slots_at(int(t)), dtype=np.int64)
+
+    def resident_at(self, t: int) -> npt.NDArray[np.int64]:
+        """The ids in the cache just before position ``t`` that are used again
+        at or after ``t`` (the live resident set), sorted."""
+        held = self.slots_at(t)
+        held = held[held >= 0]
+        if held.size == 0:
+            return held
+        future = np.zeros(self.items, dtype=bool)
+        future[self.seq[int(t):]] = True
+        return np.sort(held[future[held]])
+
+    # ---- derived plans and files ----
+    def with_capacity(self, capacity: int, bypass: bool = True, *, progress: bool | None = None) -> Plan:
+        """A new plan over the same sequence at another capacity."""
+        capacity = _check_capacity(capacity)
+        handle = _run_with_progress(
+            lambda counter: _engine.replan(self._h, capacity, bypass, progress=counter),
+            3 * self.accesses, "planning", progress,
+        )
+        return Plan(handle)
+
+    def save(self, path: str | os.PathLike[str], description: str | None = None) -> None:
+        """Write the plan file atomically (a temporary file renamed into place)."""
+        if description is not None:
+            self.description = description
+        self._h.save(os.fspath(path))
+
+    def stats(self) -> dict[str, Any]:
+        """Header and totals as plain JSON-ready values."""
+        desc: Any = self.description
+        try:
+            desc = json.loads(desc) if desc else None
+        except ValueError:
+            pass
+        return {
+            "items": self.items,
+            "accesses": self.accesses,
+            "capacity": self.capacity if self.has_decisions else None,
+            "policy": self.policy if self.has_decisions else None,
+            "hits": self.hits if self.has_decisions else None,
+            "misses": self.misses if self.has_decisions else None,
+            "bypasses": self.bypasses if self.has_decisions else None,
+            "admits": self.admits if self.has_decisions else None,
+            "compulsory_misses": self.compulsory_misses,
+            "hit_rate": self.hit_rate if self.has_decisions else None,
+            "fingerprint": f"{self.fingerprint:016x}",
+            "description": desc,
+        }
+
+    def close(self) -> None:
+        """Release the plan's memory (or mapping) now."""
+        self._h.close()
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        """(id, kind, slot) per position; slot is -1 for BYPASS."""
+        seq, kinds, slots = self.seq, self.kinds, self.slots
+        for t in range(self.accesses):
+            yield int(seq[t]), int(kinds[t]), int(slots[t])
+
+    def __repr__(self) -> str:
+        if not self.has_decisions:
+            return f"<Plan sequence-only: {self.accesses} accesses over {self.items} items>"
+        return (
+            f"<Plan {self.policy}: {self.accesses} accesses over {self.items} items, "
+            f"capacity {self.capacity}, hit rate {self.hit_rate:.4f}>"
+        )
+
+
+def _check_capacity(capacity: Any) -> int:
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+        raise InvalidInputError(f"capacity must be an integer number of items, got {capacity!r}")
+    capacity = int(capacity)
+    if capacity < 1:
+        raise InvalidInputError(
+            f"capacity is {capacity}: a cache must hold at least one item"
+        )
+    return capacity
+
+
+def plan(
+    seq: Any,
+    capacity: int,
+    bypass: bool = True,
+    *,
+    items: int | None = None,
+    description: str | None = None,
+    progress: bool | None = None,
+) -> Plan:
+    """Build Belady's OPT plan of ``seq`` for a cache of ``capacity`` items.
+
+    ``bypass=True`` (policy ``opt``) may decline to cache a miss that is needed
+    later than everything cached; ``bypass=False`` (``opt-nobypass``) always
+    admits, evicting the item needed farthest in the future. ``items`` is the
+    dataset size (default ``max(seq) + 1``).
+    """
+    capacity = _check_capacity(capacity)
+    arr, items = as_sequence(seq, items)
+    handle = _run_with_progress(
+        lambda counter: _engine.build_plan(arr, items, capacity, bypass, progress=counter),
+        3 * arr.size, "planning", progress,
+    )
+    result = Plan(handle)
+    if description is not None:
+        result.description = description
+    return result
+
+
+def sequence_plan(seq: Any, *, items: int | None = None, description: str | None = None) -> Plan:
+    """A plan that holds only the sequence (no capacity, no decisions)."""
+    arr, items = as_sequence(seq, items)
+    result = Plan(_engine.plan_from_seq(arr, items))
+    if description is not None:
+        result.description = description
+    return result
+
+
+_BAD_MAGIC_HINT = (
+    " If this file came from the earlier OPT4TorchDataSet (a pickle), it cannot be "
+    "read: regenerate it with `opt4torch precompute` or generate_precomputed_file()."
+)
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """Open a plan file (memory-mapped, validated completely before use)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no plan file at {path!r}")
+    try:
+        handle = _engine.open_plan(path)
+    except PlanFileError as exc:
+        hint = _BAD_MAGIC_HINT if getattr(exc, "code_name", "") == "OPT4_EBADMAGIC" else ""
+        raise _with_message(exc, f"{path}: {exc}{hint}") from None
+    return Plan(handle, path=path)
+
+
+def _with_message(exc: BaseException, message: str) -> BaseException:
+    """The same kind of engine error with a fuller message, keeping .code,
+    .code_name and .detail."""
+    new = type(exc)(message)
+    for attr in ("code", "code_name", "detail"):
+        if hasattr(exc, attr):
+            setattr(new, attr, getattr(exc, attr))
+    return new

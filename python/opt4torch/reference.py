@@ -1,0 +1,244 @@
+"""The pure-Python reference backend: the oracle the C engine is tested against.
+
+Everything here is written to be obviously right, not fast: dicts, lists,
+heapq and linear scans. It implements the same semantics as the engine,
+decision by decision (``include/opt4.h``, docs/algorithm.md), so the two can be
+compared on any trace; it is also the ``"python"`` mode, the debug path.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "HIT",
+    "ADMIT",
+    "BYPASS",
+    "ReferencePlan",
+    "next_uses",
+    "belady",
+    "simulate",
+    "POLICIES",
+    "SplitMix64",
+]
+
+HIT, ADMIT, BYPASS = 0, 1, 2
+
+
+def next_uses(seq: Sequence[int]) -> list[int]:
+    """next[t]: the next position after t holding the same id, or len(seq)."""
+    never = len(seq)
+    nxt = [never] * len(seq)
+    last: dict[int, int] = {}
+    for t in range(len(seq) - 1, -1, -1):
+        nxt[t] = last.get(seq[t], never)
+        last[seq[t]] = t
+    return nxt
+
+
+@dataclass
+class ReferencePlan:
+    """Decisions per position as (kind, slot); slot is -1 for BYPASS."""
+
+    ops: list[tuple[int, int]] = field(default_factory=list)
+    hits: int = 0
+    admits: int = 0
+    bypasses: int = 0
+    compulsory: int = 0
+
+    @property
+    def misses(self) -> int:
+        return self.admits + self.bypasses
+
+    def encoded(self) -> np.ndarray:
+        """The ops in the engine's uint32 encoding (kind << 30 | slot)."""
+        return np.array(
+            [(kind << 30) | (slot if kind != BYPASS else 0) for kind, slot in self.ops],
+            dtype=np.uint32,
+        )
+
+
+def belady(seq: Sequence[int], capacity: int, bypass: bool = True, items: int | None = None) -> ReferencePlan:
+    """Belady's OPT with the engine's exact semantics.
+
+    Free slots form a stack with slot 0 on top. A hit on an id that is never
+    used again frees its slot. A miss on such an id is bypassed (with bypass)
+    or admitted and its slot freed at once (without). Otherwise a miss takes a
+    free slot if there is one, else evicts the resident id whose next use is
+    farthest, unless (with bypass) the new id's next use is farther still.
+    """
+    seq = [int(x) for x in seq]
+    if capacity < 1:
+        raise ValueError("capacity must be at least 1")
+    if items is None:
+        items = max(seq) + 1 if seq else 1
+    never = len(seq)
+    nxt = next_uses(seq)
+    plan = ReferencePlan(compulsory=len(set(seq)))
+    free = list(range(min(capacity, items) - 1, -1, -1))  # pop() gives 0 first
+    slot_of: dict[int, int] = {}  # live resident id -> slot
+    key_of: dict[int, int] = {}  # live resident id -> next use
+    heap: list[tuple[int, int]] = []  # (-next use, id), stale entries skipped
+
+    for t, x in enumerate(seq):
+        n = nxt[t]
+        if x in slot_of:
+            s = slot_of[x]
+            plan.ops.append((HIT, s))
+            plan.hits += 1
+            if n == never:
+                del slot_of[x], key_of[x]
+                free.append(s)
+            else:
+                key_of[x] = n
+                heapq.heappush(heap, (-n, x))
+            continue
+        if n == never and bypass:
+            plan.ops.append((BYPASS, -1))
+            plan.bypasses += 1
+            continue
+        if free:
+            s = free.pop()
+        else:
+            while key_of.get(heap[0][1]) != -heap[0][0]:
+                heapq.heappop(heap)
+            far, victim = -heap[0][0], heap[0][1]
+            if bypass and far < n:
+                plan.ops.append((BYPASS, -1))
+                plan.bypasses += 1
+                continue
+            heapq.heappop(heap)
+            s = slot_of.pop(victim)
+            del key_of[victim]
+        plan.ops.append((ADMIT, s))
+        plan.admits += 1
+        if n == never:
+            free.append(s)
+        else:
+            slot_of[x] = s
+            key_of[x] = n
+            heapq.heappush(heap, (-n, x))
+    return plan
+
+
+class SplitMix64:
+    """The engine's random generator (splitmix64), so seeded policies agree."""
+
+    MASK = (1 << 64) - 1
+
+    def __init__(self, seed: int) -> None:
+        self.state = seed & self.MASK
+
+    def next(self) -> int:
+        self.state = (self.state + 0x9E3779B97F4A7C15) & self.MASK
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & self.MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & self.MASK
+        return z ^ (z >> 31)
+
+
+# ---- online policies: each returns the number of hits ----
+
+
+def _lru(seq: Sequence[int], capacity: int, seed: int) -> int:
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits = 0
+    for x in seq:
+        if x in cache:
+            hits += 1
+            cache.move_to_end(x)
+            continue
+        if len(cache) == capacity:
+            cache.popitem(last=False)
+        cache[x] = None
+    return hits
+
+
+def _fifo(seq: Sequence[int], capacity: int, seed: int) -> int:
+    queue: deque[int] = deque()
+    resident: set[int] = set()
+    hits = 0
+    for x in seq:
+        if x in resident:
+            hits += 1
+            continue
+        if len(queue) == capacity:
+            resident.discard(queue.popleft())
+        queue.append(x)
+        resident.add(x)
+    return hits
+
+
+def _lfu(seq: Sequence[int], capacity: int, seed: int) -> int:
+    """Evict the fewest accesses since admission; ties: least recently used."""
+    count: dict[int, int] = {}
+    last: dict[int, int] = {}
+    hits = 0
+    for t, x in enumerate(seq):
+        if x in count:
+            hits += 1
+            count[x] += 1
+            last[x] = t
+            continue
+        if len(count) == capacity:
+            victim = min(count, key=lambda y: (count[y], last[y]))
+            del count[victim], last[victim]
+        count[x] = 1
+        last[x] = t
+    return hits
+
+
+def _random(seq: Sequence[int], capacity: int, seed: int) -> int:
+    """Evict a uniformly random resident: index rng() % size of the resident
+    array, and the new id takes the victim's place in it."""
+    rng = SplitMix64(seed)
+    resident: list[int] = []
+    where: dict[int, int] = {}
+    hits = 0
+    for x in seq:
+        if x in where:
+            hits += 1
+            continue
+        if len(resident) == capacity:
+            i = rng.next() % len(resident)
+            del where[resident[i]]
+            resident[i] = x
+            where[x] = i
+        else:
+            where[x] = len(resident)
+            resident.append(x)
+    return hits
+
+
+def _opt(seq: Sequence[int], capacity: int, seed: int) -> int:
+    return belady(seq, capacity, bypass=True).hits
+
+
+def _opt_nobypass(seq: Sequence[int], capacity: int, seed: int) -> int:
+    return belady(seq, capacity, bypass=False).hits
+
+
+POLICIES: dict[str, Callable[[Sequence[int], int, int], int]] = {
+    "opt": _opt,
+    "opt-nobypass": _opt_nobypass,
+    "lru": _lru,
+    "fifo": _fifo,
+    "lfu": _lfu,
+    "random": _random,
+}
+
+
+def simulate(policy: str, seq: Sequence[int], capacity: int, seed: int = 0) -> int:
+    """Hits of ``policy`` on ``seq`` at ``capacity`` items."""
+    if capacity < 1:
+        raise ValueError("capacity must be at least 1")
+    try:
+        fn = POLICIES[policy]
+    except KeyError:
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}") from None
+    return fn([int(x) for x in seq], capacity, seed)

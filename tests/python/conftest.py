@@ -1,0 +1,25 @@
+"""Shared fixtures. Tests run against the installed package (make test
+installs it into .venv), never against the source tree."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=200
+)
+settings.register_profile("thorough", deadline=None, max_examples=2000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+#: Silberschatz's reference string: with 3 frames OPT faults 9 times, LRU 12,
+#: FIFO 15 (Operating System Concepts, the page-replacement chapter).
+TEXTBOOK = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1]
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(12345)

@@ -4,6 +4,7 @@ installs it into .venv), never against the source tree."""
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -23,3 +24,12 @@ TEXTBOOK = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1]
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(12345)
+
+
+def script(name: str) -> str:
+    """The console script installed beside this interpreter (the venv's bin),
+    so tests run the installed commands whether or not the venv is active."""
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    if not os.path.exists(path):
+        raise RuntimeError(f"{name} is not installed beside {sys.executable}: run `make install`")
+    return path

@@ -11,12 +11,14 @@ import pytest
 import torch
 from torch.utils.data import RandomSampler
 
+from conftest import script
+
 import opt4torch
 from opt4torch.cli import main
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["opt4torch", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([script("opt4torch"), *args], capture_output=True, text=True, timeout=300)
 
 
 def test_precompute_from_trace_and_inspect(tmp_path) -> None:
@@ -49,7 +51,7 @@ def test_earlier_precompute_command_matches_the_api(tmp_path) -> None:
     """`opt4torch-precompute` with the earlier design's flags writes the same
     sequence as generate_precomputed_file() and as the sampler itself."""
     out = tmp_path / "precomputed" / "my_experiment.pkl"
-    r = subprocess.run(["opt4torch-precompute", "--total-iter", "3000", "--output", str(out), "--seed", "42",
+    r = subprocess.run([script("opt4torch-precompute"), "--total-iter", "3000", "--output", str(out), "--seed", "42",
                         "--dataset-size", "1000"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     p = opt4torch.load_plan(out)
@@ -106,7 +108,7 @@ def test_precompute_distributed_sampler(tmp_path) -> None:
     ],
 )
 def test_errors_are_clear(tmp_path, args: list[str], message: str) -> None:
-    r = subprocess.run(["opt4torch", *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    r = subprocess.run([script("opt4torch"), *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode != 0
     assert message in r.stderr
     assert "Traceback" not in r.stderr

@@ -58,7 +58,12 @@ extern "C" {
   XX(CORRUPT, -12, "plan file is inconsistent")                               \
   XX(FINGERPRINT, -13, "plan was made for a different sequence")              \
   XX(NOPLAN, -14, "plan holds a sequence but no cache decisions")             \
-  XX(UNKNOWN_POLICY, -15, "unknown cache policy")
+  XX(UNKNOWN_POLICY, -15, "unknown cache policy")                             \
+  XX(SHM, -16, "shared memory error")                                         \
+  XX(NOSPACE, -17, "not enough shared memory (/dev/shm is too small)")        \
+  XX(POOL, -18, "not a usable opt4 pool (foreign, stale or newer layout)")    \
+  XX(PROCS, -19, "too many processes attached to the pool")                   \
+  XX(ITEMSIZE, -20, "item larger than its space in the pool")
 
 enum opt4_errno {
 #define OPT4__ERR_ENUM(name, code, text) OPT4_E##name = (code),
@@ -292,6 +297,164 @@ int opt4_simulate(const char *policy, const opt4_seq *seq, uint64_t capacity,
 
 /* The names of all policies, NULL-terminated, in a stable order. */
 const char *const *opt4_policy_names(void);
+
+/* ------------------------------------------------------------------------ */
+/* The shared-memory pool: the cache at run time                             */
+/* ------------------------------------------------------------------------ */
+
+/* A pool holds the cache for every process of a run (the DataLoader's main
+ * process and its workers) in two POSIX shared-memory segments named
+ * "/opt4-<uid>-<run>" (page states, per-process records, counters, payload)
+ * and "/opt4-<uid>-<run>.meta" (the plan in run-time form, read-only). The
+ * creator (owner) builds both from a plan; other processes attach by name.
+ *
+ * Run-time protocol, per position t of the plan (docs/runtime.md):
+ *   HIT    copy the item out of its pages (opt4_pool_get);
+ *   ADMIT  the caller loads the item and stores it (opt4_pool_put);
+ *   BYPASS the caller loads the item and does not store it.
+ * Each ADMIT starts a generation that owns some pages. A reader waits until
+ * its generation is published; a writer waits until the previous generation
+ * on each of its pages is published and all of its reads are done. Waits
+ * only point at earlier positions, so there is no cycle; every wait is
+ * bounded, and on timeout the caller loads from the source (counted as a
+ * fallback). Readers announce the page they copy in their process record
+ * (a hazard pointer), so a writer never overwrites bytes being read, and a
+ * dead reader's record is found by pid and cleared. */
+
+typedef struct opt4_pool opt4_pool;
+
+typedef struct opt4_pool_opts {
+  /* Bytes per page. Item-capacity plans give each item one page, so this is
+   * the largest stored item (serialized) the pool accepts. Required. */
+  uint64_t page_size;
+  /* Longest any single wait may take before falling back, in milliseconds.
+   * 0 gives the default, 10000. */
+  uint64_t wait_timeout_ms;
+  /* Process records (owner + workers + ranks). 0 gives the default, 256. */
+  uint32_t max_procs;
+  uint32_t reserved;
+} opt4_pool_opts;
+
+/* Create a pool for a plan with decisions. The segments are created with
+ * O_EXCL and mode 0600 and sized with posix_fallocate, so a /dev/shm that is
+ * too small fails here with OPT4_ENOSPACE (opt4_errdetail() gives the sizes
+ * and the fix), never with SIGBUS later. Errors: OPT4_EINVAL, OPT4_ENOPLAN,
+ * OPT4_ENOSPACE, OPT4_ESHM, OPT4_ENOMEM. The caller is the owner: it should
+ * call opt4_pool_unlink() when the run ends. */
+int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts,
+                     opt4_pool **out);
+
+/* Attach to a pool by name (what opt4_pool_name() returned). Checks magic,
+ * layout version, owner uid and sizes. Errors: OPT4_ESHM (no such pool),
+ * OPT4_EPOOL, OPT4_EPROCS, OPT4_ENOMEM. */
+int opt4_pool_attach(const char *name, opt4_pool **out);
+
+/* Detach: release this process's record and unmap. NULL is harmless. Does
+ * not remove the segments. Safe to call in a forked child on the parent's
+ * handle: it then only unmaps. */
+void opt4_pool_close(opt4_pool *pool);
+
+/* Remove the pool's segments (the owner, at the end of a run). Attached
+ * processes keep their mappings until they close. Idempotent. */
+int opt4_pool_unlink(opt4_pool *pool);
+
+const char *opt4_pool_name(const opt4_pool *pool);
+
+/* Whether this process created the pool. */
+int opt4_pool_is_owner(const opt4_pool *pool);
+
+typedef struct opt4_pool_info {
+  uint64_t accesses, items, fingerprint;
+  uint64_t page_size, pages, generations;
+  uint64_t shm_bytes;  /* both segments */
+  uint64_t wait_timeout_ms;
+  uint32_t max_procs, attached;
+  uint32_t owner_pid, reserved;
+} opt4_pool_info;
+int opt4_pool_info_get(const opt4_pool *pool, opt4_pool_info *out);
+
+/* Counters, summed over every process that used the pool. */
+typedef struct opt4_pool_stats {
+  uint64_t hits;           /* HITs served from the pool */
+  uint64_t admits;         /* ADMIT positions the callers loaded */
+  uint64_t bypasses;       /* BYPASS positions the callers loaded */
+  uint64_t fallbacks;      /* HITs that had to load from the source */
+  uint64_t deferred;       /* HITs on an item loaded earlier in the same batch */
+  uint64_t stored;         /* ADMITs written into the pool */
+  uint64_t store_failed;   /* ADMITs not stored (timeout, too large, late) */
+  uint64_t timeouts;       /* waits that hit the time limit */
+  uint64_t waits;          /* accesses that had to wait at all */
+  uint64_t wait_ns;        /* total time spent waiting */
+} opt4_pool_stats;
+int opt4_pool_stats_get(const opt4_pool *pool, opt4_pool_stats *out);
+
+/* The item id at position t, and the plan's decision there (OPT4_OP_*). */
+int opt4_pool_item(const opt4_pool *pool, uint64_t t, uint32_t *item,
+                   uint32_t *kind);
+
+/* Results of opt4_pool_get. */
+#define OPT4_GET_HIT 0       /* copied: len bytes at dst */
+#define OPT4_GET_TOO_SMALL 1 /* len bytes needed; nothing copied, try again */
+#define OPT4_GET_LOAD 2      /* load it (reason says why); put it if ADMIT */
+#define OPT4_GET_DEFER 3     /* a HIT on the item admitted at position
+                                defer_to, earlier in the same batch */
+
+#define OPT4_REASON_ADMIT 1
+#define OPT4_REASON_BYPASS 2
+#define OPT4_REASON_FALLBACK 3
+
+typedef struct opt4_get_result {
+  uint32_t status;  /* OPT4_GET_* */
+  uint32_t reason;  /* for OPT4_GET_LOAD: OPT4_REASON_* */
+  uint32_t item;    /* the id at t */
+  uint32_t reserved;
+  uint64_t len;     /* bytes copied (HIT) or needed (TOO_SMALL) */
+  uint64_t defer_to;
+} opt4_get_result;
+
+/* Serve position t. batch (sorted, length batch_len, may be NULL) lists the
+ * positions this caller handles together: a HIT on an item admitted at one of
+ * them returns OPT4_GET_DEFER instead of waiting for itself. May wait
+ * (bounded). Errors: OPT4_ERANGE for t past the plan. Thread-safe; safe
+ * across processes. */
+int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch,
+                  size_t batch_len, void *dst, size_t dst_cap,
+                  opt4_get_result *res);
+
+/* A gather list for opt4_pool_put. */
+typedef struct opt4_iovec {
+  const void *base;
+  size_t len;
+} opt4_iovec;
+
+/* Store the item loaded for ADMIT position t (the bytes of parts, in order).
+ * *stored is 1 if it is now in the pool, 0 if not (timeout, too large for
+ * its pages, or overtaken by a later generation; counted). A put at a
+ * position that is not an ADMIT fails with OPT4_EINVAL. */
+int opt4_pool_put(opt4_pool *pool, uint64_t t, const opt4_iovec *parts,
+                  size_t n_parts, int *stored);
+
+/* Count a DEFER position as a completed read of its generation, once the
+ * caller has the item (so that the next writer of those pages need not wait
+ * for it). */
+int opt4_pool_note_read(opt4_pool *pool, uint64_t t);
+
+/* Positions below floor that have not run will never run (a training loop
+ * broke out of an epoch): waits on them end at once. Only ever raised. */
+int opt4_pool_set_floor(opt4_pool *pool, uint64_t floor);
+
+/* The compatibility clock: a shared counter that hands out positions in
+ * arrival order (the earlier design's global clock). */
+int opt4_pool_clock_next(opt4_pool *pool, uint64_t *t);
+
+/* Pools of this user: visit each segment name with whether its owner is
+ * alive. Stale pools (owner dead) can be removed with opt4_pool_remove(). */
+typedef int (*opt4_pool_visit_fn)(void *ctx, const char *name, uint32_t owner_pid,
+                                  int owner_alive, uint64_t bytes);
+int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx);
+/* Remove both segments of a pool by name; refuses (OPT4_EPOOL) while its
+ * owner is alive unless force is set. */
+int opt4_pool_remove(const char *name, int force);
 
 #ifdef __cplusplus
 }

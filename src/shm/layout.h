@@ -1,0 +1,185 @@
+/*
+ * layout.h - the layout of a pool's two shared-memory segments, private to
+ * src/shm. Everything here lives in memory that several processes map, so
+ * it is plain fixed-size data and lock-free atomics only (no pointers).
+ *
+ * Main segment "/opt4-<uid>-<run>":
+ *   pool_header (4 KiB) | proc_rec[max_procs] | page_state[pages] |
+ *   failed-generation bitmap | payload pages (4 KiB aligned)
+ * Meta segment "/opt4-<uid>-<run>.meta" (written once by the owner, then
+ * read-only):
+ *   meta_header | seq[T] | rt[T] | gen_rec[G] | list_ent[L]
+ */
+#ifndef OPT4_SHM_LAYOUT_H
+#define OPT4_SHM_LAYOUT_H
+
+#include "internal.h"
+
+#include <stdatomic.h>
+#include <sys/types.h>
+
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free (address-free) to live in shared memory");
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free");
+
+#define POOL_MAGIC "OPT4POOL"
+#define META_MAGIC "OPT4META"
+#define POOL_LAYOUT 1u
+#define POOL_HEADER_SIZE 4096u
+#define POOL_NAME_MAX 64
+
+/* Page states (low 2 bits of page_state.word; the generation is the high 32). */
+#define PS_EMPTY 0u   /* never written */
+#define PS_WRITING 1u /* a writer owns it */
+#define PS_READY 2u   /* holds its generation's bytes */
+#define PS_FAILED 3u  /* its generation gave up: no bytes, nothing to wait for */
+#define NO_GEN UINT32_MAX
+
+#define PS_WORD(gen, st) (((uint64_t)(gen) << 32) | (uint64_t)(st))
+#define PS_GEN(w) ((uint32_t)((w) >> 32))
+#define PS_STATE(w) ((uint32_t)((w)&3u))
+
+/* Counters, per process record and retired (of processes gone). */
+enum {
+  C_HITS,
+  C_ADMITS,
+  C_BYPASSES,
+  C_FALLBACKS,
+  C_DEFERRED,
+  C_STORED,
+  C_STORE_FAILED,
+  C_TIMEOUTS,
+  C_WAITS,
+  C_WAIT_NS,
+  C_COUNT
+};
+
+typedef struct pool_header {
+  char magic[8];
+  uint32_t layout;
+  uint32_t header_size;
+  uint64_t segment_size;
+  uint64_t meta_size;
+  uint32_t owner_uid;
+  uint32_t owner_pid;
+  uint64_t owner_start; /* clock ticks since boot: tells a reused pid apart */
+  char run_id[40];
+  uint64_t fingerprint;
+  uint64_t accesses;
+  uint64_t items;
+  uint64_t generations;
+  uint64_t page_size;
+  uint64_t pages;
+  uint64_t wait_timeout_ns;
+  uint32_t max_procs;
+  uint32_t reserved0;
+  uint64_t procs_off;
+  uint64_t states_off;
+  uint64_t failed_off;
+  uint64_t payload_off;
+  _Atomic uint64_t floor;
+  _Atomic uint64_t clock;
+  _Atomic uint32_t attached;
+  uint32_t reserved1;
+  _Atomic uint64_t retired[C_COUNT];
+} pool_header;
+_Static_assert(sizeof(pool_header) <= POOL_HEADER_SIZE, "pool header too large");
+
+/* One process's record: the part others read in the first cache line, the
+ * counters (written only by their process) in the next two. */
+typedef struct proc_rec {
+  _Atomic uint32_t pid; /* 0: free */
+  uint32_t reserved;
+  _Atomic uint64_t start;
+  _Atomic uint64_t hazard;  /* page + 1 being copied out, 0: none */
+  _Atomic uint64_t writing; /* generation + 1 being written, 0: none */
+  uint8_t pad[32];
+  _Atomic uint64_t counters[C_COUNT];
+  uint8_t pad2[128 - 8 * C_COUNT];
+} proc_rec;
+_Static_assert(sizeof(proc_rec) == 192, "proc_rec must be three cache lines");
+
+typedef struct page_state {
+  _Atomic uint64_t word;  /* PS_WORD(generation, state) */
+  _Atomic uint64_t reads; /* generation << 32 | completed reads */
+  _Atomic uint64_t len;   /* the stored item's length (first page of a gen) */
+  uint64_t reserved;
+} page_state;
+
+typedef struct meta_header {
+  char magic[8];
+  uint32_t layout;
+  uint32_t header_size;
+  uint64_t size;
+  uint64_t fingerprint;
+  uint64_t accesses;
+  uint64_t items;
+  uint64_t generations;
+  uint64_t list_len;
+  uint64_t seq_off, rt_off, gens_off, list_off;
+} meta_header;
+
+/* One generation: an ADMIT and the HITs that read what it stored. */
+typedef struct gen_rec {
+  uint32_t admit;     /* position of the ADMIT */
+  uint32_t reads;     /* HITs on this generation */
+  uint32_t last_read; /* position of the last of them (admit if none) */
+  uint32_t npages;
+  uint64_t list_off; /* its pages in list_ent[] */
+} gen_rec;
+
+/* A page of a generation and the generation that owned it before. */
+typedef struct list_ent {
+  uint32_t page;
+  uint32_t prev_gen; /* NO_GEN: first use of the page */
+} list_ent;
+
+/* rt[t]: the plan's kind in the top 2 bits, the generation in the low 30. */
+#define RT_KIND(v) ((v) >> 30)
+#define RT_GEN(v) ((v)&0x3FFFFFFFu)
+#define RT_MAX_GENS 0x3FFFFFFFu
+
+struct opt4_pool {
+  char name[POOL_NAME_MAX];
+  uint8_t *base;
+  size_t size;
+  uint8_t *meta;
+  size_t meta_size;
+  pool_header *h;
+  proc_rec *procs;
+  page_state *states;
+  _Atomic uint64_t *failed;
+  uint8_t *payload;
+  const meta_header *mh;
+  const uint32_t *seq;
+  const uint32_t *rt;
+  const gen_rec *gens;
+  const list_ent *list;
+  int owner;
+  int unlinked;
+  /* This process's record; re-registered after fork (see fork_gen). */
+  uint32_t rec;
+  pid_t pid;
+  uint64_t fork_gen;
+  uint64_t timeout_ns;
+};
+
+/* ---- segment.c ---- */
+uint64_t opt4__proc_start_time(pid_t pid); /* 0 if unknown */
+int opt4__proc_alive(pid_t pid, uint64_t start);
+uint64_t opt4__now_ns(void);
+uint64_t opt4__fork_generation(void);
+/* Make sure this process has a record (after fork too). */
+int opt4__pool_register(opt4_pool *pool);
+/* Release a record (its counters are retired into the header). */
+void opt4__pool_reclaim(opt4_pool *pool, uint32_t rec);
+/* Reclaim the record if its process is gone; 1 if it did. */
+int opt4__pool_reclaim_if_dead(opt4_pool *pool, uint32_t rec);
+
+/* ---- runtime.c ---- */
+/* Sizes of the meta segment and the generation count for a plan. */
+int opt4__meta_size(const opt4_plan *plan, uint64_t *size, uint64_t *gens,
+                    uint64_t *list_len);
+int opt4__meta_build(const opt4_plan *plan, uint8_t *meta, uint64_t size,
+                     uint64_t gens, uint64_t list_len);
+
+#endif /* OPT4_SHM_LAYOUT_H */

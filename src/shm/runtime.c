@@ -1,0 +1,496 @@
+/*
+ * runtime.c - following the plan at run time, across processes.
+ *
+ * The protocol (docs/runtime.md has the full argument):
+ *
+ * Generations. Every ADMIT at position a starts generation g (numbered in
+ * position order) that owns some pages; the HITs that read what it stored
+ * are its reads. The meta segment gives, per position, its kind and
+ * generation, and per generation its admit position, its number of reads,
+ * its last read, and its pages with, for each, the generation that owned the
+ * page before (its predecessor there).
+ *
+ * Page words. Each page has word = (generation << 32 | state) with states
+ * EMPTY, WRITING, READY, FAILED, and reads = (generation << 32 | count).
+ *
+ * Reader (HIT of g): for each page, wait until word == (g, READY); announce
+ * the page in this process's record (hazard), full fence, re-read the word:
+ * if unchanged the bytes cannot change until the hazard is cleared. Copy,
+ * count the read (only if reads still carries g), clear the hazard.
+ *
+ * Writer (ADMIT of g): for each page, wait until its predecessor p has been
+ * written and read as many times as the plan says (or failed, or lies wholly
+ * below the floor), then CAS the word to (g, WRITING), full fence, and wait
+ * until no record announces the page. Then write, and publish (g, READY)
+ * with a release store.
+ *
+ * Why it is exact: a write waits for exactly the reads the plan gives its
+ * predecessor, and a read waits for exactly its generation, so with all
+ * positions run the pool serves every HIT. Why it is safe: bytes are copied
+ * only between a hazard announcement and its clearing, and a writer that has
+ * claimed a page does not write until no hazard names it (the fences make
+ * one side see the other). Why nothing hangs: every wait is for an earlier
+ * position, every wait is bounded (then the caller loads from the source,
+ * counted), and dead processes are detected by pid and start time: a dead
+ * reader's hazard is cleared, a dead writer's generation marked failed.
+ */
+#include "layout.h"
+
+#include <sched.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- the meta segment ---- */
+
+static uint64_t align8(uint64_t v) { return (v + 63) & ~(uint64_t)63; }
+
+int opt4__meta_size(const opt4_plan *plan, uint64_t *size, uint64_t *gens, uint64_t *list_len) {
+  const opt4_plan_info *in = &plan->info;
+  if (in->admits > RT_MAX_GENS)
+    return opt4__fail(OPT4_ETOOBIG, "the plan has %llu admissions; the pool supports %u",
+                      (unsigned long long)in->admits, RT_MAX_GENS);
+  *gens = in->admits;
+  *list_len = in->admits; /* one page per generation in item-capacity plans */
+  uint64_t off = align8(sizeof(meta_header));
+  off = align8(off + in->accesses * 4); /* seq */
+  off = align8(off + in->accesses * 4); /* rt */
+  off = align8(off + *gens * sizeof(gen_rec));
+  off = align8(off + *list_len * sizeof(list_ent));
+  *size = off;
+  return 0;
+}
+
+int opt4__meta_build(const opt4_plan *plan, uint8_t *meta, uint64_t size, uint64_t gens,
+                     uint64_t list_len) {
+  const opt4_plan_info *in = &plan->info;
+  const uint64_t slots = in->slots;
+  /* The generation currently in each slot, while walking the plan. */
+  uint32_t *slot_gen = opt4__malloc((size_t)(slots ? slots : 1) * sizeof(uint32_t));
+  if (slot_gen == NULL)
+    return opt4__fail(OPT4_ENOMEM, "no memory to lay out %llu slots", (unsigned long long)slots);
+  for (uint64_t s = 0; s < slots; s++) slot_gen[s] = NO_GEN;
+  meta_header *mh = (meta_header *)(void *)meta;
+  mh->layout = POOL_LAYOUT;
+  mh->header_size = sizeof *mh;
+  mh->size = size;
+  mh->fingerprint = in->fingerprint;
+  mh->accesses = in->accesses;
+  mh->items = in->items;
+  mh->generations = gens;
+  mh->list_len = list_len;
+  mh->seq_off = align8(sizeof *mh);
+  mh->rt_off = align8(mh->seq_off + in->accesses * 4);
+  mh->gens_off = align8(mh->rt_off + in->accesses * 4);
+  mh->list_off = align8(mh->gens_off + gens * sizeof(gen_rec));
+  uint32_t *seq = (uint32_t *)(void *)(meta + mh->seq_off);
+  uint32_t *rt = (uint32_t *)(void *)(meta + mh->rt_off);
+  gen_rec *gr = (gen_rec *)(void *)(meta + mh->gens_off);
+  list_ent *le = (list_ent *)(void *)(meta + mh->list_off);
+  memcpy(seq, plan->seq, in->accesses * 4);
+  uint32_t g = 0;
+  for (uint64_t t = 0; t < in->accesses; t++) {
+    uint32_t op = plan->ops[t], kind = OPT4_OP_KIND(op), s = OPT4_OP_SLOT(op);
+    if (kind == OPT4_OP_BYPASS) {
+      rt[t] = OPT4_OP_BYPASS << 30;
+    } else if (kind == OPT4_OP_HIT) {
+      uint32_t hg = slot_gen[s];
+      rt[t] = (OPT4_OP_HIT << 30) | hg;
+      gr[hg].reads++;
+      gr[hg].last_read = (uint32_t)t;
+    } else {
+      gr[g].admit = (uint32_t)t;
+      gr[g].reads = 0;
+      gr[g].last_read = (uint32_t)t;
+      gr[g].npages = 1;
+      gr[g].list_off = g;
+      le[g].page = s;
+      le[g].prev_gen = slot_gen[s];
+      slot_gen[s] = g;
+      rt[t] = (OPT4_OP_ADMIT << 30) | g;
+      g++;
+    }
+  }
+  opt4__free(slot_gen, (size_t)(slots ? slots : 1) * sizeof(uint32_t));
+  memcpy(mh->magic, META_MAGIC, 8);
+  return 0;
+}
+
+/* ---- waiting ---- */
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+typedef struct waiter {
+  uint64_t start;
+  uint32_t spins;
+} waiter;
+
+/* One step of a bounded wait: spin, then yield, then sleep with backoff up
+ * to 1 ms. Returns 1 once the pool's timeout has passed. */
+static int wait_step(const opt4_pool *pool, waiter *w) {
+  if (w->spins == 0) w->start = opt4__now_ns();
+  w->spins++;
+  if (w->spins < 64) {
+    cpu_relax();
+    return 0;
+  }
+  if (opt4__now_ns() - w->start > pool->timeout_ns) return 1;
+  if (w->spins < 128) {
+    sched_yield();
+    return 0;
+  }
+  uint32_t shift = (w->spins - 128) / 16;
+  long ns = 20000L << (shift > 6 ? 6 : shift);
+  struct timespec ts = {0, ns > 1000000L ? 1000000L : ns};
+  nanosleep(&ts, NULL);
+  return 0;
+}
+
+/* Whether this wait has gone on long enough to look for dead processes. */
+static int wait_is_slow(const waiter *w) { return w->spins >= 128 && (w->spins & 31) == 0; }
+
+static inline proc_rec *my_rec(opt4_pool *pool) { return &pool->procs[pool->rec]; }
+
+static inline void count(opt4_pool *pool, int c, uint64_t v) {
+  atomic_fetch_add_explicit(&my_rec(pool)->counters[c], v, memory_order_relaxed);
+}
+
+static void wait_done(opt4_pool *pool, const waiter *w) {
+  if (w->spins == 0) return;
+  count(pool, C_WAITS, 1);
+  count(pool, C_WAIT_NS, opt4__now_ns() - w->start);
+}
+
+static inline uint64_t floor_now(const opt4_pool *pool) {
+  return atomic_load_explicit(&pool->h->floor, memory_order_acquire);
+}
+
+static inline int gen_failed(const opt4_pool *pool, uint32_t g) {
+  return (atomic_load_explicit(&pool->failed[g / 64], memory_order_acquire) >> (g % 64)) & 1;
+}
+
+static inline void mark_failed(opt4_pool *pool, uint32_t g) {
+  atomic_fetch_or_explicit(&pool->failed[g / 64], (uint64_t)1 << (g % 64), memory_order_release);
+}
+
+/* A page stuck in WRITING by generation x: if no live process says it is
+ * writing x, its writer died; mark x failed so that nobody waits for it. */
+static void recover_dead_writer(opt4_pool *pool, page_state *ps, uint64_t w) {
+  uint32_t x = PS_GEN(w);
+  for (uint32_t i = 0; i < pool->h->max_procs; i++) {
+    proc_rec *r = &pool->procs[i];
+    if (atomic_load(&r->writing) != (uint64_t)x + 1) continue;
+    if (!opt4__pool_reclaim_if_dead(pool, i)) return; /* a live writer */
+  }
+  mark_failed(pool, x);
+  atomic_compare_exchange_strong(&ps->word, &w, PS_WORD(x, PS_FAILED));
+}
+
+/* ---- reading ---- */
+
+static int in_batch(const uint64_t *batch, size_t n, uint64_t pos) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (batch[mid] < pos)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < n && batch[lo] == pos;
+}
+
+static void count_read(page_state *ps, uint32_t g) {
+  uint64_t r = atomic_load_explicit(&ps->reads, memory_order_relaxed);
+  while (PS_GEN(r) == g &&
+         !atomic_compare_exchange_weak_explicit(&ps->reads, &r, r + 1, memory_order_release,
+                                                memory_order_relaxed)) {
+  }
+}
+
+int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t batch_len,
+                  void *dst, size_t dst_cap, opt4_get_result *res) {
+  if (pool == NULL || res == NULL || (dst == NULL && dst_cap > 0))
+    return opt4__fail(OPT4_EINVAL, "pool, dst or res is NULL");
+  if (t >= pool->h->accesses)
+    return opt4__fail(OPT4_ERANGE, "position %llu is past the plan's %llu accesses",
+                      (unsigned long long)t, (unsigned long long)pool->h->accesses);
+  int rc = opt4__pool_register(pool);
+  if (rc != 0) return rc;
+  memset(res, 0, sizeof *res);
+  const uint32_t v = pool->rt[t];
+  res->item = pool->seq[t];
+  switch (RT_KIND(v)) {
+  case OPT4_OP_BYPASS:
+    res->status = OPT4_GET_LOAD;
+    res->reason = OPT4_REASON_BYPASS;
+    count(pool, C_BYPASSES, 1);
+    return 0;
+  case OPT4_OP_ADMIT:
+    res->status = OPT4_GET_LOAD;
+    res->reason = OPT4_REASON_ADMIT;
+    count(pool, C_ADMITS, 1);
+    return 0;
+  default: break;
+  }
+  const uint32_t g = RT_GEN(v);
+  const gen_rec *gen = &pool->gens[g];
+  if (batch != NULL && gen->admit != t && in_batch(batch, batch_len, gen->admit)) {
+    res->status = OPT4_GET_DEFER;
+    res->defer_to = gen->admit;
+    count(pool, C_DEFERRED, 1);
+    return 0;
+  }
+  proc_rec *me = my_rec(pool);
+  const uint64_t page_size = pool->h->page_size;
+  uint64_t len = 0, copied = 0;
+  waiter w = {0, 0};
+  for (uint32_t i = 0; i < gen->npages; i++) {
+    const list_ent *ent = &pool->list[gen->list_off + i];
+    page_state *ps = &pool->states[ent->page];
+    for (;;) {
+      uint64_t word = atomic_load_explicit(&ps->word, memory_order_acquire);
+      uint32_t tag = PS_GEN(word), st = PS_STATE(word);
+      if (tag == g && st == PS_READY) {
+        atomic_store_explicit(&me->hazard, (uint64_t)ent->page + 1, memory_order_relaxed);
+        atomic_thread_fence(memory_order_seq_cst);
+        if (atomic_load_explicit(&ps->word, memory_order_acquire) == word) break;
+        atomic_store_explicit(&me->hazard, 0, memory_order_release);
+        continue;
+      }
+      /* Not (or no longer) ours to read: give up at once when waiting
+       * cannot help. */
+      if ((tag == g && st == PS_FAILED) || gen_failed(pool, g) ||
+          (st != PS_EMPTY && tag != NO_GEN && tag > g) || gen->admit < floor_now(pool))
+        goto fallback;
+      if (wait_is_slow(&w) && tag == g && st == PS_WRITING) recover_dead_writer(pool, ps, word);
+      if (wait_step(pool, &w)) {
+        count(pool, C_TIMEOUTS, 1);
+        goto fallback;
+      }
+    }
+    /* Pinned: the bytes of page ent->page belong to g until we clear. */
+    if (i == 0) {
+      len = atomic_load_explicit(&ps->len, memory_order_relaxed);
+      if (len > dst_cap) {
+        atomic_store_explicit(&me->hazard, 0, memory_order_release);
+        wait_done(pool, &w);
+        res->status = OPT4_GET_TOO_SMALL;
+        res->len = len;
+        return 0;
+      }
+    }
+    uint64_t chunk = len - copied < page_size ? len - copied : page_size;
+    memcpy((uint8_t *)dst + copied, pool->payload + (uint64_t)ent->page * page_size, chunk);
+    copied += chunk;
+    count_read(ps, g);
+    atomic_store_explicit(&me->hazard, 0, memory_order_release);
+  }
+  wait_done(pool, &w);
+  count(pool, C_HITS, 1);
+  res->status = OPT4_GET_HIT;
+  res->len = len;
+  return 0;
+fallback:
+  atomic_store_explicit(&me->hazard, 0, memory_order_release);
+  wait_done(pool, &w);
+  count(pool, C_FALLBACKS, 1);
+  res->status = OPT4_GET_LOAD;
+  res->reason = OPT4_REASON_FALLBACK;
+  return 0;
+}
+
+int opt4_pool_note_read(opt4_pool *pool, uint64_t t) {
+  if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
+  if (t >= pool->h->accesses) return opt4__fail(OPT4_ERANGE, "position past the plan");
+  uint32_t v = pool->rt[t];
+  if (RT_KIND(v) != OPT4_OP_HIT) return opt4__fail(OPT4_EINVAL, "position %llu is not a HIT", (unsigned long long)t);
+  const gen_rec *gen = &pool->gens[RT_GEN(v)];
+  for (uint32_t i = 0; i < gen->npages; i++)
+    count_read(&pool->states[pool->list[gen->list_off + i].page], RT_GEN(v));
+  return 0;
+}
+
+/* ---- writing ---- */
+
+/* Whether generation g may take a page whose word is w, given its
+ * predecessor prev there. */
+static int may_take(const opt4_pool *pool, page_state *ps, uint64_t w, uint32_t prev) {
+  uint32_t tag = PS_GEN(w), st = PS_STATE(w);
+  if (st == PS_WRITING) return 0;
+  if (st == PS_EMPTY || st == PS_FAILED) {
+    /* Nothing to protect; but if the predecessor has yet to be written,
+     * wait for it (unless it never will be). */
+    if (prev == NO_GEN || tag == prev) return 1;
+    return gen_failed(pool, prev) || pool->gens[prev].admit < floor_now(pool);
+  }
+  /* READY: its owner's reads must be done, or never coming. */
+  uint64_t floor = floor_now(pool);
+  if (tag != prev && prev != NO_GEN && !gen_failed(pool, prev) && pool->gens[prev].admit >= floor)
+    return 0; /* the predecessor is still to come */
+  uint64_t r = atomic_load_explicit(&ps->reads, memory_order_acquire);
+  if (PS_GEN(r) == tag && (uint32_t)r >= pool->gens[tag].reads) return 1;
+  return pool->gens[tag].last_read < floor;
+}
+
+/* Wait until no process announces page (hazard); clears dead readers. */
+static int wait_hazards(opt4_pool *pool, uint32_t page, waiter *w) {
+  for (uint32_t i = 0; i < pool->h->max_procs; i++) {
+    proc_rec *r = &pool->procs[i];
+    while (atomic_load_explicit(&r->hazard, memory_order_acquire) == (uint64_t)page + 1) {
+      if (wait_is_slow(w) && opt4__pool_reclaim_if_dead(pool, i)) break;
+      if (wait_step(pool, w)) return 1;
+    }
+  }
+  return 0;
+}
+
+int opt4_pool_put(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
+                  int *stored) {
+  if (pool == NULL || stored == NULL || (parts == NULL && n_parts > 0))
+    return opt4__fail(OPT4_EINVAL, "pool, parts or stored is NULL");
+  *stored = 0;
+  if (t >= pool->h->accesses)
+    return opt4__fail(OPT4_ERANGE, "position %llu is past the plan's %llu accesses",
+                      (unsigned long long)t, (unsigned long long)pool->h->accesses);
+  const uint32_t v = pool->rt[t];
+  if (RT_KIND(v) != OPT4_OP_ADMIT)
+    return opt4__fail(OPT4_EINVAL, "position %llu is not an ADMIT", (unsigned long long)t);
+  int rc = opt4__pool_register(pool);
+  if (rc != 0) return rc;
+  const uint32_t g = RT_GEN(v);
+  const gen_rec *gen = &pool->gens[g];
+  const uint64_t page_size = pool->h->page_size;
+  uint64_t total = 0;
+  for (size_t i = 0; i < n_parts; i++) total += parts[i].len;
+  if (total > (uint64_t)gen->npages * page_size) {
+    mark_failed(pool, g);
+    count(pool, C_STORE_FAILED, 1);
+    return opt4__fail(OPT4_EITEMSIZE, "item %u at position %llu is %llu bytes; its space in "
+                      "the pool is %llu", pool->seq[t], (unsigned long long)t,
+                      (unsigned long long)total, (unsigned long long)gen->npages * page_size);
+  }
+  proc_rec *me = my_rec(pool);
+  atomic_store(&me->writing, (uint64_t)g + 1);
+  waiter w = {0, 0};
+  uint32_t claimed = 0;
+  for (uint32_t i = 0; i < gen->npages; i++) {
+    const list_ent *ent = &pool->list[gen->list_off + i];
+    page_state *ps = &pool->states[ent->page];
+    for (;;) {
+      uint64_t word = atomic_load_explicit(&ps->word, memory_order_acquire);
+      uint32_t tag = PS_GEN(word), st = PS_STATE(word);
+      if (st != PS_EMPTY && tag != NO_GEN && tag >= g) { /* overtaken: too late */
+        goto abandon;
+      }
+      if (may_take(pool, ps, word, ent->prev_gen) &&
+          atomic_compare_exchange_strong(&ps->word, &word, PS_WORD(g, PS_WRITING)))
+        break;
+      if (wait_is_slow(&w) && st == PS_WRITING) recover_dead_writer(pool, ps, word);
+      if (wait_step(pool, &w)) {
+        count(pool, C_TIMEOUTS, 1);
+        goto abandon;
+      }
+    }
+    claimed++;
+    atomic_thread_fence(memory_order_seq_cst);
+    if (wait_hazards(pool, ent->page, &w)) {
+      count(pool, C_TIMEOUTS, 1);
+      goto abandon;
+    }
+    atomic_store_explicit(&ps->reads, PS_WORD(g, 0), memory_order_relaxed);
+  }
+  /* All pages are ours: gather the parts into them. */
+  {
+    uint32_t page_i = 0;
+    uint64_t page_off = 0;
+    for (size_t i = 0; i < n_parts; i++) {
+      const uint8_t *src = parts[i].base;
+      uint64_t left = parts[i].len;
+      while (left > 0) {
+        uint64_t room = page_size - page_off, n = left < room ? left : room;
+        uint32_t page = pool->list[gen->list_off + page_i].page;
+        memcpy(pool->payload + (uint64_t)page * page_size + page_off, src, n);
+        src += n;
+        left -= n;
+        page_off += n;
+        if (page_off == page_size) {
+          page_i++;
+          page_off = 0;
+        }
+      }
+    }
+  }
+  atomic_store_explicit(&pool->states[pool->list[gen->list_off].page].len, total,
+                        memory_order_relaxed);
+  for (uint32_t i = 0; i < gen->npages; i++)
+    atomic_store_explicit(&pool->states[pool->list[gen->list_off + i].page].word,
+                          PS_WORD(g, PS_READY), memory_order_release);
+  atomic_store_explicit(&me->writing, 0, memory_order_release);
+  wait_done(pool, &w);
+  count(pool, C_STORED, 1);
+  *stored = 1;
+  return 0;
+abandon:
+  /* Pages already claimed become FAILED (nothing in them to read); the
+   * generation is marked failed so its readers and successors stop waiting. */
+  mark_failed(pool, g);
+  for (uint32_t i = 0; i < claimed; i++)
+    atomic_store_explicit(&pool->states[pool->list[gen->list_off + i].page].word,
+                          PS_WORD(g, PS_FAILED), memory_order_release);
+  atomic_store_explicit(&me->writing, 0, memory_order_release);
+  wait_done(pool, &w);
+  count(pool, C_STORE_FAILED, 1);
+  return 0;
+}
+
+/* ---- the rest ---- */
+
+int opt4_pool_item(const opt4_pool *pool, uint64_t t, uint32_t *item, uint32_t *kind) {
+  if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
+  if (t >= pool->h->accesses) return opt4__fail(OPT4_ERANGE, "position past the plan");
+  if (item != NULL) *item = pool->seq[t];
+  if (kind != NULL) *kind = RT_KIND(pool->rt[t]);
+  return 0;
+}
+
+int opt4_pool_set_floor(opt4_pool *pool, uint64_t floor) {
+  if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
+  uint64_t cur = atomic_load(&pool->h->floor);
+  while (floor > cur && !atomic_compare_exchange_weak(&pool->h->floor, &cur, floor)) {
+  }
+  return 0;
+}
+
+int opt4_pool_clock_next(opt4_pool *pool, uint64_t *t) {
+  if (pool == NULL || t == NULL) return opt4__fail(OPT4_EINVAL, "pool or t is NULL");
+  *t = atomic_fetch_add(&pool->h->clock, 1);
+  return 0;
+}
+
+int opt4_pool_stats_get(const opt4_pool *pool, opt4_pool_stats *out) {
+  if (pool == NULL || out == NULL) return opt4__fail(OPT4_EINVAL, "pool or out is NULL");
+  uint64_t sum[C_COUNT];
+  for (int c = 0; c < C_COUNT; c++) sum[c] = atomic_load(&pool->h->retired[c]);
+  for (uint32_t i = 0; i < pool->h->max_procs; i++) {
+    proc_rec *r = &pool->procs[i];
+    if (atomic_load(&r->pid) == 0) continue;
+    for (int c = 0; c < C_COUNT; c++) sum[c] += atomic_load_explicit(&r->counters[c], memory_order_relaxed);
+  }
+  out->hits = sum[C_HITS];
+  out->admits = sum[C_ADMITS];
+  out->bypasses = sum[C_BYPASSES];
+  out->fallbacks = sum[C_FALLBACKS];
+  out->deferred = sum[C_DEFERRED];
+  out->stored = sum[C_STORED];
+  out->store_failed = sum[C_STORE_FAILED];
+  out->timeouts = sum[C_TIMEOUTS];
+  out->waits = sum[C_WAITS];
+  out->wait_ns = sum[C_WAIT_NS];
+  return 0;
+}

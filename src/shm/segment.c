@@ -1,0 +1,500 @@
+/*
+ * segment.c - creating, attaching, naming and removing a pool's segments,
+ * and the per-process records.
+ *
+ * Names are "/opt4-<uid>-<run>" and "/opt4-<uid>-<run>.meta", where run is
+ * the creator's pid and 64 random bits, so two runs never collide and
+ * `opt4torch cleanup` can find one user's pools. Segments are created with
+ * O_EXCL and mode 0600, and sized with posix_fallocate so that a /dev/shm
+ * too small for the pool fails at creation, not with SIGBUS on first touch.
+ * The header records the owner's uid, pid and start time: an owner whose pid
+ * is gone, or reused by a process that started at another time, is dead, and
+ * its pools are stale.
+ */
+#include "layout.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SHM_DIR "/dev/shm"
+#define DEFAULT_TIMEOUT_MS 10000u
+#define DEFAULT_PROCS 256u
+
+uint64_t opt4__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- fork detection: a child must not use its parent's record ---- */
+
+static _Atomic uint64_t fork_gen = 1;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void on_fork_child(void) { atomic_fetch_add(&fork_gen, 1); }
+static void install_atfork(void) { pthread_atfork(NULL, NULL, on_fork_child); }
+uint64_t opt4__fork_generation(void) { return atomic_load_explicit(&fork_gen, memory_order_relaxed); }
+
+/* ---- process identity ---- */
+
+uint64_t opt4__proc_start_time(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  /* Field 22 (starttime); the command name (field 2) may hold spaces and
+   * parentheses, so count fields after its last ')'. */
+  char *p = strrchr(buf, ')');
+  if (p == NULL) return 0;
+  int field = 2;
+  for (p++; *p != '\0'; p++) {
+    if (*p == ' ' && ++field == 22) return strtoull(p + 1, NULL, 10);
+  }
+  return 0;
+}
+
+int opt4__proc_alive(pid_t pid, uint64_t start) {
+  if (pid <= 0) return 0;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
+  if (start == 0) return 1;
+  uint64_t now = opt4__proc_start_time(pid);
+  return now == 0 || now == start; /* 0: cannot tell, assume alive */
+}
+
+/* ---- records ---- */
+
+void opt4__pool_reclaim(opt4_pool *pool, uint32_t rec) {
+  proc_rec *r = &pool->procs[rec];
+  for (int c = 0; c < C_COUNT; c++) {
+    uint64_t v = atomic_exchange_explicit(&r->counters[c], 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pool->h->retired[c], v, memory_order_relaxed);
+  }
+  atomic_store(&r->hazard, 0);
+  atomic_store(&r->writing, 0);
+  atomic_store(&r->start, 0);
+  atomic_store_explicit(&r->pid, 0, memory_order_release);
+  atomic_fetch_sub(&pool->h->attached, 1);
+}
+
+/* A record being reclaimed holds this pid, so nobody else touches it. */
+#define PID_RECLAIMING UINT32_MAX
+
+int opt4__pool_reclaim_if_dead(opt4_pool *pool, uint32_t rec) {
+  proc_rec *r = &pool->procs[rec];
+  uint32_t pid = atomic_load(&r->pid);
+  if (pid == 0 || pid == PID_RECLAIMING) return 0;
+  if (opt4__proc_alive((pid_t)pid, atomic_load(&r->start))) return 0;
+  if (!atomic_compare_exchange_strong(&r->pid, &pid, PID_RECLAIMING)) return 0;
+  opt4__pool_reclaim(pool, rec);
+  return 1;
+}
+
+int opt4__pool_register(opt4_pool *pool) {
+  uint64_t fg = opt4__fork_generation();
+  if (pool->fork_gen == fg && pool->rec != UINT32_MAX) return 0;
+  pid_t me = getpid();
+  uint64_t start = opt4__proc_start_time(me);
+  uint32_t n = pool->h->max_procs;
+  /* Two passes: free records first; then records of processes that are gone. */
+  for (int pass = 0; pass < 2; pass++) {
+    for (uint32_t i = 0; i < n; i++) {
+      proc_rec *r = &pool->procs[i];
+      if (pass == 1) opt4__pool_reclaim_if_dead(pool, i);
+      uint32_t zero = 0;
+      if (!atomic_compare_exchange_strong(&r->pid, &zero, (uint32_t)me)) continue;
+      atomic_store(&r->start, start);
+      atomic_store(&r->hazard, 0);
+      atomic_store(&r->writing, 0);
+      for (int c = 0; c < C_COUNT; c++) atomic_store(&r->counters[c], 0);
+      atomic_fetch_add(&pool->h->attached, 1);
+      pool->rec = i;
+      pool->pid = me;
+      pool->fork_gen = fg;
+      return 0;
+    }
+  }
+  return opt4__fail(OPT4_EPROCS, "all %u process records of pool %s are in use by live "
+                    "processes", n, pool->name);
+}
+
+/* ---- segments ---- */
+
+static int map_fd(int fd, size_t size, int writable, void **out) {
+  void *p = mmap(NULL, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return -1;
+  *out = p;
+  return 0;
+}
+
+static int create_segment(const char *name, uint64_t size, int *fd_out) {
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return opt4__fail(OPT4_ESHM, "cannot create shared memory %s: %s", name, strerror(errno));
+  int err = posix_fallocate(fd, 0, (off_t)size);
+  if (err != 0) {
+    close(fd);
+    shm_unlink(name);
+    if (err == ENOSPC || err == EFBIG || err == ENOMEM) {
+      struct statvfs vfs;
+      unsigned long long avail = 0, total = 0;
+      if (statvfs(SHM_DIR, &vfs) == 0) {
+        avail = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
+        total = (unsigned long long)vfs.f_blocks * vfs.f_frsize;
+      }
+      return opt4__fail(OPT4_ENOSPACE,
+                        "the pool needs %llu MiB of shared memory but " SHM_DIR " has "
+                        "%llu MiB free of %llu MiB: enlarge it (docker run "
+                        "--shm-size=%lluG, or mount -o remount,size=%lluG " SHM_DIR
+                        ") or give the cache fewer bytes",
+                        (unsigned long long)(size >> 20), avail >> 20, total >> 20,
+                        (unsigned long long)((size + total) >> 30) + 1,
+                        (unsigned long long)((size + total) >> 30) + 1);
+    }
+    return opt4__fail(OPT4_ESHM, "cannot size shared memory %s to %llu bytes: %s", name,
+                      (unsigned long long)size, strerror(err));
+  }
+  *fd_out = fd;
+  return 0;
+}
+
+static void pool_free(opt4_pool *pool) {
+  if (pool->base != NULL) munmap(pool->base, pool->size);
+  if (pool->meta != NULL) munmap(pool->meta, pool->meta_size);
+  opt4__free(pool, sizeof *pool);
+}
+
+static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* Point the handle's fields into its mappings. */
+static void bind_views(opt4_pool *pool) {
+  pool_header *h = (pool_header *)(void *)pool->base;
+  pool->h = h;
+  pool->procs = (proc_rec *)(void *)(pool->base + h->procs_off);
+  pool->states = (page_state *)(void *)(pool->base + h->states_off);
+  pool->failed = (_Atomic uint64_t *)(void *)(pool->base + h->failed_off);
+  pool->payload = pool->base + h->payload_off;
+  const meta_header *mh = (const meta_header *)(const void *)pool->meta;
+  pool->mh = mh;
+  pool->seq = (const uint32_t *)(const void *)(pool->meta + mh->seq_off);
+  pool->rt = (const uint32_t *)(const void *)(pool->meta + mh->rt_off);
+  pool->gens = (const gen_rec *)(const void *)(pool->meta + mh->gens_off);
+  pool->list = (const list_ent *)(const void *)(pool->meta + mh->list_off);
+  pool->timeout_ns = h->wait_timeout_ns;
+}
+
+int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_pool **out) {
+  opt4__clear_detail();
+  if (out == NULL) return opt4__fail(OPT4_EINVAL, "out is NULL");
+  *out = NULL;
+  if (plan == NULL || opts == NULL) return opt4__fail(OPT4_EINVAL, "plan or options are NULL");
+  if (!plan->info.has_ops)
+    return opt4__fail(OPT4_ENOPLAN, "a pool needs a plan with decisions (a capacity)");
+  if (opts->page_size == 0 || opts->page_size > ((uint64_t)1 << 40))
+    return opt4__fail(OPT4_EINVAL, "page_size %llu is out of range (1 byte to 1 TiB)",
+                      (unsigned long long)opts->page_size);
+  pthread_once(&atfork_once, install_atfork);
+
+  uint64_t meta_size, gens, list_len;
+  int rc = opt4__meta_size(plan, &meta_size, &gens, &list_len);
+  if (rc != 0) return rc;
+  uint32_t max_procs = opts->max_procs ? opts->max_procs : DEFAULT_PROCS;
+  uint64_t pages = plan->info.slots;
+  uint64_t page_size = align_up(opts->page_size, 64);
+  uint64_t procs_off = POOL_HEADER_SIZE;
+  uint64_t states_off = align_up(procs_off + (uint64_t)max_procs * sizeof(proc_rec), 64);
+  uint64_t failed_off = align_up(states_off + pages * sizeof(page_state), 64);
+  uint64_t payload_off = align_up(failed_off + (gens + 63) / 64 * 8, 4096);
+  if (pages > (UINT64_MAX - payload_off) / page_size)
+    return opt4__fail(OPT4_ETOOBIG, "%llu pages of %llu bytes do not fit in memory",
+                      (unsigned long long)pages, (unsigned long long)page_size);
+  uint64_t size = payload_off + pages * page_size;
+
+  opt4_pool *pool = opt4__calloc(1, sizeof *pool);
+  if (pool == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a pool handle");
+  pool->rec = UINT32_MAX;
+  uint64_t rnd = 0;
+  if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) rnd = opt4__now_ns() ^ (uint64_t)getpid() << 32;
+  char run_id[40];
+  snprintf(run_id, sizeof run_id, "%d-%016llx", (int)getpid(), (unsigned long long)rnd);
+  snprintf(pool->name, sizeof pool->name, "/opt4-%u-%s", (unsigned)getuid(), run_id);
+  char meta_name[POOL_NAME_MAX + 8];
+  snprintf(meta_name, sizeof meta_name, "%s.meta", pool->name);
+
+  int fd = -1, mfd = -1;
+  rc = create_segment(pool->name, size, &fd);
+  if (rc != 0) goto fail;
+  rc = create_segment(meta_name, meta_size, &mfd);
+  if (rc != 0) {
+    close(fd);
+    shm_unlink(pool->name);
+    goto fail;
+  }
+  void *base = NULL, *meta = NULL;
+  if (map_fd(fd, (size_t)size, 1, &base) != 0 || map_fd(mfd, (size_t)meta_size, 1, &meta) != 0) {
+    rc = opt4__fail(OPT4_ESHM, "cannot map the pool (%llu + %llu bytes): %s",
+                    (unsigned long long)size, (unsigned long long)meta_size, strerror(errno));
+    if (base != NULL) munmap(base, (size_t)size);
+    close(fd);
+    close(mfd);
+    shm_unlink(pool->name);
+    shm_unlink(meta_name);
+    goto fail;
+  }
+  close(fd);
+  close(mfd);
+  pool->base = base;
+  pool->size = (size_t)size;
+  pool->meta = meta;
+  pool->meta_size = (size_t)meta_size;
+  pool->owner = 1;
+
+  rc = opt4__meta_build(plan, pool->meta, meta_size, gens, list_len);
+  if (rc != 0) {
+    shm_unlink(pool->name);
+    shm_unlink(meta_name);
+    goto fail;
+  }
+  /* The meta segment is read-only from now on, for us too. */
+  mprotect(pool->meta, pool->meta_size, PROT_READ);
+
+  /* posix_fallocate zeroed everything: every page is PS_EMPTY with gen 0;
+   * mark them with NO_GEN so that gen 0 is unambiguous. */
+  pool_header *h = (pool_header *)base;
+  h->layout = POOL_LAYOUT;
+  h->header_size = POOL_HEADER_SIZE;
+  h->segment_size = size;
+  h->meta_size = meta_size;
+  h->owner_uid = (uint32_t)getuid();
+  h->owner_pid = (uint32_t)getpid();
+  h->owner_start = opt4__proc_start_time(getpid());
+  memcpy(h->run_id, run_id, sizeof run_id);
+  h->fingerprint = plan->info.fingerprint;
+  h->accesses = plan->info.accesses;
+  h->items = plan->info.items;
+  h->generations = gens;
+  h->page_size = page_size;
+  h->pages = pages;
+  h->wait_timeout_ns = (opts->wait_timeout_ms ? opts->wait_timeout_ms : DEFAULT_TIMEOUT_MS) * 1000000u;
+  h->max_procs = max_procs;
+  h->procs_off = procs_off;
+  h->states_off = states_off;
+  h->failed_off = failed_off;
+  h->payload_off = payload_off;
+  page_state *states = (page_state *)(void *)((uint8_t *)base + states_off);
+  for (uint64_t p = 0; p < pages; p++) {
+    atomic_store_explicit(&states[p].word, PS_WORD(NO_GEN, PS_EMPTY), memory_order_relaxed);
+    atomic_store_explicit(&states[p].reads, PS_WORD(NO_GEN, 0), memory_order_relaxed);
+  }
+  /* The magic last, with a release fence: an attacher that sees it sees a
+   * complete header. */
+  atomic_thread_fence(memory_order_release);
+  memcpy(h->magic, POOL_MAGIC, 8);
+  bind_views(pool);
+  rc = opt4__pool_register(pool);
+  if (rc != 0) {
+    opt4_pool_unlink(pool);
+    goto fail;
+  }
+  *out = pool;
+  return 0;
+fail:
+  pool_free(pool);
+  return rc;
+}
+
+static int open_map(const char *name, int writable, void **map, size_t *size) {
+  int fd = shm_open(name, writable ? O_RDWR | O_CLOEXEC : O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0)
+    return opt4__fail(OPT4_ESHM, "cannot open pool %s: %s%s", name, strerror(errno),
+                      errno == ENOENT ? " (its owner has ended, or the name is wrong)" : "");
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size < (off_t)sizeof(meta_header)) {
+    close(fd);
+    return opt4__fail(OPT4_EPOOL, "pool segment %s is too small to be a pool", name);
+  }
+  if (st.st_uid != getuid()) {
+    close(fd);
+    return opt4__fail(OPT4_EPOOL, "pool segment %s belongs to uid %u, not to this user (%u)",
+                      name, (unsigned)st.st_uid, (unsigned)getuid());
+  }
+  *size = (size_t)st.st_size;
+  int rc = map_fd(fd, *size, writable, map);
+  int e = errno;
+  close(fd);
+  if (rc != 0) return opt4__fail(OPT4_ESHM, "cannot map pool %s: %s", name, strerror(e));
+  return 0;
+}
+
+int opt4_pool_attach(const char *name, opt4_pool **out) {
+  opt4__clear_detail();
+  if (out == NULL || name == NULL) return opt4__fail(OPT4_EINVAL, "name or out is NULL");
+  *out = NULL;
+  if (strlen(name) >= POOL_NAME_MAX || strncmp(name, "/opt4-", 6) != 0 || strchr(name + 1, '/'))
+    return opt4__fail(OPT4_EINVAL, "\"%s\" is not an opt4 pool name", name);
+  pthread_once(&atfork_once, install_atfork);
+  opt4_pool *pool = opt4__calloc(1, sizeof *pool);
+  if (pool == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a pool handle");
+  pool->rec = UINT32_MAX;
+  snprintf(pool->name, sizeof pool->name, "%s", name);
+  char meta_name[POOL_NAME_MAX + 8];
+  snprintf(meta_name, sizeof meta_name, "%s.meta", name);
+  void *base = NULL, *meta = NULL;
+  size_t size = 0, msize = 0;
+  int rc = open_map(name, 1, &base, &size);
+  if (rc != 0) goto fail;
+  pool->base = base;
+  pool->size = size;
+  rc = open_map(meta_name, 0, &meta, &msize);
+  if (rc != 0) goto fail;
+  pool->meta = meta;
+  pool->meta_size = msize;
+  const pool_header *h = (const pool_header *)base;
+  const meta_header *mh = (const meta_header *)meta;
+  if (size < POOL_HEADER_SIZE || memcmp(h->magic, POOL_MAGIC, 8) != 0 ||
+      memcmp(mh->magic, META_MAGIC, 8) != 0) {
+    rc = opt4__fail(OPT4_EPOOL, "%s is not an opt4 pool (bad magic)", name);
+    goto fail;
+  }
+  atomic_thread_fence(memory_order_acquire);
+  if (h->layout != POOL_LAYOUT || mh->layout != POOL_LAYOUT) {
+    rc = opt4__fail(OPT4_EPOOL, "pool %s has layout %u; this library uses %u (mixed "
+                    "opt4torch versions in one run?)", name, h->layout, POOL_LAYOUT);
+    goto fail;
+  }
+  if (h->segment_size != size || h->meta_size != msize || mh->size != msize ||
+      h->payload_off + h->pages * h->page_size != size ||
+      h->fingerprint != mh->fingerprint || h->owner_uid != (uint32_t)getuid()) {
+    rc = opt4__fail(OPT4_EPOOL, "pool %s is inconsistent (sizes or fingerprint)", name);
+    goto fail;
+  }
+  bind_views(pool);
+  rc = opt4__pool_register(pool);
+  if (rc != 0) goto fail;
+  *out = pool;
+  return 0;
+fail:
+  pool_free(pool);
+  return rc;
+}
+
+void opt4_pool_close(opt4_pool *pool) {
+  if (pool == NULL) return;
+  /* Release our record only if it is ours: a forked child holding its
+   * parent's handle has not registered, and must not free the parent's. */
+  if (pool->rec != UINT32_MAX && pool->fork_gen == opt4__fork_generation() &&
+      atomic_load(&pool->procs[pool->rec].pid) == (uint32_t)getpid())
+    opt4__pool_reclaim(pool, pool->rec);
+  pool_free(pool);
+}
+
+static int unlink_pair(const char *name) {
+  char meta_name[POOL_NAME_MAX + 8];
+  snprintf(meta_name, sizeof meta_name, "%s.meta", name);
+  int a = shm_unlink(name), ea = errno;
+  int b = shm_unlink(meta_name), eb = errno;
+  if ((a != 0 && ea != ENOENT) || (b != 0 && eb != ENOENT))
+    return opt4__fail(OPT4_ESHM, "cannot remove pool %s: %s", name, strerror(a != 0 ? ea : eb));
+  return 0;
+}
+
+int opt4_pool_unlink(opt4_pool *pool) {
+  opt4__clear_detail();
+  if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
+  if (pool->unlinked) return 0;
+  pool->unlinked = 1;
+  return unlink_pair(pool->name);
+}
+
+const char *opt4_pool_name(const opt4_pool *pool) { return pool ? pool->name : ""; }
+int opt4_pool_is_owner(const opt4_pool *pool) { return pool ? pool->owner : 0; }
+
+int opt4_pool_info_get(const opt4_pool *pool, opt4_pool_info *out) {
+  if (pool == NULL || out == NULL) return opt4__fail(OPT4_EINVAL, "pool or out is NULL");
+  const pool_header *h = pool->h;
+  memset(out, 0, sizeof *out);
+  out->accesses = h->accesses;
+  out->items = h->items;
+  out->fingerprint = h->fingerprint;
+  out->page_size = h->page_size;
+  out->pages = h->pages;
+  out->generations = h->generations;
+  out->shm_bytes = h->segment_size + h->meta_size;
+  out->wait_timeout_ms = h->wait_timeout_ns / 1000000u;
+  out->max_procs = h->max_procs;
+  out->attached = atomic_load(&((pool_header *)h)->attached);
+  out->owner_pid = h->owner_pid;
+  return 0;
+}
+
+/* ---- listing and removing this user's pools ---- */
+
+static int read_owner(const char *name, uint32_t *pid, uint64_t *start, uint64_t *bytes) {
+  int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct stat st;
+  pool_header h;
+  int ok = fstat(fd, &st) == 0 && st.st_size >= (off_t)sizeof h &&
+           pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && memcmp(h.magic, POOL_MAGIC, 8) == 0;
+  close(fd);
+  if (!ok) return -1;
+  *pid = h.owner_pid;
+  *start = h.owner_start;
+  *bytes = (uint64_t)st.st_size + h.meta_size;
+  return 0;
+}
+
+int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx) {
+  opt4__clear_detail();
+  if (visit == NULL) return opt4__fail(OPT4_EINVAL, "visit is NULL");
+  DIR *d = opendir(SHM_DIR);
+  if (d == NULL) return opt4__fail(OPT4_ESHM, "cannot list " SHM_DIR ": %s", strerror(errno));
+  char prefix[32];
+  snprintf(prefix, sizeof prefix, "opt4-%u-", (unsigned)getuid());
+  size_t plen = strlen(prefix);
+  struct dirent *e;
+  int rc = 0;
+  while ((e = readdir(d)) != NULL) {
+    size_t len = strlen(e->d_name);
+    if (strncmp(e->d_name, prefix, plen) != 0 || len + 2 > POOL_NAME_MAX) continue;
+    if (len > 5 && strcmp(e->d_name + len - 5, ".meta") == 0) continue;
+    char name[POOL_NAME_MAX];
+    name[0] = '/';
+    memcpy(name + 1, e->d_name, len + 1); /* len + 2 <= POOL_NAME_MAX, checked above */
+    uint32_t pid = 0;
+    uint64_t start = 0, bytes = 0;
+    int alive = 0;
+    if (read_owner(name, &pid, &start, &bytes) == 0) alive = opt4__proc_alive((pid_t)pid, start);
+    /* A segment whose header cannot be read is a pool that died while being
+     * created (or is foreign): reported as not alive. */
+    if ((rc = visit(ctx, name, pid, alive, bytes)) != 0) break;
+  }
+  closedir(d);
+  return rc;
+}
+
+int opt4_pool_remove(const char *name, int force) {
+  opt4__clear_detail();
+  if (name == NULL || strncmp(name, "/opt4-", 6) != 0 || strchr(name + 1, '/') ||
+      strlen(name) >= POOL_NAME_MAX)
+    return opt4__fail(OPT4_EINVAL, "\"%s\" is not an opt4 pool name", name ? name : "(null)");
+  uint32_t pid;
+  uint64_t start, bytes;
+  if (!force && read_owner(name, &pid, &start, &bytes) == 0 && opt4__proc_alive((pid_t)pid, start))
+    return opt4__fail(OPT4_EPOOL, "pool %s belongs to a live process (pid %u); it is not "
+                      "stale", name, pid);
+  return unlink_pair(name);
+}

@@ -1,0 +1,277 @@
+/* test_pool.c - the shared-memory pool in one process: following a plan
+ * gives exactly its hits with byte-exact items, and every error is clean. */
+#include "pool_util.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static opt4_pool *make_pool(const opt4_plan *plan, uint64_t timeout_ms) {
+  opt4_pool_opts o;
+  memset(&o, 0, sizeof o);
+  o.page_size = PAGE;
+  o.wait_timeout_ms = timeout_ms;
+  opt4_pool *pool = NULL;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  return pool;
+}
+
+static void finish(opt4_pool *pool) {
+  ASSERT_OK(opt4_pool_unlink(pool));
+  opt4_pool_close(pool);
+}
+
+/* Serial, one position per batch: hits equal the plan's, bytes are right. */
+static void test_follow_plan(void) {
+  opt4_plan *plan = random_plan(20000, 500, 60, 1);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  opt4_pool *pool = make_pool(plan, 2000);
+  follow_counts fc = {0, 0, 0, 0};
+  for (uint64_t t = 0; t < in.accesses; t++) follow_batch(pool, t, t + 1, &fc);
+  ASSERT_U64_EQ(fc.hits, in.hits);
+  ASSERT_U64_EQ(fc.wrong, 0);
+  ASSERT_U64_EQ(fc.loads, in.misses);
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(st.hits, in.hits);
+  ASSERT_U64_EQ(st.admits, in.admits);
+  ASSERT_U64_EQ(st.bypasses, in.bypasses);
+  ASSERT_U64_EQ(st.stored, in.admits);
+  ASSERT_U64_EQ(st.fallbacks + st.timeouts + st.store_failed + st.waits, 0);
+  finish(pool);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+/* Batches of 32: HITs on items admitted earlier in the batch are deferred. */
+static void test_batches_defer(void) {
+  opt4_plan *plan = random_plan(20000, 300, 50, 2);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  opt4_pool *pool = make_pool(plan, 2000);
+  follow_counts fc = {0, 0, 0, 0};
+  for (uint64_t t = 0; t < in.accesses; t += 32)
+    follow_batch(pool, t, t + 32 < in.accesses ? t + 32 : in.accesses, &fc);
+  ASSERT(fc.deferred > 0);
+  ASSERT_U64_EQ(fc.hits + fc.deferred, in.hits);
+  ASSERT_U64_EQ(fc.wrong, 0);
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(st.fallbacks + st.timeouts + st.store_failed, 0);
+  finish(pool);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+static void test_attach_info_and_unlink(void) {
+  opt4_plan *plan = random_plan(1000, 50, 10, 3);
+  opt4_pool *pool = make_pool(plan, 1000);
+  opt4_pool *other = NULL;
+  ASSERT_OK(opt4_pool_attach(opt4_pool_name(pool), &other));
+  ASSERT(opt4_pool_is_owner(pool) && !opt4_pool_is_owner(other));
+  opt4_pool_info a, b;
+  ASSERT_OK(opt4_pool_info_get(pool, &a));
+  ASSERT_OK(opt4_pool_info_get(other, &b));
+  ASSERT_U64_EQ(a.fingerprint, b.fingerprint);
+  ASSERT_EQ(a.attached, 2);
+  ASSERT_U64_EQ(a.page_size, PAGE);
+  /* Work through the second handle shows in the first's stats. */
+  follow_counts fc = {0, 0, 0, 0};
+  follow_batch(other, 0, 1000, &fc);
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(st.hits + st.deferred, fc.hits + fc.deferred);
+  opt4_pool_close(other);
+  ASSERT_OK(opt4_pool_info_get(pool, &a));
+  ASSERT_EQ(a.attached, 1);
+  ASSERT_OK(opt4_pool_stats_get(pool, &st)); /* retired counters survive */
+  ASSERT_U64_EQ(st.hits + st.deferred, fc.hits + fc.deferred);
+  char name[128];
+  snprintf(name, sizeof name, "%s", opt4_pool_name(pool));
+  finish(pool);
+  ASSERT_ERR(opt4_pool_attach(name, &other), OPT4_ESHM);
+  ASSERT(strstr(opt4_errdetail(), "owner has ended") != NULL);
+  ASSERT_ERR(opt4_pool_attach("/not-ours", &other), OPT4_EINVAL);
+  ASSERT_ERR(opt4_pool_attach("/opt4-0-x/y", &other), OPT4_EINVAL);
+  opt4_pool_close(NULL);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+static void test_errors(void) {
+  opt4_plan *plan = random_plan(500, 40, 8, 4);
+  opt4_pool_opts o;
+  memset(&o, 0, sizeof o);
+  opt4_pool *pool = NULL;
+  ASSERT_ERR(opt4_pool_create(plan, &o, &pool), OPT4_EINVAL); /* page_size 0 */
+  ASSERT(pool == NULL);
+  opt4_plan *only = NULL;
+  opt4_seq s = {opt4_plan_seq(plan), OPT4_U32, 500, 40};
+  ASSERT_OK(opt4_plan_from_seq(&s, &only));
+  o.page_size = PAGE;
+  ASSERT_ERR(opt4_pool_create(only, &o, &pool), OPT4_ENOPLAN);
+  /* A pool larger than /dev/shm fails at creation with the fix named, and
+   * leaves nothing behind. */
+  o.page_size = (uint64_t)1 << 40;
+  ASSERT_ERR(opt4_pool_create(plan, &o, &pool), OPT4_ENOSPACE);
+  ASSERT(strstr(opt4_errdetail(), "--shm-size") != NULL);
+  pool = make_pool(plan, 500);
+  uint8_t buf[PAGE];
+  opt4_get_result r;
+  ASSERT_ERR(opt4_pool_get(pool, 500, NULL, 0, buf, sizeof buf, &r), OPT4_ERANGE);
+  /* put at a non-ADMIT position, an item too large, TOO_SMALL buffers. */
+  /* An ADMIT whose item's next occurrence is a HIT of what it stores. */
+  const uint32_t *ops = opt4_plan_ops(plan), *seq = opt4_plan_seq(plan);
+  uint64_t admit = 0, hit = 500;
+  for (; admit < 500 && hit == 500; admit++) {
+    if (OPT4_OP_KIND(ops[admit]) != OPT4_OP_ADMIT) continue;
+    uint64_t next = admit + 1;
+    while (next < 500 && seq[next] != seq[admit]) next++;
+    if (next < 500 && OPT4_OP_KIND(ops[next]) == OPT4_OP_HIT) hit = next;
+  }
+  admit--;
+  ASSERT(hit < 500);
+  int stored;
+  opt4_iovec big = {buf, PAGE + 1};
+  uint8_t large[PAGE + 1];
+  big.base = large;
+  ASSERT_ERR(opt4_pool_put(pool, hit, &big, 1, &stored), OPT4_EINVAL);
+  ASSERT_ERR(opt4_pool_put(pool, admit, &big, 1, &stored), OPT4_EITEMSIZE);
+  ASSERT_EQ(stored, 0);
+  /* Its reader falls back at once (the generation failed), not after a wait. */
+  uint64_t t0 = (uint64_t)time(NULL);
+  ASSERT_OK(opt4_pool_get(pool, hit, NULL, 0, buf, sizeof buf, &r));
+  ASSERT_EQ(r.status, OPT4_GET_LOAD);
+  ASSERT_EQ(r.reason, OPT4_REASON_FALLBACK);
+  ASSERT((uint64_t)time(NULL) - t0 < 2);
+  finish(pool);
+  /* TOO_SMALL then success. */
+  pool = make_pool(plan, 500);
+  item_fill(opt4_plan_seq(plan)[admit], buf);
+  opt4_iovec part = {buf, item_len(opt4_plan_seq(plan)[admit])};
+  for (uint64_t t = 0; t < admit; t++) { /* run the prefix first */
+    follow_counts fc = {0, 0, 0, 0};
+    follow_batch(pool, t, t + 1, &fc);
+  }
+  ASSERT_OK(opt4_pool_put(pool, admit, &part, 1, &stored));
+  ASSERT_EQ(stored, 1);
+  uint8_t tiny[4];
+  ASSERT_OK(opt4_pool_get(pool, hit, NULL, 0, tiny, sizeof tiny, &r));
+  ASSERT_EQ(r.status, OPT4_GET_TOO_SMALL);
+  ASSERT_U64_EQ(r.len, part.len);
+  uint8_t back[PAGE];
+  ASSERT_OK(opt4_pool_get(pool, hit, NULL, 0, back, sizeof back, &r));
+  ASSERT_EQ(r.status, OPT4_GET_HIT);
+  ASSERT(item_check(r.item, back, r.len));
+  finish(pool);
+  opt4_plan_close(only);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+/* Skipped positions (a loop that broke out of an epoch) cost no waits once
+ * the floor passes them. */
+static void test_floor(void) {
+  opt4_plan *plan = random_plan(4000, 100, 30, 5);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  opt4_pool *pool = make_pool(plan, 3000);
+  follow_counts fc = {0, 0, 0, 0};
+  for (uint64_t t = 0; t < 1000; t++) follow_batch(pool, t, t + 1, &fc);
+  /* Skip [1000, 2000): as if the epoch was cut short. */
+  ASSERT_OK(opt4_pool_set_floor(pool, 2000));
+  ASSERT_OK(opt4_pool_set_floor(pool, 1500)); /* never lowered */
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  for (uint64_t t = 2000; t < in.accesses; t++) follow_batch(pool, t, t + 1, &fc);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  ASSERT(b.tv_sec - a.tv_sec < 2); /* no 3 s timeouts */
+  ASSERT_U64_EQ(fc.wrong, 0);
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(st.timeouts, 0);
+  ASSERT(st.fallbacks > 0); /* hits on items the skipped part would have stored */
+  finish(pool);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+typedef struct seen_ctx {
+  const char *want;
+  int found, alive;
+} seen_ctx;
+
+static int visit(void *ctx, const char *name, uint32_t pid, int alive, uint64_t bytes) {
+  seen_ctx *c = ctx;
+  (void)pid;
+  (void)bytes;
+  if (strcmp(name, c->want) == 0) {
+    c->found = 1;
+    c->alive = alive;
+  }
+  return 0;
+}
+
+/* A pool whose owner died is listed as stale and can be removed; a live
+ * owner's pool is protected. */
+static void test_stale_cleanup(void) {
+  opt4_plan *plan = random_plan(300, 20, 5, 6);
+  opt4_pool *mine = make_pool(plan, 500);
+  seen_ctx c = {opt4_pool_name(mine), 0, 0};
+  ASSERT_OK(opt4_pool_list(visit, &c));
+  ASSERT(c.found && c.alive);
+  ASSERT_ERR(opt4_pool_remove(opt4_pool_name(mine), 0), OPT4_EPOOL);
+  int fds[2];
+  ASSERT(pipe(fds) == 0);
+  pid_t child = fork();
+  if (child == 0) {
+    opt4_pool *p = NULL;
+    if (opt4_pool_create(plan, &(opt4_pool_opts){PAGE, 500, 0, 0}, &p) != 0) _exit(1);
+    char name[128];
+    snprintf(name, sizeof name, "%s", opt4_pool_name(p));
+    if (write(fds[1], name, sizeof name) != (ssize_t)sizeof name) _exit(1);
+    _exit(0); /* dies without unlinking */
+  }
+  char name[128];
+  ASSERT(read(fds[0], name, sizeof name) == (ssize_t)sizeof name);
+  int status;
+  ASSERT(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(fds[0]);
+  close(fds[1]);
+  seen_ctx d = {name, 0, 1};
+  ASSERT_OK(opt4_pool_list(visit, &d));
+  ASSERT(d.found && !d.alive);
+  ASSERT_OK(opt4_pool_remove(name, 0));
+  d.found = 0;
+  ASSERT_OK(opt4_pool_list(visit, &d));
+  ASSERT(!d.found);
+  finish(mine);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+/* The compatibility clock hands out each position once. */
+static void test_clock(void) {
+  opt4_plan *plan = random_plan(100, 10, 3, 7);
+  opt4_pool *pool = make_pool(plan, 500);
+  for (uint64_t want = 0; want < 50; want++) {
+    uint64_t t;
+    ASSERT_OK(opt4_pool_clock_next(pool, &t));
+    ASSERT_U64_EQ(t, want);
+  }
+  finish(pool);
+  opt4_plan_close(plan);
+}
+
+int main(void) {
+  RUN(test_follow_plan);
+  RUN(test_batches_defer);
+  RUN(test_attach_info_and_unlink);
+  RUN(test_errors);
+  RUN(test_floor);
+  RUN(test_stale_cleanup);
+  RUN(test_clock);
+  return 0;
+}

@@ -18,6 +18,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "opt4.h"
@@ -42,7 +43,9 @@ static PyObject *raise_code(int rc, const char *context) {
   case OPT4_ECORRUPT:
   case OPT4_EFINGERPRINT: type = PlanFileError; break;
   case OPT4_ENOMEM: type = Opt4MemoryError; break;
-  case OPT4_EIO: type = Opt4IOError; break;
+  case OPT4_EIO:
+  case OPT4_ESHM:
+  case OPT4_ENOSPACE: type = Opt4IOError; break;
   default: type = InvalidInputError; break;
   }
   const char *detail = opt4_errdetail();
@@ -376,6 +379,549 @@ static PyTypeObject PlanType = {
     .tp_getset = plan_getset,
 };
 
+
+/* ------------------------------------------------------------------------ */
+/* Pool                                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* One handle per thread: a handle's hazard announcements are its own, so a
+ * handle refuses to be entered by two threads at once (the Python layer keeps
+ * one per thread). */
+typedef struct {
+  PyObject_HEAD
+  opt4_pool *pool;
+  int busy;
+} PoolObject;
+
+static PyTypeObject PoolType;
+
+static int pool_enter(PoolObject *self) {
+  if (self->pool == NULL) {
+    PyErr_SetString(PyExc_ValueError, "operation on a closed pool");
+    return -1;
+  }
+  if (self->busy) {
+    PyErr_SetString(PyExc_RuntimeError, "this pool handle is in use by another thread; "
+                                        "attach one handle per thread");
+    return -1;
+  }
+  self->busy = 1;
+  return 0;
+}
+
+static void pool_leave(PoolObject *self) { self->busy = 0; }
+
+static PyObject *pool_wrap(opt4_pool *pool) {
+  PoolObject *self = PyObject_New(PoolObject, &PoolType);
+  if (self == NULL) {
+    opt4_pool_close(pool);
+    return NULL;
+  }
+  self->pool = pool;
+  self->busy = 0;
+  return (PyObject *)self;
+}
+
+static void pool_dealloc(PoolObject *self) {
+  opt4_pool_close(self->pool);
+  PyObject_Free(self);
+}
+
+static PyObject *py_pool_create(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"plan", "page_size", "wait_timeout_ms", "max_procs", NULL};
+  PlanObject *plan;
+  unsigned long long page_size, timeout_ms = 0;
+  unsigned int max_procs = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!K|KI", kwlist, &PlanType, &plan, &page_size,
+                                   &timeout_ms, &max_procs))
+    return NULL;
+  if (plan_check_open(plan) < 0) return NULL;
+  opt4_pool_opts opts;
+  memset(&opts, 0, sizeof opts);
+  opts.page_size = page_size;
+  opts.wait_timeout_ms = timeout_ms;
+  opts.max_procs = max_procs;
+  opt4_pool *pool = NULL;
+  int rc;
+  plan->busy++;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_pool_create(plan->plan, &opts, &pool);
+  Py_END_ALLOW_THREADS plan->busy--;
+  if (rc != 0) return raise_code(rc, "create pool");
+  return pool_wrap(pool);
+}
+
+static PyObject *py_pool_attach(PyObject *Py_UNUSED(m), PyObject *arg) {
+  const char *name = PyUnicode_AsUTF8(arg);
+  if (name == NULL) return NULL;
+  opt4_pool *pool = NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_pool_attach(name, &pool);
+  Py_END_ALLOW_THREADS if (rc != 0) return raise_code(rc, "attach pool");
+  return pool_wrap(pool);
+}
+
+static PyObject *pool_close(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->busy) {
+    PyErr_SetString(PyExc_RuntimeError, "cannot close a pool handle in use");
+    return NULL;
+  }
+  opt4_pool_close(self->pool);
+  self->pool = NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *pool_unlink(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->pool == NULL) Py_RETURN_NONE;
+  int rc = opt4_pool_unlink(self->pool);
+  if (rc != 0) return raise_code(rc, "unlink pool");
+  Py_RETURN_NONE;
+}
+
+static PyObject *pool_get_name(PoolObject *self, void *Py_UNUSED(c)) {
+  if (self->pool == NULL) Py_RETURN_NONE;
+  return PyUnicode_FromString(opt4_pool_name(self->pool));
+}
+
+static PyObject *pool_get_is_owner(PoolObject *self, void *Py_UNUSED(c)) {
+  return PyBool_FromLong(self->pool != NULL && opt4_pool_is_owner(self->pool));
+}
+
+static PyObject *pool_get_closed(PoolObject *self, void *Py_UNUSED(c)) {
+  return PyBool_FromLong(self->pool == NULL);
+}
+
+static PyObject *pool_info(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->pool == NULL) return PyErr_Format(PyExc_ValueError, "operation on a closed pool");
+  opt4_pool_info in;
+  int rc = opt4_pool_info_get(self->pool, &in);
+  if (rc != 0) return raise_code(rc, "pool info");
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:I,s:I,s:s}", "accesses",
+                       (unsigned long long)in.accesses, "items", (unsigned long long)in.items,
+                       "fingerprint", (unsigned long long)in.fingerprint, "page_size",
+                       (unsigned long long)in.page_size, "pages", (unsigned long long)in.pages,
+                       "generations", (unsigned long long)in.generations, "shm_bytes",
+                       (unsigned long long)in.shm_bytes, "wait_timeout_ms",
+                       (unsigned long long)in.wait_timeout_ms, "max_procs", in.max_procs,
+                       "attached", in.attached, "owner_pid", in.owner_pid, "name",
+                       opt4_pool_name(self->pool));
+}
+
+static PyObject *pool_stats(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->pool == NULL) return PyErr_Format(PyExc_ValueError, "operation on a closed pool");
+  opt4_pool_stats st;
+  int rc = opt4_pool_stats_get(self->pool, &st);
+  if (rc != 0) return raise_code(rc, "pool stats");
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "hits",
+                       (unsigned long long)st.hits, "admits", (unsigned long long)st.admits,
+                       "bypasses", (unsigned long long)st.bypasses, "fallbacks",
+                       (unsigned long long)st.fallbacks, "deferred",
+                       (unsigned long long)st.deferred, "stored", (unsigned long long)st.stored,
+                       "store_failed", (unsigned long long)st.store_failed, "timeouts",
+                       (unsigned long long)st.timeouts, "waits", (unsigned long long)st.waits,
+                       "wait_ns", (unsigned long long)st.wait_ns);
+}
+
+static PyObject *pool_item(PoolObject *self, PyObject *arg) {
+  if (self->pool == NULL) return PyErr_Format(PyExc_ValueError, "operation on a closed pool");
+  unsigned long long t = PyLong_AsUnsignedLongLong(arg);
+  if (t == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  uint32_t item, kind;
+  int rc = opt4_pool_item(self->pool, t, &item, &kind);
+  if (rc != 0) return raise_code(rc, "pool item");
+  return Py_BuildValue("(II)", item, kind);
+}
+
+static PyObject *pool_set_floor(PoolObject *self, PyObject *arg) {
+  if (self->pool == NULL) return PyErr_Format(PyExc_ValueError, "operation on a closed pool");
+  unsigned long long p = PyLong_AsUnsignedLongLong(arg);
+  if (p == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  int rc = opt4_pool_set_floor(self->pool, p);
+  if (rc != 0) return raise_code(rc, "set floor");
+  Py_RETURN_NONE;
+}
+
+static PyObject *pool_clock_next(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->pool == NULL) return PyErr_Format(PyExc_ValueError, "operation on a closed pool");
+  uint64_t t;
+  int rc = opt4_pool_clock_next(self->pool, &t);
+  if (rc != 0) return raise_code(rc, "clock");
+  return PyLong_FromUnsignedLongLong(t);
+}
+
+/* Positions from any sequence of ints into a malloc'd array. */
+static uint64_t *positions_from(PyObject *seq_obj, Py_ssize_t *n_out) {
+  PyObject *fast = PySequence_Fast(seq_obj, "positions must be a sequence of ints");
+  if (fast == NULL) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  uint64_t *pos = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+  if (pos == NULL) {
+    Py_DECREF(fast);
+    PyErr_NoMemory();
+    return NULL;
+  }
+  PyObject **items = PySequence_Fast_ITEMS(fast);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    pos[i] = PyLong_AsUnsignedLongLong(items[i]);
+    if (pos[i] == (uint64_t)-1 && PyErr_Occurred()) {
+      PyMem_Free(pos);
+      Py_DECREF(fast);
+      return NULL;
+    }
+  }
+  Py_DECREF(fast);
+  *n_out = n;
+  return pos;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* read_batch(positions) -> (data: bytearray, entries: list of (status, item, a, b))
+ * status: 0 HIT (a = offset in data, b = length), 1 DEFER (a = position to
+ * copy from), 2 LOAD (a = reason: 1 ADMIT, 2 BYPASS, 3 FALLBACK). */
+static PyObject *pool_read_batch(PoolObject *self, PyObject *arg) {
+  if (pool_enter(self) < 0) return NULL;
+  PyObject *data = NULL, *entries = NULL;
+  opt4_get_result *res = NULL;
+  uint64_t *offsets = NULL, *sorted = NULL;
+  Py_ssize_t n = 0;
+  uint64_t *pos = positions_from(arg, &n);
+  if (pos == NULL) goto leave;
+  res = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *res);
+  offsets = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *offsets);
+  sorted = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *sorted);
+  if (res == NULL || offsets == NULL || sorted == NULL) {
+    PyErr_NoMemory();
+    goto leave;
+  }
+  memcpy(sorted, pos, (size_t)n * sizeof *pos);
+  qsort(sorted, (size_t)n, sizeof *sorted, cmp_u64);
+  uint64_t total = 0;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    uint64_t space;
+    int rc = opt4_pool_space(self->pool, pos[i], &space);
+    if (rc != 0) {
+      raise_code(rc, "read batch");
+      goto leave;
+    }
+    total += space;
+  }
+  data = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total);
+  if (data == NULL) goto leave;
+  uint8_t *buf = (uint8_t *)PyByteArray_AS_STRING(data);
+  int rc = 0;
+  uint64_t used = 0;
+  Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
+    rc = opt4_pool_get(self->pool, pos[i], sorted, (size_t)n, buf + used, total - used, &res[i]);
+    offsets[i] = used;
+    if (rc == 0 && res[i].status == OPT4_GET_HIT) used += res[i].len;
+  }
+  Py_END_ALLOW_THREADS if (rc != 0) {
+    raise_code(rc, "read batch");
+    goto leave;
+  }
+  if (PyByteArray_Resize(data, (Py_ssize_t)used) < 0) goto leave;
+  entries = PyList_New(n);
+  if (entries == NULL) goto leave;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *e;
+    switch (res[i].status) {
+    case OPT4_GET_HIT:
+      e = Py_BuildValue("(iIKK)", 0, res[i].item, (unsigned long long)offsets[i],
+                        (unsigned long long)res[i].len);
+      break;
+    case OPT4_GET_DEFER:
+      e = Py_BuildValue("(iIKK)", 1, res[i].item, (unsigned long long)res[i].defer_to, 0ULL);
+      break;
+    default: /* LOAD; TOO_SMALL cannot happen with space-sized buffers */
+      e = Py_BuildValue("(iIKK)", 2, res[i].item,
+                        (unsigned long long)(res[i].status == OPT4_GET_LOAD ? res[i].reason
+                                                                          : OPT4_REASON_FALLBACK),
+                        0ULL);
+      break;
+    }
+    if (e == NULL) {
+      Py_CLEAR(entries);
+      goto leave;
+    }
+    PyList_SET_ITEM(entries, i, e);
+  }
+leave:
+  pool_leave(self);
+  PyMem_Free(pos);
+  PyMem_Free(res);
+  PyMem_Free(offsets);
+  PyMem_Free(sorted);
+  if (entries == NULL) {
+    Py_XDECREF(data);
+    return NULL;
+  }
+  PyObject *out = PyTuple_Pack(2, data, entries);
+  Py_DECREF(data);
+  Py_DECREF(entries);
+  return out;
+}
+
+/* Gather the buffers of parts (a sequence of buffer objects). */
+typedef struct gathered {
+  Py_buffer *views;
+  opt4_iovec *iov;
+  Py_ssize_t n;
+} gathered;
+
+static void gathered_release(gathered *g) {
+  for (Py_ssize_t i = 0; i < g->n; i++) PyBuffer_Release(&g->views[i]);
+  PyMem_Free(g->views);
+  PyMem_Free(g->iov);
+  g->views = NULL;
+  g->iov = NULL;
+  g->n = 0;
+}
+
+static int gather(PyObject *parts, gathered *g) {
+  g->views = NULL;
+  g->iov = NULL;
+  g->n = 0;
+  PyObject *fast = PySequence_Fast(parts, "parts must be a sequence of buffers");
+  if (fast == NULL) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  g->views = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_buffer));
+  g->iov = PyMem_Calloc((size_t)(n ? n : 1), sizeof(opt4_iovec));
+  if (g->views == NULL || g->iov == NULL) {
+    Py_DECREF(fast);
+    PyMem_Free(g->views);
+    PyMem_Free(g->iov);
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, i), &g->views[i], PyBUF_C_CONTIGUOUS) < 0) {
+      Py_DECREF(fast);
+      gathered_release(g);
+      return -1;
+    }
+    g->n = i + 1;
+    g->iov[i].base = g->views[i].buf;
+    g->iov[i].len = (size_t)g->views[i].len;
+  }
+  Py_DECREF(fast);
+  return 0;
+}
+
+/* store_batch(entries: list of (position, parts)) -> list of results:
+ * 1 stored, 0 not stored (late or timed out), -1 too large for its space. */
+static PyObject *pool_store_batch(PoolObject *self, PyObject *arg) {
+  if (pool_enter(self) < 0) return NULL;
+  PyObject *out = NULL;
+  PyObject *fast = PySequence_Fast(arg, "entries must be a sequence of (position, parts)");
+  if (fast == NULL) {
+    pool_leave(self);
+    return NULL;
+  }
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  gathered *gs = PyMem_Calloc((size_t)(n ? n : 1), sizeof *gs);
+  uint64_t *pos = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *pos);
+  int *results = PyMem_Calloc((size_t)(n ? n : 1), sizeof *results);
+  Py_ssize_t ready = 0;
+  if (gs == NULL || pos == NULL || results == NULL) {
+    PyErr_NoMemory();
+    goto leave;
+  }
+  for (; ready < n; ready++) {
+    unsigned long long t;
+    PyObject *parts;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, ready), "KO;an entry is (position, parts)",
+                          &t, &parts))
+      goto leave;
+    pos[ready] = t;
+    if (gather(parts, &gs[ready]) < 0) goto leave;
+  }
+  int rc = 0;
+  Py_ssize_t failed_at = -1;
+  Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < n; i++) {
+    int stored = 0;
+    int r = opt4_pool_put(self->pool, pos[i], gs[i].iov, (size_t)gs[i].n, &stored);
+    if (r == OPT4_EITEMSIZE) {
+      results[i] = -1;
+    } else if (r != 0) {
+      rc = r;
+      failed_at = i;
+      break;
+    } else {
+      results[i] = stored;
+    }
+  }
+  Py_END_ALLOW_THREADS if (rc != 0) {
+    (void)failed_at;
+    raise_code(rc, "store batch");
+    goto leave;
+  }
+  out = PyList_New(n);
+  if (out == NULL) goto leave;
+  for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(out, i, PyLong_FromLong(results[i]));
+leave:
+  for (Py_ssize_t i = 0; i < ready && gs != NULL; i++) gathered_release(&gs[i]);
+  PyMem_Free(gs);
+  PyMem_Free(pos);
+  PyMem_Free(results);
+  Py_DECREF(fast);
+  pool_leave(self);
+  return out;
+}
+
+static PyObject *pool_note_reads(PoolObject *self, PyObject *arg) {
+  if (pool_enter(self) < 0) return NULL;
+  Py_ssize_t n = 0;
+  uint64_t *pos = positions_from(arg, &n);
+  PyObject *out = NULL;
+  if (pos != NULL) {
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < n && rc == 0; i++) rc = opt4_pool_note_read(self->pool, pos[i]);
+    if (rc != 0)
+      raise_code(rc, "note reads");
+    else
+      out = Py_NewRef(Py_None);
+    PyMem_Free(pos);
+  }
+  pool_leave(self);
+  return out;
+}
+
+/* live_at(p) -> list of (admit, item, reads_before). */
+static PyObject *pool_live_at(PoolObject *self, PyObject *arg) {
+  if (pool_enter(self) < 0) return NULL;
+  PyObject *out = NULL;
+  unsigned long long p = PyLong_AsUnsignedLongLong(arg);
+  opt4_pool_info in;
+  uint64_t *admits = NULL;
+  uint32_t *items = NULL, *before = NULL;
+  if (p == (unsigned long long)-1 && PyErr_Occurred()) goto leave;
+  opt4_pool_info_get(self->pool, &in);
+  size_t cap = (size_t)(in.pages ? in.pages : 1), n = 0;
+  admits = PyMem_Malloc(cap * sizeof *admits);
+  items = PyMem_Malloc(cap * sizeof *items);
+  before = PyMem_Malloc(cap * sizeof *before);
+  if (admits == NULL || items == NULL || before == NULL) {
+    PyErr_NoMemory();
+    goto leave;
+  }
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_pool_live_at(self->pool, p, admits, items, before, cap, &n);
+  Py_END_ALLOW_THREADS if (rc != 0) {
+    raise_code(rc, "live_at");
+    goto leave;
+  }
+  out = PyList_New((Py_ssize_t)n);
+  if (out == NULL) goto leave;
+  for (size_t i = 0; i < n; i++) {
+    PyObject *e = Py_BuildValue("(KII)", (unsigned long long)admits[i], items[i], before[i]);
+    if (e == NULL) {
+      Py_CLEAR(out);
+      goto leave;
+    }
+    PyList_SET_ITEM(out, (Py_ssize_t)i, e);
+  }
+leave:
+  PyMem_Free(admits);
+  PyMem_Free(items);
+  PyMem_Free(before);
+  pool_leave(self);
+  return out;
+}
+
+/* warm(admit, parts, reads_before) -> 1 stored, 0 not, -1 too large. */
+static PyObject *pool_warm(PoolObject *self, PyObject *args) {
+  unsigned long long admit;
+  unsigned int before;
+  PyObject *parts;
+  if (!PyArg_ParseTuple(args, "KOI", &admit, &parts, &before)) return NULL;
+  if (pool_enter(self) < 0) return NULL;
+  gathered g;
+  PyObject *out = NULL;
+  if (gather(parts, &g) == 0) {
+    int stored = 0, rc;
+    Py_BEGIN_ALLOW_THREADS rc = opt4_pool_warm(self->pool, admit, g.iov, (size_t)g.n, before, &stored);
+    Py_END_ALLOW_THREADS gathered_release(&g);
+    if (rc == OPT4_EITEMSIZE)
+      out = PyLong_FromLong(-1);
+    else if (rc != 0)
+      raise_code(rc, "warm");
+    else
+      out = PyLong_FromLong(stored);
+  }
+  pool_leave(self);
+  return out;
+}
+
+static PyMethodDef pool_methods[] = {
+    {"close", (PyCFunction)pool_close, METH_NOARGS, "Detach (does not remove the pool)."},
+    {"unlink", (PyCFunction)pool_unlink, METH_NOARGS, "Remove the pool's segments."},
+    {"info", (PyCFunction)pool_info, METH_NOARGS, "Layout and sizes as a dict."},
+    {"stats", (PyCFunction)pool_stats, METH_NOARGS, "Counters summed over all processes."},
+    {"item", (PyCFunction)pool_item, METH_O, "item(t) -> (item id, plan kind)."},
+    {"set_floor", (PyCFunction)pool_set_floor, METH_O, "set_floor(p): positions below p are done."},
+    {"clock_next", (PyCFunction)pool_clock_next, METH_NOARGS, "The compatibility clock."},
+    {"read_batch", (PyCFunction)pool_read_batch, METH_O,
+     "read_batch(positions) -> (data, [(status, item, a, b)])"},
+    {"store_batch", (PyCFunction)pool_store_batch, METH_O,
+     "store_batch([(position, parts)]) -> [1 stored | 0 not | -1 too large]"},
+    {"note_reads", (PyCFunction)pool_note_reads, METH_O, "note_reads(positions) for DEFERs."},
+    {"live_at", (PyCFunction)pool_live_at, METH_O, "live_at(p) -> [(admit, item, reads_before)]"},
+    {"warm", (PyCFunction)pool_warm, METH_VARARGS, "warm(admit, parts, reads_before) -> result"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef pool_getset[] = {
+    {"name", (getter)pool_get_name, NULL, "The pool's shared-memory name.", NULL},
+    {"is_owner", (getter)pool_get_is_owner, NULL, "Whether this process created it.", NULL},
+    {"closed", (getter)pool_get_closed, NULL, "Whether close() was called.", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject PoolType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "opt4torch._engine.Pool",
+    .tp_basicsize = sizeof(PoolObject),
+    .tp_dealloc = (destructor)pool_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A handle on a shared-memory cache pool (one per thread).",
+    .tp_methods = pool_methods,
+    .tp_getset = pool_getset,
+};
+
+static int visit_list(void *ctx, const char *name, uint32_t pid, int alive, uint64_t bytes) {
+  PyObject *e = Py_BuildValue("{s:s,s:I,s:O,s:K}", "name", name, "owner_pid", pid, "owner_alive",
+                              alive ? Py_True : Py_False, "bytes", (unsigned long long)bytes);
+  if (e == NULL) return -1;
+  int rc = PyList_Append((PyObject *)ctx, e);
+  Py_DECREF(e);
+  return rc;
+}
+
+static PyObject *py_pool_list(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
+  PyObject *list = PyList_New(0);
+  if (list == NULL) return NULL;
+  int rc = opt4_pool_list(visit_list, list);
+  if (rc == -1 && PyErr_Occurred()) {
+    Py_DECREF(list);
+    return NULL;
+  }
+  if (rc != 0) {
+    Py_DECREF(list);
+    return raise_code(rc, "list pools");
+  }
+  return list;
+}
+
+static PyObject *py_pool_remove(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"name", "force", NULL};
+  const char *name;
+  int force = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "s|p", kwlist, &name, &force)) return NULL;
+  int rc = opt4_pool_remove(name, force);
+  if (rc != 0) return raise_code(rc, "remove pool");
+  Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Module functions                                                          */
 /* ------------------------------------------------------------------------ */
@@ -573,6 +1119,12 @@ static PyMethodDef module_methods[] = {
     {"policy_names", py_policy_names, METH_NOARGS, "Names of the simulator's policies."},
     {"mem_stats", py_mem_stats, METH_NOARGS, "Engine memory: current and peak bytes."},
     {"mem_peak_reset", py_mem_peak_reset, METH_NOARGS, "Reset the engine's peak counter."},
+    {"pool_create", (PyCFunction)(void (*)(void))py_pool_create, METH_VARARGS | METH_KEYWORDS,
+     "pool_create(plan, page_size, wait_timeout_ms=0, max_procs=0) -> Pool (owner)"},
+    {"pool_attach", py_pool_attach, METH_O, "pool_attach(name) -> Pool"},
+    {"pool_list", py_pool_list, METH_NOARGS, "This user's pools: [{name, owner_pid, owner_alive, bytes}]"},
+    {"pool_remove", (PyCFunction)(void (*)(void))py_pool_remove, METH_VARARGS | METH_KEYWORDS,
+     "pool_remove(name, force=False): remove a stale pool"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {
@@ -594,10 +1146,12 @@ static PyObject *new_error(PyObject *module, const char *name, PyObject *bases,
 }
 
 PyMODINIT_FUNC PyInit__engine(void) {
-  if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&ArrayType) < 0) return NULL;
+  if (PyType_Ready(&PlanType) < 0 || PyType_Ready(&ArrayType) < 0 || PyType_Ready(&PoolType) < 0)
+    return NULL;
   PyObject *m = PyModule_Create(&module_def);
   if (m == NULL) return NULL;
   if (PyModule_AddObjectRef(m, "Plan", (PyObject *)&PlanType) < 0) goto fail;
+  if (PyModule_AddObjectRef(m, "Pool", (PyObject *)&PoolType) < 0) goto fail;
   Opt4Error = new_error(m, "Opt4Error", NULL,
                         "Base of every error the engine raises; .code, .code_name "
                         "and .detail say what went wrong.");

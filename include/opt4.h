@@ -434,6 +434,22 @@ typedef struct opt4_iovec {
 int opt4_pool_put(opt4_pool *pool, uint64_t t, const opt4_iovec *parts,
                   size_t n_parts, int *stored);
 
+/* The most bytes position t's item can occupy in the pool (0 unless t is a
+ * HIT or an ADMIT): a buffer this large always suffices for opt4_pool_get. */
+int opt4_pool_space(const opt4_pool *pool, uint64_t t, uint64_t *bytes);
+
+/* Resuming at position p: the generations that hold an item the plan reads
+ * at or after p, admitted before p. For each, its ADMIT position, its item,
+ * and how many of its reads come before p. At most info.pages of them; *n
+ * gets the count (entries beyond cap are not written). O(p) time. */
+int opt4_pool_live_at(opt4_pool *pool, uint64_t p, uint64_t *admits, uint32_t *items,
+                      uint32_t *reads_before, size_t cap, size_t *n);
+
+/* Store the item of ADMIT position admit as if its first reads_before reads
+ * had happened (warming a resumed run). Otherwise as opt4_pool_put. */
+int opt4_pool_warm(opt4_pool *pool, uint64_t admit, const opt4_iovec *parts,
+                   size_t n_parts, uint32_t reads_before, int *stored);
+
 /* Count a DEFER position as a completed read of its generation, once the
  * caller has the item (so that the next writer of those pages need not wait
  * for it). */

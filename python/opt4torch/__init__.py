@@ -25,12 +25,41 @@ from . import reference, traces
 
 __version__ = "0.1.0"
 
+# The torch integration is imported on first use, so that `import opt4torch`
+# needs only numpy.
+_LAZY = {
+    "DataLoader": "opt4torch.data",
+    "CachedDataset": "opt4torch.data",
+    "PositionBatchSampler": "opt4torch.data",
+    "OPTCache": "opt4torch.data",
+    "remove_stale_pools": "opt4torch.data",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'opt4torch' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 __all__ = [
     "__version__",
     "ADMIT",
     "BYPASS",
     "HIT",
+    "CachedDataset",
     "CaptureWarning",
+    "DataLoader",
+    "OPTCache",
+    "PositionBatchSampler",
     "InvalidInputError",
     "Opt4Error",
     "Opt4IOError",
@@ -43,6 +72,7 @@ __all__ = [
     "generate_precomputed_file",
     "load_plan",
     "plan",
+    "remove_stale_pools",
     "sequence_plan",
     "simulate",
     "reference",

@@ -25,7 +25,7 @@ import numpy as np
 
 from ._progress import progress_bar
 
-__all__ = ["capture", "CaptureWarning"]
+__all__ = ["capture", "capture_epochs", "CaptureWarning"]
 
 # Indices compared with the real sampler before a fast path is trusted.
 _CHECK = 64
@@ -196,6 +196,19 @@ def capture(
     the global RNG is in the same state (opt4torch's own DataLoader replays the
     captured order, so it is unaffected).
     """
+    parts = capture_epochs(sampler, epochs, start_epoch=start_epoch, progress=progress, fast=fast)
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+def capture_epochs(
+    sampler: Any,
+    epochs: int = 1,
+    *,
+    start_epoch: int = 0,
+    progress: bool | None = None,
+    fast: bool = True,
+) -> list[np.ndarray]:
+    """:func:`capture`, one int64 array per epoch."""
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
     has_epoch = callable(getattr(sampler, "set_epoch", None))
@@ -237,4 +250,4 @@ def capture(
             else:
                 chunk = _iterate(sampler, bar)
             parts.append(chunk)
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    return parts

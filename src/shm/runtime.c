@@ -350,8 +350,8 @@ static int wait_hazards(opt4_pool *pool, uint32_t page, waiter *w) {
   return 0;
 }
 
-int opt4_pool_put(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
-                  int *stored) {
+static int put_impl(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
+                    uint32_t reads_start, int *stored) {
   if (pool == NULL || stored == NULL || (parts == NULL && n_parts > 0))
     return opt4__fail(OPT4_EINVAL, "pool, parts or stored is NULL");
   *stored = 0;
@@ -403,7 +403,7 @@ int opt4_pool_put(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n
       count(pool, C_TIMEOUTS, 1);
       goto abandon;
     }
-    atomic_store_explicit(&ps->reads, PS_WORD(g, 0), memory_order_relaxed);
+    atomic_store_explicit(&ps->reads, PS_WORD(g, reads_start), memory_order_relaxed);
   }
   /* All pages are ours: gather the parts into them. */
   {
@@ -446,6 +446,53 @@ abandon:
   atomic_store_explicit(&me->writing, 0, memory_order_release);
   wait_done(pool, &w);
   count(pool, C_STORE_FAILED, 1);
+  return 0;
+}
+
+int opt4_pool_put(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
+                  int *stored) {
+  return put_impl(pool, t, parts, n_parts, 0, stored);
+}
+
+int opt4_pool_warm(opt4_pool *pool, uint64_t admit, const opt4_iovec *parts, size_t n_parts,
+                   uint32_t reads_before, int *stored) {
+  return put_impl(pool, admit, parts, n_parts, reads_before, stored);
+}
+
+int opt4_pool_space(const opt4_pool *pool, uint64_t t, uint64_t *bytes) {
+  if (pool == NULL || bytes == NULL) return opt4__fail(OPT4_EINVAL, "pool or bytes is NULL");
+  if (t >= pool->h->accesses) return opt4__fail(OPT4_ERANGE, "position past the plan");
+  uint32_t v = pool->rt[t];
+  *bytes = RT_KIND(v) == OPT4_OP_BYPASS ? 0 : (uint64_t)pool->gens[RT_GEN(v)].npages * pool->h->page_size;
+  return 0;
+}
+
+int opt4_pool_live_at(opt4_pool *pool, uint64_t p, uint64_t *admits, uint32_t *items,
+                      uint32_t *reads_before, size_t cap, size_t *n) {
+  if (pool == NULL || n == NULL) return opt4__fail(OPT4_EINVAL, "pool or n is NULL");
+  if (p > pool->h->accesses) return opt4__fail(OPT4_ERANGE, "position past the plan");
+  const uint64_t G = pool->h->generations;
+  uint32_t *before = opt4__calloc((size_t)(G ? G : 1), sizeof(uint32_t));
+  if (before == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for %llu generations", (unsigned long long)G);
+  uint64_t last_gen = 0; /* generations are numbered in admit order */
+  for (uint64_t t = 0; t < p; t++) {
+    uint32_t v = pool->rt[t];
+    if (RT_KIND(v) == OPT4_OP_HIT) before[RT_GEN(v)]++;
+    if (RT_KIND(v) == OPT4_OP_ADMIT) last_gen = (uint64_t)RT_GEN(v) + 1;
+  }
+  size_t count = 0;
+  for (uint64_t g = 0; g < last_gen; g++) {
+    const gen_rec *gen = &pool->gens[g];
+    if (gen->reads == 0 || gen->last_read < p) continue; /* nothing left to read */
+    if (count < cap) {
+      if (admits != NULL) admits[count] = gen->admit;
+      if (items != NULL) items[count] = pool->seq[gen->admit];
+      if (reads_before != NULL) reads_before[count] = before[g];
+    }
+    count++;
+  }
+  opt4__free(before, (size_t)(G ? G : 1) * sizeof(uint32_t));
+  *n = count;
   return 0;
 }
 

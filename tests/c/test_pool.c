@@ -252,6 +252,44 @@ static void test_stale_cleanup(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* Resuming at p in a fresh pool: warm it with the generations live at p,
+ * then the rest of the plan runs with exactly the plan's hits after p. */
+static void test_resume_warm(void) {
+  opt4_plan *plan = random_plan(8000, 200, 40, 8);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  const uint32_t *ops = opt4_plan_ops(plan);
+  uint64_t p = 5000, hits_after = 0;
+  for (uint64_t t = p; t < in.accesses; t++) hits_after += OPT4_OP_KIND(ops[t]) == OPT4_OP_HIT;
+  opt4_pool *pool = make_pool(plan, 3000);
+  ASSERT_OK(opt4_pool_set_floor(pool, p));
+  uint64_t admits[64];
+  uint32_t items[64], before[64];
+  size_t n = 0;
+  ASSERT_OK(opt4_pool_live_at(pool, p, admits, items, before, 64, &n));
+  ASSERT(n > 0 && n <= 40);
+  for (size_t i = 0; i < n; i++) {
+    ASSERT(admits[i] < p);
+    ASSERT_EQ(items[i], opt4_plan_seq(plan)[admits[i]]);
+    uint8_t buf[PAGE];
+    item_fill(items[i], buf);
+    opt4_iovec part = {buf, item_len(items[i])};
+    int stored = 0;
+    ASSERT_OK(opt4_pool_warm(pool, admits[i], &part, 1, before[i], &stored));
+    ASSERT_EQ(stored, 1);
+  }
+  follow_counts fc = {0, 0, 0, 0};
+  for (uint64_t t = p; t < in.accesses; t++) follow_batch(pool, t, t + 1, &fc);
+  ASSERT_U64_EQ(fc.wrong, 0);
+  ASSERT_U64_EQ(fc.hits, hits_after);
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(st.fallbacks + st.timeouts + st.store_failed, 0);
+  finish(pool);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 /* The compatibility clock hands out each position once. */
 static void test_clock(void) {
   opt4_plan *plan = random_plan(100, 10, 3, 7);
@@ -272,6 +310,7 @@ int main(void) {
   RUN(test_errors);
   RUN(test_floor);
   RUN(test_stale_cleanup);
+  RUN(test_resume_warm);
   RUN(test_clock);
   return 0;
 }

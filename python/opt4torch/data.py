@@ -1,0 +1,626 @@
+"""The cache in a training loop: torch.utils.data integration.
+
+The pieces, from the outside in:
+
+* :class:`DataLoader` is a ``torch.utils.data.DataLoader`` that captures the
+  sampler you give it (or ``shuffle=True`` with a seed) for all epochs, plans
+  OPT over the captured order, creates the shared-memory pool, and then
+  replays exactly that order. ``loader.cache.stats()`` reports the counters.
+* :class:`PositionBatchSampler` yields batches of *positions* (plain ints):
+  position ``t`` is the t-th access of the whole run, so the cache knows which
+  access each request is.
+* :class:`CachedDataset` maps a position to its index and follows the plan
+  there: HITs are copied out of the pool, ADMITs and BYPASSes are loaded from
+  your dataset (ADMITs are then stored). ``__getitems__`` serves a batch with
+  one call into C to read and one to store.
+* :class:`OPTCache` is the owner's side: the plan, the pool, cleanup, stats.
+
+What is cached is what your dataset returns; ``transform`` runs after the
+cache, so random augmentation stays random.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+
+from . import _engine
+from ._codec import decode, encode, encoded_size
+from ._plan import Plan, plan as build_plan
+from .capture import capture_epochs
+
+__all__ = [
+    "DataLoader",
+    "CachedDataset",
+    "PositionBatchSampler",
+    "OPTCache",
+    "parse_bytes",
+    "remove_stale_pools",
+]
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """``8 << 30``, ``"8GiB"``, ``"512 MB"``, ``"1.5G"`` -> bytes."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size in bytes: {value!r}")
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, float):
+        return int(value)
+    text = str(value).strip().lower().replace(" ", "")
+    num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(num):]
+    if unit not in _UNITS or not num:
+        raise ValueError(f"not a size in bytes: {value!r} (try 8GiB, 512MB or a number of bytes)")
+    return int(float(num) * _UNITS[unit])
+
+
+# ---- cleanup of pools: this run's on exit and signals, dead runs' on start ----
+
+_live_caches: "weakref.WeakSet[OPTCache]" = weakref.WeakSet()
+_handlers_installed = False
+_previous_handlers: dict[int, Any] = {}
+
+
+def _unlink_all() -> None:
+    for cache in list(_live_caches):
+        cache._unlink()
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    _unlink_all()
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+    else:  # re-deliver with the default action
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _install_handlers() -> None:
+    """atexit, plus SIGTERM and SIGHUP (SIGINT becomes KeyboardInterrupt,
+    which unwinds to atexit). Only from the main thread, chaining to any
+    handler already there."""
+    global _handlers_installed
+    if _handlers_installed:
+        return
+    _handlers_installed = True
+    atexit.register(_unlink_all)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        current = signal.getsignal(sig)
+        if current in (signal.SIG_IGN,) or current is None:
+            continue
+        _previous_handlers[sig] = current
+        signal.signal(sig, _on_signal)
+
+
+def remove_stale_pools() -> list[dict[str, Any]]:
+    """Remove this user's pools whose owner process is gone; never a live
+    job's. Returns what was removed."""
+    removed = []
+    for entry in _engine.pool_list():
+        if entry["owner_alive"]:
+            continue
+        try:
+            _engine.pool_remove(entry["name"])
+            removed.append(entry)
+        except _engine.Opt4Error:
+            pass  # someone else removed it first, or it came alive
+    return removed
+
+
+# ---- the owner ----
+
+
+class OPTCache:
+    """A run's cache, on the side that created it (the main process).
+
+    Holds the plan and the shared-memory pool, removes the pool when the run
+    ends (normal exit, SIGTERM, SIGINT, or :meth:`close`), and reports the
+    counters of every process that used it.
+    """
+
+    def __init__(self, plan: Plan, page_size: int, *, wait_timeout: float = 10.0, max_procs: int = 0,
+                 epoch_offsets: Sequence[int] | None = None) -> None:
+        if not plan.has_decisions:
+            raise ValueError("the cache needs a plan with a capacity")
+        remove_stale_pools()
+        self.plan = plan
+        self.page_size = int(page_size)
+        self._pool = _engine.pool_create(plan._h, self.page_size, int(wait_timeout * 1000), max_procs)
+        self.name: str = self._pool.name
+        self._owner_pid = os.getpid()
+        self.epoch_offsets = list(epoch_offsets) if epoch_offsets is not None else [0, plan.accesses]
+        self._lock = threading.Lock()
+        _live_caches.add(self)
+        _install_handlers()
+        self._finalizer = weakref.finalize(self, OPTCache._finalize, self._pool, self._owner_pid)
+
+    @staticmethod
+    def _finalize(pool: Any, owner_pid: int) -> None:
+        if os.getpid() == owner_pid and not pool.closed:
+            pool.unlink()
+            pool.close()
+
+    def _unlink(self) -> None:
+        if os.getpid() == self._owner_pid and not self._pool.closed:
+            self._pool.unlink()
+
+    @property
+    def epochs(self) -> int:
+        return len(self.epoch_offsets) - 1
+
+    def set_floor(self, position: int) -> None:
+        """Positions below this that have not run never will."""
+        with self._lock:
+            if not self._pool.closed:
+                self._pool.set_floor(int(position))
+
+    def info(self) -> dict[str, Any]:
+        return self._pool.info()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of every process, and the plan's numbers to compare with.
+
+        ``hits`` counts accesses served without loading: from the pool, or
+        from a copy loaded earlier in the same batch (``deferred``); with all
+        positions run it equals ``plan_hits``. ``fallbacks`` are planned hits
+        that had to load (a timed-out wait, a failed store); never silent.
+        """
+        with self._lock:
+            st = self._pool.stats()
+        hits = st["hits"] + st["deferred"]
+        misses = st["admits"] + st["bypasses"] + st["fallbacks"]
+        served = hits + misses
+        return {
+            "hits": hits,
+            "misses": misses,
+            "hit_rate": hits / served if served else 0.0,
+            "pool_hits": st["hits"],
+            "deferred": st["deferred"],
+            "admits": st["admits"],
+            "bypasses": st["bypasses"],
+            "fallbacks": st["fallbacks"],
+            "stored": st["stored"],
+            "store_failed": st["store_failed"],
+            "timeouts": st["timeouts"],
+            "waits": st["waits"],
+            "wait_seconds": st["wait_ns"] / 1e9,
+            "plan_hits": self.plan.hits,
+            "plan_misses": self.plan.misses,
+            "plan_accesses": self.plan.accesses,
+            "capacity_items": self.plan.capacity,
+            "page_size": self.page_size,
+            "shm_bytes": self._pool.info()["shm_bytes"],
+        }
+
+    def close(self) -> None:
+        """Remove the pool now (workers still attached keep their mapping)."""
+        with self._lock:
+            self._finalizer()
+
+    def __repr__(self) -> str:
+        return f"<OPTCache {self.name} {self.plan!r}>"
+
+
+# ---- the dataset side (runs in every worker) ----
+
+
+class CachedDataset(tud.Dataset):
+    """``dataset`` seen through the plan: item ``t`` is the t-th access.
+
+    Picklable (for spawn and forkserver workers): a worker attaches to the
+    pool by name on first use, one handle per thread.
+    """
+
+    def __init__(self, dataset: Any, pool_name: str, accesses: int, items: int, *,
+                 transform: Callable[[Any], Any] | None = None, allow_pickle: bool = False) -> None:
+        self.dataset = dataset
+        self.pool_name = pool_name
+        self.accesses = int(accesses)
+        self.items = int(items)
+        self.transform = transform
+        self.allow_pickle = allow_pickle
+        self._local = threading.local()
+        self._warned_size = False
+
+    def __len__(self) -> int:
+        return self.accesses
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_local"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def _pool(self) -> Any:
+        pool = getattr(self._local, "pool", None)
+        if pool is None:
+            n = len(self.dataset)
+            if n != self.items:
+                raise RuntimeError(
+                    f"the dataset has {n} items but the cache was planned for {self.items}: a "
+                    "dataset whose length changed needs a new loader (and a new plan)"
+                )
+            pool = _engine.pool_attach(self.pool_name)
+            self._local.pool = pool
+        return pool
+
+    def _load(self, indices: list[int]) -> list[Any]:
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems is not None and len(indices) > 1:
+            return list(getitems(indices))
+        return [self.dataset[i] for i in indices]
+
+    def __getitem__(self, position: int) -> Any:
+        return self.__getitems__([position])[0]
+
+    def __getitems__(self, positions: Sequence[int]) -> list[Any]:
+        pool = self._pool()
+        positions = [int(p) for p in positions]
+        data, entries = pool.read_batch(positions)
+        out: list[Any] = [None] * len(positions)
+        load_at = [i for i, e in enumerate(entries) if e[0] == 2]
+        loaded = self._load([entries[i][1] for i in load_at]) if load_at else []
+        stores = []
+        encoded: dict[int, list[Any]] = {}
+        for i, obj in zip(load_at, loaded):
+            out[i] = obj
+            if entries[i][2] == 1:  # ADMIT
+                parts = encode(obj, self.allow_pickle)
+                encoded[positions[i]] = parts
+                stores.append((positions[i], parts))
+        if stores:
+            results = pool.store_batch(stores)
+            if -1 in results and not self._warned_size:
+                self._warned_size = True
+                sizes = [encoded_size(parts) for (_, parts), r in zip(stores, results) if r == -1]
+                warnings.warn(
+                    f"an item of {max(sizes)} bytes does not fit its space in the cache "
+                    f"({pool.info()['page_size']} bytes): it is loaded, not cached. Give the loader "
+                    "item_bytes= at least the largest item's size", RuntimeWarning, stacklevel=2)
+        view = memoryview(data)
+        deferred = []
+        for i, e in enumerate(entries):
+            if e[0] == 0:
+                out[i] = decode(view[e[2]:e[2] + e[3]])
+            elif e[0] == 1:
+                # The same item was loaded at an earlier position of this batch:
+                # decode its record again so each sample is its own object.
+                out[i] = decode(bytearray().join(encoded[e[2]]))
+                deferred.append(positions[i])
+        if deferred:
+            pool.note_reads(deferred)
+        if self.transform is not None:
+            out = [self.transform(x) for x in out]
+        return out
+
+
+# ---- the sampler side (runs in the main process) ----
+
+
+class PositionBatchSampler(tud.Sampler[list[int]]):
+    """Batches of positions, epoch by epoch, exactly as captured.
+
+    Each ``iter()`` is the next epoch (or the one given by :meth:`set_epoch`).
+    When an epoch starts, positions before it that never ran (a loop that
+    broke out early) are declared skipped so nothing waits for them.
+    """
+
+    def __init__(self, batches: list[np.ndarray], epoch_offsets: list[int], cache: OPTCache,
+                 batched: bool = True) -> None:
+        self.batches = batches  # per epoch: int64 array of batch lengths
+        self.epoch_offsets = epoch_offsets
+        self.cache = cache
+        self.batched = batched
+        self._next_epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, batches to skip)
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        e = min(self._next_epoch, len(self.batches) - 1)
+        return int(len(self.batches[e])) if self.batched else int(self.batches[e].sum())
+
+    def set_epoch(self, epoch: int) -> None:
+        if not 0 <= epoch < len(self.batches):
+            raise ValueError(f"this loader was planned for {len(self.batches)} epochs; epoch {epoch} "
+                             "is outside them")
+        self._next_epoch = int(epoch)
+
+    def resume(self, epoch: int, batches_done: int) -> int:
+        """Make the next iteration start mid-epoch; returns its first position."""
+        self.set_epoch(epoch)
+        self._resume = (int(epoch), int(batches_done))
+        lengths = self.batches[epoch]
+        return self.epoch_offsets[epoch] + int(lengths[:batches_done].sum())
+
+    def __iter__(self) -> Iterator[Any]:
+        # torch may create an iterator and drop it unused (its multi-process
+        # iterator calls iter() twice), so the epoch is taken at the first
+        # next(), not here.
+        return self._generate()
+
+    def _generate(self) -> Iterator[Any]:
+        e = self._next_epoch
+        if e >= len(self.batches):
+            raise RuntimeError(
+                f"this loader was planned for {len(self.batches)} epochs and they are all used; "
+                "build it with a larger epochs= to train longer"
+            )
+        self._next_epoch = e + 1
+        skip = 0
+        if self._resume is not None and self._resume[0] == e:
+            skip = self._resume[1]
+        self._resume = None
+        self.epoch = e
+        lengths = self.batches[e]
+        start = self.epoch_offsets[e] + int(lengths[:skip].sum())
+        # This runs at the first next(): by then torch has finished the
+        # previous epoch's outstanding batches, so positions before start
+        # that never ran never will.
+        self.cache.set_floor(start)
+        pos = start
+        for n in lengths[skip:].tolist():
+            if self.batched:
+                yield list(range(pos, pos + n))
+            else:
+                yield from range(pos, pos + n)
+            pos += n
+
+
+class _CountingIter:
+    """The DataLoader iterator, counting batches for state_dict()."""
+
+    def __init__(self, loader: DataLoader, it: Any) -> None:
+        self._loader = loader
+        self._it = it
+
+    def __iter__(self) -> _CountingIter:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._it)
+        self._loader._batches_done += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+
+def _probe_item_bytes(dataset: Any, seq: np.ndarray, allow_pickle: bool, probes: int = 16) -> tuple[int, int]:
+    """Encoded sizes of a few items spread over the sequence: (min, max)."""
+    picks = np.unique(seq[np.linspace(0, seq.size - 1, num=min(probes, seq.size)).astype(np.int64)])
+    sizes = [encoded_size(encode(dataset[int(i)], allow_pickle)) for i in picks]
+    return min(sizes), max(sizes)
+
+
+class DataLoader(tud.DataLoader):
+    """A ``torch.utils.data.DataLoader`` with a Belady-optimal shared cache.
+
+    Use it as a drop-in: every DataLoader argument works as usual, plus
+
+    ``cache_bytes`` (``"8GiB"``) or ``cache_items``
+        the cache's size (give one);
+    ``epochs``
+        how many epochs the run will iterate (the plan covers exactly these);
+    ``seed``
+        seeds ``shuffle=True`` (default: a drawn seed, recorded in the plan);
+    ``transform``
+        applied to every sample after the cache (random augmentation belongs
+        here, not in the dataset);
+    ``item_bytes``
+        the largest item's size once encoded (default: measured on a few
+        items; items larger than it are loaded, not cached, with a warning);
+    ``allow_pickle``
+        cache objects other than tensors, arrays, bytes, numbers, str and
+        containers of them, through pickle;
+    ``bypass``
+        plan ``opt`` (True, default) or ``opt-nobypass``;
+    ``wait_timeout``
+        seconds any wait may take before loading from the source instead.
+
+    The order is captured from ``sampler`` (or ``batch_sampler``, or
+    ``shuffle``) once, for all epochs, and then replayed: each ``iter(loader)``
+    is the next epoch. ``loader.cache.stats()`` gives the counters.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
+                 sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
+                 collate_fn: Any = None, pin_memory: bool = False, drop_last: bool = False,
+                 timeout: float = 0, worker_init_fn: Any = None, multiprocessing_context: Any = None,
+                 generator: Any = None, *, prefetch_factor: int | None = None,
+                 persistent_workers: bool = False, pin_memory_device: str = "",
+                 cache_bytes: int | str | None = None, cache_items: int | None = None, epochs: int = 1,
+                 seed: int | None = None, transform: Callable[[Any], Any] | None = None,
+                 item_bytes: int | None = None, allow_pickle: bool = False, bypass: bool = True,
+                 wait_timeout: float = 10.0, progress: bool | None = None, **kwargs: Any) -> None:
+        if isinstance(dataset, tud.IterableDataset):
+            raise TypeError("the OPT cache needs a map-style dataset (with __getitem__ and __len__): "
+                            "an IterableDataset has no indices to plan over")
+        if (cache_bytes is None) == (cache_items is None):
+            raise ValueError("give the cache size as cache_bytes= (e.g. '8GiB') or cache_items=, "
+                             "not both and not neither")
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
+        n_items = len(dataset)
+
+        # 1. The index order, batch by batch, for every epoch.
+        batched = batch_size is not None or batch_sampler is not None
+        per_epoch_idx, per_epoch_lengths, desc_sampler = self._capture(
+            dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, generator, epochs, seed,
+            progress)
+        seq = np.concatenate(per_epoch_idx) if per_epoch_idx else np.empty(0, np.int64)
+        if seq.size == 0:
+            raise ValueError("the sampler yields no indices: nothing to cache")
+        offsets = [0]
+        for part in per_epoch_idx:
+            offsets.append(offsets[-1] + part.size)
+
+        # 2. How large an item is, and so how many fit.
+        if item_bytes is None:
+            lo, hi = _probe_item_bytes(dataset, seq, allow_pickle)
+            if lo != hi:
+                warnings.warn(
+                    f"items differ in size (between {lo} and {hi} bytes in a sample): every cached "
+                    f"item is given {hi} bytes, and larger ones are loaded instead of cached; pass "
+                    "item_bytes= the largest size to cache all of them", RuntimeWarning, stacklevel=2)
+            item_bytes = hi
+        page = int(item_bytes)
+        if page < 1:
+            raise ValueError(f"item_bytes must be positive, got {item_bytes}")
+        if cache_items is not None:
+            capacity = int(cache_items)
+        else:
+            total = parse_bytes(cache_bytes)  # type: ignore[arg-type]
+            capacity = total // page
+            if capacity < 1:
+                raise ValueError(f"cache_bytes={cache_bytes!r} holds no item of {page} bytes: an "
+                                 "item needs at least that much")
+        if capacity < 1:
+            raise ValueError(f"cache_items must be at least 1, got {cache_items}")
+
+        # 3. The plan and the pool.
+        import json
+
+        plan = build_plan(seq, capacity, bypass, items=n_items, progress=progress,
+                          description=json.dumps({"sampler": desc_sampler, "epochs": epochs,
+                                                  "seed": seed}))
+        self.cache = OPTCache(plan, page, wait_timeout=wait_timeout, epoch_offsets=offsets)
+        cached = CachedDataset(dataset, self.cache.name, plan.accesses, n_items, transform=transform,
+                               allow_pickle=allow_pickle)
+        self._positions = PositionBatchSampler(per_epoch_lengths, offsets, self.cache, batched=batched)
+        self._batches_done = 0
+        loader_kwargs = dict(num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory,
+                             timeout=timeout, worker_init_fn=worker_init_fn,
+                             multiprocessing_context=multiprocessing_context, generator=generator,
+                             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                             pin_memory_device=pin_memory_device, **kwargs)
+        if batched:
+            super().__init__(cached, batch_sampler=self._positions, **loader_kwargs)
+        else:
+            super().__init__(cached, batch_size=None, sampler=_Unbatched(self._positions),
+                             **loader_kwargs)
+
+    @staticmethod
+    def _capture(dataset: Any, batch_size: int | None, shuffle: bool | None, sampler: Any,
+                 batch_sampler: Any, drop_last: bool, generator: Any, epochs: int, seed: int | None,
+                 progress: bool | None) -> tuple[list[np.ndarray], list[np.ndarray], str]:
+        if batch_sampler is not None:
+            if batch_size not in (1, None) or shuffle or sampler is not None or drop_last:
+                raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                                 "shuffle, sampler, and drop_last")
+            from .capture import _preserved
+
+            idx, lengths = [], []
+            inner = getattr(batch_sampler, "sampler", batch_sampler)
+            with _preserved(inner), _preserved(batch_sampler):
+                for e in range(epochs):
+                    for s in {id(batch_sampler): batch_sampler, id(inner): inner}.values():
+                        if callable(getattr(s, "set_epoch", None)):
+                            s.set_epoch(e)
+                    batches = [list(map(int, b)) for b in batch_sampler]
+                    lengths.append(np.array([len(b) for b in batches], dtype=np.int64))
+                    idx.append(np.array([i for b in batches for i in b], dtype=np.int64))
+            return idx, lengths, type(batch_sampler).__name__
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if sampler is None:
+            if shuffle:
+                if generator is None:
+                    if seed is None:
+                        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+                    generator = torch.Generator().manual_seed(int(seed))
+                sampler = tud.RandomSampler(dataset, generator=generator)
+            else:
+                sampler = tud.SequentialSampler(dataset)
+        idx, lengths = [], []
+        for part in capture_epochs(sampler, epochs, progress=progress):
+            if batch_size is None:
+                lengths.append(np.ones(part.size, dtype=np.int64))
+            else:
+                full, rest = divmod(part.size, batch_size)
+                if drop_last:
+                    part = part[: full * batch_size]
+                    rest = 0
+                lens = np.full(full, batch_size, dtype=np.int64)
+                lengths.append(np.append(lens, rest) if rest else lens)
+            idx.append(part)
+        return idx, lengths, type(sampler).__name__
+
+    # ---- epochs and resuming ----
+
+    def __iter__(self) -> Any:
+        self._batches_done = 0
+        if self._positions._resume is not None:
+            self._batches_done = self._positions._resume[1]
+        return _CountingIter(self, super().__iter__())
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration epoch ``epoch`` (default: the next one)."""
+        self._positions.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the run is: the epoch and the batches of it already yielded."""
+        return {
+            "epoch": self._positions.epoch,
+            "batches_done": self._batches_done,
+            "fingerprint": self.cache.plan.fingerprint,
+            "epochs": len(self._positions.batches),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, warm: bool = True) -> None:
+        """Resume mid-epoch at the exact batch; warm the pool with the items
+        the plan holds there (loaded now, so the first batches hit)."""
+        if state.get("fingerprint") != self.cache.plan.fingerprint:
+            raise ValueError("this state was saved by a loader with another plan (sampler, seed, "
+                             "epochs or dataset differ): it cannot resume here")
+        start = self._positions.resume(int(state["epoch"]), int(state["batches_done"]))
+        self.cache.set_floor(start)
+        if warm:
+            self._warm(start)
+
+    def _warm(self, position: int) -> int:
+        owner = _engine.pool_attach(self.cache.name)
+        try:
+            live = owner.live_at(position)
+            ds: CachedDataset = self.dataset  # type: ignore[assignment]
+            stored = 0
+            for admit, item, before in live:
+                stored += owner.warm(admit, encode(ds.dataset[item], ds.allow_pickle), before) == 1
+            return stored
+        finally:
+            owner.close()
+
+
+class _Unbatched(tud.Sampler[int]):
+    """Positions one by one (batch_size=None)."""
+
+    def __init__(self, positions: PositionBatchSampler) -> None:
+        self.positions = positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.positions)

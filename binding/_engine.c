@@ -710,8 +710,12 @@ static int gather(PyObject *parts, gathered *g) {
   return 0;
 }
 
-/* store_batch(entries: list of (position, parts)) -> list of results:
- * 1 stored, 0 not stored (late or timed out), -1 too large for its space. */
+/* store_batch(entries: list of (position, parts or None)) -> list of results,
+ * processed in order: parts stores the ADMIT at position (1 stored, 0 not
+ * stored: late or timed out, -1 too large for its space); None notes the
+ * DEFER at position as a read (result 1). A batch must commit in position
+ * order: a generation admitted and read in one batch may be evicted later in
+ * the same batch, and its eviction waits for those reads. */
 static PyObject *pool_store_batch(PoolObject *self, PyObject *arg) {
   if (pool_enter(self) < 0) return NULL;
   PyObject *out = NULL;
@@ -736,13 +740,22 @@ static PyObject *pool_store_batch(PoolObject *self, PyObject *arg) {
                           &t, &parts))
       goto leave;
     pos[ready] = t;
+    if (parts == Py_None) {
+      gs[ready].n = -1; /* a note, not a store */
+      continue;
+    }
     if (gather(parts, &gs[ready]) < 0) goto leave;
   }
   int rc = 0;
   Py_ssize_t failed_at = -1;
   Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < n; i++) {
-    int stored = 0;
-    int r = opt4_pool_put(self->pool, pos[i], gs[i].iov, (size_t)gs[i].n, &stored);
+    int stored = 0, r;
+    if (gs[i].n < 0) {
+      r = opt4_pool_note_read(self->pool, pos[i]);
+      stored = 1;
+    } else {
+      r = opt4_pool_put(self->pool, pos[i], gs[i].iov, (size_t)gs[i].n, &stored);
+    }
     if (r == OPT4_EITEMSIZE) {
       results[i] = -1;
     } else if (r != 0) {
@@ -762,7 +775,8 @@ static PyObject *pool_store_batch(PoolObject *self, PyObject *arg) {
   if (out == NULL) goto leave;
   for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(out, i, PyLong_FromLong(results[i]));
 leave:
-  for (Py_ssize_t i = 0; i < ready && gs != NULL; i++) gathered_release(&gs[i]);
+  for (Py_ssize_t i = 0; i < ready && gs != NULL; i++)
+    if (gs[i].n >= 0) gathered_release(&gs[i]);
   PyMem_Free(gs);
   PyMem_Free(pos);
   PyMem_Free(results);
@@ -866,7 +880,7 @@ static PyMethodDef pool_methods[] = {
     {"read_batch", (PyCFunction)pool_read_batch, METH_O,
      "read_batch(positions) -> (data, [(status, item, a, b)])"},
     {"store_batch", (PyCFunction)pool_store_batch, METH_O,
-     "store_batch([(position, parts)]) -> [1 stored | 0 not | -1 too large]"},
+     "store_batch([(position, parts or None)]) -> [1 stored | 0 not | -1 too large], in order"},
     {"note_reads", (PyCFunction)pool_note_reads, METH_O, "note_reads(positions) for DEFERs."},
     {"live_at", (PyCFunction)pool_live_at, METH_O, "live_at(p) -> [(admit, item, reads_before)]"},
     {"warm", (PyCFunction)pool_warm, METH_VARARGS, "warm(admit, parts, reads_before) -> result"},

@@ -280,35 +280,36 @@ class CachedDataset(tud.Dataset):
         out: list[Any] = [None] * len(positions)
         load_at = [i for i, e in enumerate(entries) if e[0] == 2]
         loaded = self._load([entries[i][1] for i in load_at]) if load_at else []
-        stores = []
-        encoded: dict[int, list[Any]] = {}
         for i, obj in zip(load_at, loaded):
             out[i] = obj
-            if entries[i][2] == 1:  # ADMIT
-                parts = encode(obj, self.allow_pickle)
+        # Commit in position order: stores of ADMITs, notes of deferred reads
+        # (a generation admitted and read in this batch may be evicted later
+        # in it, and the eviction waits for those reads).
+        commits: list[tuple[int, Any]] = []
+        encoded: dict[int, list[Any]] = {}
+        for i, e in enumerate(entries):
+            if e[0] == 2 and e[2] == 1:  # LOAD for an ADMIT
+                parts = encode(out[i], self.allow_pickle)
                 encoded[positions[i]] = parts
-                stores.append((positions[i], parts))
-        if stores:
-            results = pool.store_batch(stores)
+                commits.append((positions[i], parts))
+            elif e[0] == 1:  # DEFER: the same item, loaded earlier in this batch
+                commits.append((positions[i], None))
+        if commits:
+            results = pool.store_batch(commits)
             if -1 in results and not self._warned_size:
                 self._warned_size = True
-                sizes = [encoded_size(parts) for (_, parts), r in zip(stores, results) if r == -1]
+                sizes = [encoded_size(c[1]) for c, r in zip(commits, results) if r == -1]
                 warnings.warn(
                     f"an item of {max(sizes)} bytes does not fit its space in the cache "
                     f"({pool.info()['page_size']} bytes): it is loaded, not cached. Give the loader "
                     "item_bytes= at least the largest item's size", RuntimeWarning, stacklevel=2)
         view = memoryview(data)
-        deferred = []
         for i, e in enumerate(entries):
             if e[0] == 0:
                 out[i] = decode(view[e[2]:e[2] + e[3]])
             elif e[0] == 1:
-                # The same item was loaded at an earlier position of this batch:
-                # decode its record again so each sample is its own object.
+                # Decode its record again so each sample is its own object.
                 out[i] = decode(bytearray().join(encoded[e[2]]))
-                deferred.append(positions[i])
-        if deferred:
-            pool.note_reads(deferred)
         if self.transform is not None:
             out = [self.transform(x) for x in out]
         return out
@@ -499,6 +500,7 @@ class DataLoader(tud.DataLoader):
                                  "item needs at least that much")
         if capacity < 1:
             raise ValueError(f"cache_items must be at least 1, got {cache_items}")
+        capacity = min(capacity, n_items)  # a cache larger than the data holds all of it
 
         # 3. The plan and the pool.
         import json

@@ -1,0 +1,66 @@
+"""Datasets used by the DataLoader tests. They live in a module of their own
+so that spawn and forkserver workers can import them by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+
+def expected_tensor(i: int, shape: tuple[int, ...] = (3, 8, 8)) -> torch.Tensor:
+    """Item i's tensor: content that depends only on i."""
+    return torch.from_numpy(np.random.default_rng(i).standard_normal(shape).astype(np.float32))
+
+
+class Checked(Dataset):
+    """Item i is (a float32 tensor determined by i, i). Counts its loads in
+    a shared counter so tests can see how often the source was hit."""
+
+    def __init__(self, n: int, shape: tuple[int, ...] = (3, 8, 8)) -> None:
+        self.n = n
+        self.shape = shape
+        self.loads = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        self.loads += 1
+        return expected_tensor(i, self.shape), i
+
+
+class Mixed(Dataset):
+    """Items of many types and sizes (the codec's job)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        rng = np.random.default_rng(i)
+        return {
+            "image": torch.from_numpy(rng.integers(0, 255, size=(2, 4 + i % 5, 3), dtype=np.uint8)),
+            "label": i % 7,
+            "weight": float(i) / 3,
+            "name": f"item-{i}",
+            "raw": bytes(rng.integers(0, 255, size=i % 13, dtype=np.uint8)),
+            "arr": rng.standard_normal(i % 4 + 1),
+        }
+
+
+class Resized(Dataset):
+    """A dataset whose length can be changed after planning."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i])

@@ -261,7 +261,7 @@ def test_cache_bytes_sizes_the_pool() -> None:
     assert parse_bytes(4096) == 4096
     with pytest.raises(ValueError):
         parse_bytes("lots")
-    loader = opt4torch.DataLoader(Checked(100), batch_size=4, cache_bytes="100KiB", epochs=1)
+    loader = opt4torch.DataLoader(Checked(500), batch_size=4, cache_bytes="100KiB", epochs=1)
     try:
         st = loader.cache.stats()
         assert st["capacity_items"] == (100 << 10) // st["page_size"]

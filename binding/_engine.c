@@ -428,12 +428,14 @@ static void pool_dealloc(PoolObject *self) {
 }
 
 static PyObject *py_pool_create(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"plan", "page_size", "wait_timeout_ms", "max_procs", NULL};
+  static char *kwlist[] = {"plan", "page_size", "wait_timeout_ms", "max_procs", "occurrences",
+                           "owner_pid", NULL};
   PlanObject *plan;
   unsigned long long page_size, timeout_ms = 0;
-  unsigned int max_procs = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!K|KI", kwlist, &PlanType, &plan, &page_size,
-                                   &timeout_ms, &max_procs))
+  unsigned int max_procs = 0, owner_pid = 0;
+  int occurrences = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!K|KIpI", kwlist, &PlanType, &plan, &page_size,
+                                   &timeout_ms, &max_procs, &occurrences, &owner_pid))
     return NULL;
   if (plan_check_open(plan) < 0) return NULL;
   opt4_pool_opts opts;
@@ -441,6 +443,8 @@ static PyObject *py_pool_create(PyObject *Py_UNUSED(m), PyObject *args, PyObject
   opts.page_size = page_size;
   opts.wait_timeout_ms = timeout_ms;
   opts.max_procs = max_procs;
+  opts.flags = occurrences ? OPT4_POOL_OCCURRENCES : 0;
+  opts.owner_pid = owner_pid;
   opt4_pool *pool = NULL;
   int rc;
   plan->busy++;
@@ -538,6 +542,28 @@ static PyObject *pool_set_floor(PoolObject *self, PyObject *arg) {
   int rc = opt4_pool_set_floor(self->pool, p);
   if (rc != 0) return raise_code(rc, "set floor");
   Py_RETURN_NONE;
+}
+
+static PyObject *pool_skip(PoolObject *self, PyObject *arg) {
+  if (self->pool == NULL) return PyErr_Format(PyExc_ValueError, "operation on a closed pool");
+  unsigned long long t = PyLong_AsUnsignedLongLong(arg);
+  if (t == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  int rc = opt4_pool_skip(self->pool, t);
+  if (rc != 0) return raise_code(rc, "skip");
+  Py_RETURN_NONE;
+}
+
+/* occurrence_next(item) -> position, or None once the plan has no more. */
+static PyObject *pool_occurrence_next(PoolObject *self, PyObject *arg) {
+  if (self->pool == NULL) return PyErr_Format(PyExc_ValueError, "operation on a closed pool");
+  unsigned long item = PyLong_AsUnsignedLong(arg);
+  if (item == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+  if (item > UINT32_MAX) return raise_code(OPT4_ERANGE, "occurrence");
+  uint64_t t;
+  int rc = opt4_pool_occurrence_next(self->pool, (uint32_t)item, &t);
+  if (rc != 0) return raise_code(rc, "occurrence");
+  if (t == UINT64_MAX) Py_RETURN_NONE;
+  return PyLong_FromUnsignedLongLong(t);
 }
 
 static PyObject *pool_clock_next(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
@@ -877,6 +903,9 @@ static PyMethodDef pool_methods[] = {
     {"item", (PyCFunction)pool_item, METH_O, "item(t) -> (item id, plan kind)."},
     {"set_floor", (PyCFunction)pool_set_floor, METH_O, "set_floor(p): positions below p are done."},
     {"clock_next", (PyCFunction)pool_clock_next, METH_NOARGS, "The compatibility clock."},
+    {"skip", (PyCFunction)pool_skip, METH_O, "skip(t): position t will not run as planned."},
+    {"occurrence_next", (PyCFunction)pool_occurrence_next, METH_O,
+     "occurrence_next(item) -> position of its next planned access, or None."},
     {"read_batch", (PyCFunction)pool_read_batch, METH_O,
      "read_batch(positions) -> (data, [(status, item, a, b)])"},
     {"store_batch", (PyCFunction)pool_store_batch, METH_O,
@@ -1134,7 +1163,7 @@ static PyMethodDef module_methods[] = {
     {"mem_stats", py_mem_stats, METH_NOARGS, "Engine memory: current and peak bytes."},
     {"mem_peak_reset", py_mem_peak_reset, METH_NOARGS, "Reset the engine's peak counter."},
     {"pool_create", (PyCFunction)(void (*)(void))py_pool_create, METH_VARARGS | METH_KEYWORDS,
-     "pool_create(plan, page_size, wait_timeout_ms=0, max_procs=0) -> Pool (owner)"},
+     "pool_create(plan, page_size, wait_timeout_ms=0, max_procs=0, occurrences=False) -> Pool"},
     {"pool_attach", py_pool_attach, METH_O, "pool_attach(name) -> Pool"},
     {"pool_list", py_pool_list, METH_NOARGS, "This user's pools: [{name, owner_pid, owner_alive, bytes}]"},
     {"pool_remove", (PyCFunction)(void (*)(void))py_pool_remove, METH_VARARGS | METH_KEYWORDS,

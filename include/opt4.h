@@ -332,8 +332,19 @@ typedef struct opt4_pool_opts {
   uint64_t wait_timeout_ms;
   /* Process records (owner + workers + ranks). 0 gives the default, 256. */
   uint32_t max_procs;
+  /* OPT4_POOL_* flags. */
+  uint32_t flags;
+  /* The process the pool belongs to: its liveness decides whether the pool
+   * is stale. 0: the creator. A worker that creates the pool lazily for its
+   * main process names the main process here. */
+  uint32_t owner_pid;
   uint32_t reserved;
 } opt4_pool_opts;
+
+/* Also build the occurrence index (4 bytes per access and 12 per item more),
+ * for callers that know the item but not the position: the k-th request for
+ * an item is its k-th planned position (opt4_pool_occurrence_next). */
+#define OPT4_POOL_OCCURRENCES 0x1u
 
 /* Create a pool for a plan with decisions. The segments are created with
  * O_EXCL and mode 0600 and sized with posix_fallocate, so a /dev/shm that is
@@ -454,6 +465,17 @@ int opt4_pool_warm(opt4_pool *pool, uint64_t admit, const opt4_iovec *parts,
  * caller has the item (so that the next writer of those pages need not wait
  * for it). */
 int opt4_pool_note_read(opt4_pool *pool, uint64_t t);
+
+/* Position t will not run as planned (the caller served another item there,
+ * or none): an ADMIT's generation is marked failed so that its readers load
+ * at once and its successors do not wait for it; a HIT counts as a read. */
+int opt4_pool_skip(opt4_pool *pool, uint64_t t);
+
+/* For pools created with OPT4_POOL_OCCURRENCES: the position of the next
+ * planned access to item, across all processes (*t = UINT64_MAX once the
+ * plan has no more accesses to it). OPT4_ERANGE for an item >= items,
+ * OPT4_EINVAL without the index. */
+int opt4_pool_occurrence_next(opt4_pool *pool, uint32_t item, uint64_t *t);
 
 /* Positions below floor that have not run will never run (a training loop
  * broke out of an epoch): waits on them end at once. Only ever raised. */

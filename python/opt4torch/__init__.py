@@ -18,7 +18,12 @@ from ._engine import (
     PlanFileError,
 )
 from ._plan import ADMIT, BYPASS, HIT, Plan, fingerprint, load_plan, plan, sequence_plan
-from .cachelib import generate_precomputed_file
+from .cachelib import (
+    OPTCacheDecorator,
+    SharedOPTCacheDecorator,
+    generate_precomputed_file,
+    get_opt_cache,
+)
 from .capture import CaptureWarning, capture
 from .sim import POLICIES, simulate
 from . import reference, traces
@@ -60,7 +65,9 @@ __all__ = [
     "DataLoader",
     "OPTCache",
     "PositionBatchSampler",
+    "SharedOPTCacheDecorator",
     "InvalidInputError",
+    "OPTCacheDecorator",
     "Opt4Error",
     "Opt4IOError",
     "Opt4MemoryError",
@@ -70,6 +77,7 @@ __all__ = [
     "capture",
     "fingerprint",
     "generate_precomputed_file",
+    "get_opt_cache",
     "load_plan",
     "plan",
     "remove_stale_pools",

@@ -3,6 +3,7 @@
     opt4torch precompute   capture a sampler (or read a trace) and write a plan
     opt4torch inspect      print a plan file's header and totals
     opt4torch simulate     replay a trace through policies at several capacities
+    opt4torch cleanup      list this user's shared-memory pools, remove stale ones
     opt4torch demo         the whole job end to end on a generated default
 """
 
@@ -326,6 +327,35 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- cleanup ----
+
+
+def _cmd_cleanup(args: argparse.Namespace) -> int:
+    from . import _engine
+
+    pools = _engine.pool_list()
+    if not pools:
+        print("no opt4 pools in /dev/shm for this user")
+        return 0
+    removed = 0
+    for p in pools:
+        state = "live" if p["owner_alive"] else "stale"
+        action = ""
+        if not p["owner_alive"] and not args.dry_run:
+            try:
+                _engine.pool_remove(p["name"])
+                action = " -> removed"
+                removed += 1
+            except Opt4Error as exc:
+                action = f" -> not removed: {exc}"
+        print(f"{p['name']}  owner pid {p['owner_pid']} ({state})  {p['bytes'] / 2**20:.1f} MiB{action}")
+    if args.dry_run:
+        print("dry run: nothing removed")
+    else:
+        print(f"removed {removed} stale pool(s); live pools are never removed")
+    return 0
+
+
 # ---- entry points ----
 
 
@@ -356,6 +386,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for randomised policies")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("cleanup", help="list this user's shared-memory pools and remove stale ones",
+                       description="Remove pools in /dev/shm whose owner process is gone (a run "
+                                   "killed by SIGKILL or a crash). Pools of live runs are kept.")
+    p.add_argument("--dry-run", action="store_true", help="only list")
+    p.set_defaults(func=_cmd_cleanup)
 
     p = sub.add_parser("demo", help="capture, plan and compare with LRU/FIFO on a generated default")
     p.add_argument("--items", type=int, default=50_000, help="dataset size (default: %(default)s)")

@@ -75,6 +75,7 @@ typedef struct pool_header {
   uint64_t procs_off;
   uint64_t states_off;
   uint64_t failed_off;
+  uint64_t occ_count_off; /* per-item occurrence counters (0: none) */
   uint64_t payload_off;
   _Atomic uint64_t floor;
   _Atomic uint64_t clock;
@@ -116,6 +117,7 @@ typedef struct meta_header {
   uint64_t generations;
   uint64_t list_len;
   uint64_t seq_off, rt_off, gens_off, list_off;
+  uint64_t occ_start_off, occ_pos_off; /* occurrence index (0: none) */
 } meta_header;
 
 /* One generation: an ADMIT and the HITs that read what it stored. */
@@ -154,6 +156,9 @@ struct opt4_pool {
   const uint32_t *rt;
   const gen_rec *gens;
   const list_ent *list;
+  const uint64_t *occ_start; /* items + 1 */
+  const uint32_t *occ_pos;   /* positions grouped by item, in order */
+  _Atomic uint32_t *occ_count;
   int owner;
   int unlinked;
   /* This process's record; re-registered after fork (see fork_gen). */
@@ -177,9 +182,9 @@ int opt4__pool_reclaim_if_dead(opt4_pool *pool, uint32_t rec);
 
 /* ---- runtime.c ---- */
 /* Sizes of the meta segment and the generation count for a plan. */
-int opt4__meta_size(const opt4_plan *plan, uint64_t *size, uint64_t *gens,
-                    uint64_t *list_len);
-int opt4__meta_build(const opt4_plan *plan, uint8_t *meta, uint64_t size,
-                     uint64_t gens, uint64_t list_len);
+int opt4__meta_size(const opt4_plan *plan, int occurrences, uint64_t *size,
+                    uint64_t *gens, uint64_t *list_len);
+int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta,
+                     uint64_t size, uint64_t gens, uint64_t list_len);
 
 #endif /* OPT4_SHM_LAYOUT_H */

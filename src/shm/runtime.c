@@ -44,7 +44,8 @@
 
 static uint64_t align8(uint64_t v) { return (v + 63) & ~(uint64_t)63; }
 
-int opt4__meta_size(const opt4_plan *plan, uint64_t *size, uint64_t *gens, uint64_t *list_len) {
+int opt4__meta_size(const opt4_plan *plan, int occurrences, uint64_t *size, uint64_t *gens,
+                    uint64_t *list_len) {
   const opt4_plan_info *in = &plan->info;
   if (in->admits > RT_MAX_GENS)
     return opt4__fail(OPT4_ETOOBIG, "the plan has %llu admissions; the pool supports %u",
@@ -56,12 +57,16 @@ int opt4__meta_size(const opt4_plan *plan, uint64_t *size, uint64_t *gens, uint6
   off = align8(off + in->accesses * 4); /* rt */
   off = align8(off + *gens * sizeof(gen_rec));
   off = align8(off + *list_len * sizeof(list_ent));
+  if (occurrences) {
+    off = align8(off + (in->items + 1) * 8);
+    off = align8(off + in->accesses * 4);
+  }
   *size = off;
   return 0;
 }
 
-int opt4__meta_build(const opt4_plan *plan, uint8_t *meta, uint64_t size, uint64_t gens,
-                     uint64_t list_len) {
+int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta, uint64_t size,
+                     uint64_t gens, uint64_t list_len) {
   const opt4_plan_info *in = &plan->info;
   const uint64_t slots = in->slots;
   /* The generation currently in each slot, while walking the plan. */
@@ -82,6 +87,20 @@ int opt4__meta_build(const opt4_plan *plan, uint8_t *meta, uint64_t size, uint64
   mh->rt_off = align8(mh->seq_off + in->accesses * 4);
   mh->gens_off = align8(mh->rt_off + in->accesses * 4);
   mh->list_off = align8(mh->gens_off + gens * sizeof(gen_rec));
+  if (occurrences) {
+    /* Positions grouped by item (a counting sort), so the k-th request for
+     * an item finds its k-th planned position. */
+    mh->occ_start_off = align8(mh->list_off + list_len * sizeof(list_ent));
+    mh->occ_pos_off = align8(mh->occ_start_off + (in->items + 1) * 8);
+    uint64_t *start = (uint64_t *)(void *)(meta + mh->occ_start_off);
+    uint32_t *pos = (uint32_t *)(void *)(meta + mh->occ_pos_off);
+    for (uint64_t t = 0; t < in->accesses; t++) start[plan->seq[t] + 1]++;
+    for (uint64_t i = 0; i < in->items; i++) start[i + 1] += start[i];
+    /* Fill using start[] as cursors, then shift it back. */
+    for (uint64_t t = 0; t < in->accesses; t++) pos[start[plan->seq[t]]++] = (uint32_t)t;
+    for (uint64_t i = in->items; i > 0; i--) start[i] = start[i - 1];
+    start[0] = 0;
+  }
   uint32_t *seq = (uint32_t *)(void *)(meta + mh->seq_off);
   uint32_t *rt = (uint32_t *)(void *)(meta + mh->rt_off);
   gen_rec *gr = (gen_rec *)(void *)(meta + mh->gens_off);
@@ -493,6 +512,36 @@ int opt4_pool_live_at(opt4_pool *pool, uint64_t p, uint64_t *admits, uint32_t *i
   }
   opt4__free(before, (size_t)(G ? G : 1) * sizeof(uint32_t));
   *n = count;
+  return 0;
+}
+
+int opt4_pool_skip(opt4_pool *pool, uint64_t t) {
+  if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
+  if (t >= pool->h->accesses) return opt4__fail(OPT4_ERANGE, "position past the plan");
+  int rc = opt4__pool_register(pool);
+  if (rc != 0) return rc;
+  uint32_t v = pool->rt[t];
+  if (RT_KIND(v) == OPT4_OP_ADMIT) {
+    mark_failed(pool, RT_GEN(v));
+    count(pool, C_STORE_FAILED, 1);
+  } else if (RT_KIND(v) == OPT4_OP_HIT) {
+    const gen_rec *gen = &pool->gens[RT_GEN(v)];
+    for (uint32_t i = 0; i < gen->npages; i++)
+      count_read(&pool->states[pool->list[gen->list_off + i].page], RT_GEN(v));
+  }
+  return 0;
+}
+
+int opt4_pool_occurrence_next(opt4_pool *pool, uint32_t item, uint64_t *t) {
+  if (pool == NULL || t == NULL) return opt4__fail(OPT4_EINVAL, "pool or t is NULL");
+  if (pool->occ_count == NULL)
+    return opt4__fail(OPT4_EINVAL, "the pool was created without the occurrence index");
+  if (item >= pool->h->items)
+    return opt4__fail(OPT4_ERANGE, "item %u is outside [0, %llu)", item,
+                      (unsigned long long)pool->h->items);
+  uint32_t k = atomic_fetch_add_explicit(&pool->occ_count[item], 1, memory_order_relaxed);
+  uint64_t first = pool->occ_start[item], n = pool->occ_start[item + 1] - first;
+  *t = k < n ? pool->occ_pos[first + k] : UINT64_MAX;
   return 0;
 }
 

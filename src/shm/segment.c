@@ -193,6 +193,11 @@ static void bind_views(opt4_pool *pool) {
   pool->rt = (const uint32_t *)(const void *)(pool->meta + mh->rt_off);
   pool->gens = (const gen_rec *)(const void *)(pool->meta + mh->gens_off);
   pool->list = (const list_ent *)(const void *)(pool->meta + mh->list_off);
+  if (h->occ_count_off != 0 && mh->occ_start_off != 0) {
+    pool->occ_count = (_Atomic uint32_t *)(void *)(pool->base + h->occ_count_off);
+    pool->occ_start = (const uint64_t *)(const void *)(pool->meta + mh->occ_start_off);
+    pool->occ_pos = (const uint32_t *)(const void *)(pool->meta + mh->occ_pos_off);
+  }
   pool->timeout_ns = h->wait_timeout_ns;
 }
 
@@ -209,7 +214,10 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   pthread_once(&atfork_once, install_atfork);
 
   uint64_t meta_size, gens, list_len;
-  int rc = opt4__meta_size(plan, &meta_size, &gens, &list_len);
+  if (opts->flags & ~(uint32_t)OPT4_POOL_OCCURRENCES)
+    return opt4__fail(OPT4_EINVAL, "unknown pool flags 0x%x", opts->flags);
+  const int occurrences = (opts->flags & OPT4_POOL_OCCURRENCES) != 0;
+  int rc = opt4__meta_size(plan, occurrences, &meta_size, &gens, &list_len);
   if (rc != 0) return rc;
   uint32_t max_procs = opts->max_procs ? opts->max_procs : DEFAULT_PROCS;
   uint64_t pages = plan->info.slots;
@@ -217,7 +225,8 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   uint64_t procs_off = POOL_HEADER_SIZE;
   uint64_t states_off = align_up(procs_off + (uint64_t)max_procs * sizeof(proc_rec), 64);
   uint64_t failed_off = align_up(states_off + pages * sizeof(page_state), 64);
-  uint64_t payload_off = align_up(failed_off + (gens + 63) / 64 * 8, 4096);
+  uint64_t occ_count_off = align_up(failed_off + (gens + 63) / 64 * 8, 64);
+  uint64_t payload_off = align_up(occ_count_off + (occurrences ? plan->info.items * 4 : 0), 4096);
   if (pages > (UINT64_MAX - payload_off) / page_size)
     return opt4__fail(OPT4_ETOOBIG, "%llu pages of %llu bytes do not fit in memory",
                       (unsigned long long)pages, (unsigned long long)page_size);
@@ -262,7 +271,7 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   pool->meta_size = (size_t)meta_size;
   pool->owner = 1;
 
-  rc = opt4__meta_build(plan, pool->meta, meta_size, gens, list_len);
+  rc = opt4__meta_build(plan, occurrences, pool->meta, meta_size, gens, list_len);
   if (rc != 0) {
     shm_unlink(pool->name);
     shm_unlink(meta_name);
@@ -279,8 +288,9 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   h->segment_size = size;
   h->meta_size = meta_size;
   h->owner_uid = (uint32_t)getuid();
-  h->owner_pid = (uint32_t)getpid();
-  h->owner_start = opt4__proc_start_time(getpid());
+  pid_t owner = opts->owner_pid ? (pid_t)opts->owner_pid : getpid();
+  h->owner_pid = (uint32_t)owner;
+  h->owner_start = opt4__proc_start_time(owner);
   memcpy(h->run_id, run_id, sizeof run_id);
   h->fingerprint = plan->info.fingerprint;
   h->accesses = plan->info.accesses;
@@ -293,6 +303,7 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   h->procs_off = procs_off;
   h->states_off = states_off;
   h->failed_off = failed_off;
+  h->occ_count_off = occurrences ? occ_count_off : 0;
   h->payload_off = payload_off;
   page_state *states = (page_state *)(void *)((uint8_t *)base + states_off);
   for (uint64_t p = 0; p < pages; p++) {

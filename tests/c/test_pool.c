@@ -228,7 +228,7 @@ static void test_stale_cleanup(void) {
   pid_t child = fork();
   if (child == 0) {
     opt4_pool *p = NULL;
-    if (opt4_pool_create(plan, &(opt4_pool_opts){PAGE, 500, 0, 0}, &p) != 0) _exit(1);
+    if (opt4_pool_create(plan, &(opt4_pool_opts){PAGE, 500, 0, 0, 0, 0}, &p) != 0) _exit(1);
     char name[128];
     snprintf(name, sizeof name, "%s", opt4_pool_name(p));
     if (write(fds[1], name, sizeof name) != (ssize_t)sizeof name) _exit(1);
@@ -290,6 +290,51 @@ static void test_resume_warm(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* The occurrence index maps the k-th request for an item to its k-th planned
+ * position; skipping positions releases whoever would wait on them. */
+static void test_occurrences_and_skip(void) {
+  opt4_plan *plan = random_plan(6000, 150, 30, 9);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  const uint32_t *seq = opt4_plan_seq(plan), *ops = opt4_plan_ops(plan);
+  opt4_pool_opts o = {PAGE, 2000, 0, OPT4_POOL_OCCURRENCES, 0, 0};
+  opt4_pool *pool = NULL;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  uint64_t t;
+  ASSERT_ERR(opt4_pool_occurrence_next(pool, 150, &t), OPT4_ERANGE);
+  /* Skip every 7th position (an ADMIT or a HIT that runs as something else);
+   * the others run: none waits for a skipped one. */
+  follow_counts fc = {0, 0, 0, 0};
+  uint64_t skipped_admits = 0;
+  for (uint64_t u = 0; u < in.accesses; u++) {
+    ASSERT_OK(opt4_pool_occurrence_next(pool, seq[u], &t));
+    ASSERT_U64_EQ(t, u);
+    if (u % 7 == 3) {
+      skipped_admits += OPT4_OP_KIND(ops[u]) == OPT4_OP_ADMIT;
+      ASSERT_OK(opt4_pool_skip(pool, u));
+      continue;
+    }
+    follow_batch(pool, u, u + 1, &fc);
+  }
+  for (uint32_t item = 0; item < 150; item++) { /* the plan has no more */
+    ASSERT_OK(opt4_pool_occurrence_next(pool, item, &t));
+    ASSERT_U64_EQ(t, UINT64_MAX);
+  }
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(st.timeouts, 0);
+  ASSERT_U64_EQ(fc.wrong, 0);
+  ASSERT(skipped_admits > 0 && st.fallbacks > 0);
+  ASSERT_U64_EQ(st.store_failed, skipped_admits);
+  finish(pool);
+  /* Without the index. */
+  pool = make_pool(plan, 500);
+  ASSERT_ERR(opt4_pool_occurrence_next(pool, 0, &t), OPT4_EINVAL);
+  finish(pool);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 /* The compatibility clock hands out each position once. */
 static void test_clock(void) {
   opt4_plan *plan = random_plan(100, 10, 3, 7);
@@ -311,6 +356,7 @@ int main(void) {
   RUN(test_floor);
   RUN(test_stale_cleanup);
   RUN(test_resume_warm);
+  RUN(test_occurrences_and_skip);
   RUN(test_clock);
   return 0;
 }

@@ -40,7 +40,7 @@ static void *thread_main(void *p) {
 }
 
 static opt4_pool *make_pool(const opt4_plan *plan, uint64_t timeout_ms) {
-  opt4_pool_opts o = {PAGE, timeout_ms, 0, 0};
+  opt4_pool_opts o = {PAGE, timeout_ms, 0, 0, 0, 0};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   return pool;

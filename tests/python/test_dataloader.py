@@ -307,3 +307,30 @@ def test_stale_pool_of_a_killed_owner_is_removed_at_next_start() -> None:
         assert loader.cache.name in our_pools()  # a live job's pool is kept
     finally:
         loader.cache.close()
+
+
+def test_cleanup_command_removes_only_stale_pools() -> None:
+    from conftest import script
+
+    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_SCRIPT.format(here=os.path.dirname(__file__))],
+                            stdout=subprocess.PIPE, text=True)
+    stale = proc.stdout.readline().strip()
+    proc.kill()
+    proc.wait(timeout=60)
+    live = opt4torch.DataLoader(Checked(10), batch_size=5, cache_items=3, epochs=1)
+    try:
+        # (creating the loader already removed the stale pool; make another)
+        proc = subprocess.Popen([sys.executable, "-c", SIGNAL_SCRIPT.format(here=os.path.dirname(__file__))],
+                                stdout=subprocess.PIPE, text=True)
+        stale = proc.stdout.readline().strip()
+        proc.kill()
+        proc.wait(timeout=60)
+        dry = subprocess.run([script("opt4torch"), "cleanup", "--dry-run"], capture_output=True, text=True)
+        assert dry.returncode == 0 and f"{stale}" in dry.stdout and "(stale)" in dry.stdout
+        assert stale in our_pools()
+        r = subprocess.run([script("opt4torch"), "cleanup"], capture_output=True, text=True)
+        assert r.returncode == 0 and "removed" in r.stdout
+        assert stale not in our_pools()
+        assert live.cache.name in our_pools()
+    finally:
+        live.cache.close()

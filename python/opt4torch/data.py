@@ -135,8 +135,8 @@ class OPTCache:
     counters of every process that used it.
     """
 
-    def __init__(self, plan: Plan, page_size: int, *, wait_timeout: float = 10.0, max_procs: int = 0,
-                 epoch_offsets: Sequence[int] | None = None) -> None:
+    def __init__(self, plan: Plan, page_size: int, *, wait_timeout: float = 10.0,
+                 max_procs: int = 0) -> None:
         if not plan.has_decisions:
             raise ValueError("the cache needs a plan with a capacity")
         remove_stale_pools()
@@ -145,11 +145,24 @@ class OPTCache:
         self._pool = _engine.pool_create(plan._h, self.page_size, int(wait_timeout * 1000), max_procs)
         self.name: str = self._pool.name
         self._owner_pid = os.getpid()
-        self.epoch_offsets = list(epoch_offsets) if epoch_offsets is not None else [0, plan.accesses]
         self._lock = threading.Lock()
         _live_caches.add(self)
         _install_handlers()
         self._finalizer = weakref.finalize(self, OPTCache._finalize, self._pool, self._owner_pid)
+
+    @classmethod
+    def attach(cls, name: str, plan: Plan, page_size: int) -> OPTCache:
+        """The cache of another process (another rank's pool), attached: it
+        reports the counters but is never removed from here."""
+        self = cls.__new__(cls)
+        self.plan = plan
+        self.page_size = int(page_size)
+        self._pool = _engine.pool_attach(name)
+        self.name = name
+        self._owner_pid = -1  # never the owner
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, self._pool.close)
+        return self
 
     @staticmethod
     def _finalize(pool: Any, owner_pid: int) -> None:
@@ -160,10 +173,6 @@ class OPTCache:
     def _unlink(self) -> None:
         if os.getpid() == self._owner_pid and not self._pool.closed:
             self._pool.unlink()
-
-    @property
-    def epochs(self) -> int:
-        return len(self.epoch_offsets) - 1
 
     def set_floor(self, position: int) -> None:
         """Positions below this that have not run never will."""
@@ -321,15 +330,19 @@ class CachedDataset(tud.Dataset):
 class PositionBatchSampler(tud.Sampler[list[int]]):
     """Batches of positions, epoch by epoch, exactly as captured.
 
-    Each ``iter()`` is the next epoch (or the one given by :meth:`set_epoch`).
-    When an epoch starts, positions before it that never ran (a loop that
-    broke out early) are declared skipped so nothing waits for them.
+    ``starts[e]`` and ``lengths[e]`` give epoch e's batches: batch b is
+    positions ``starts[e][b] .. starts[e][b] + lengths[e][b] - 1``. (One rank
+    of a pool shared across ranks owns every W-th batch of the run.) Each
+    ``iter()`` is the next epoch (or the one given by :meth:`set_epoch`).
+    When an epoch starts, positions before ``floors[e]`` that never ran (a
+    loop that broke out early) are declared skipped so nothing waits for them.
     """
 
-    def __init__(self, batches: list[np.ndarray], epoch_offsets: list[int], cache: OPTCache,
-                 batched: bool = True) -> None:
-        self.batches = batches  # per epoch: int64 array of batch lengths
-        self.epoch_offsets = epoch_offsets
+    def __init__(self, starts: list[np.ndarray], lengths: list[np.ndarray], floors: list[int],
+                 cache: OPTCache, batched: bool = True) -> None:
+        self.starts = starts
+        self.batches = lengths  # per epoch: int64 array of batch lengths
+        self.floors = floors
         self.cache = cache
         self.batched = batched
         self._next_epoch = 0
@@ -350,8 +363,9 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         """Make the next iteration start mid-epoch; returns its first position."""
         self.set_epoch(epoch)
         self._resume = (int(epoch), int(batches_done))
-        lengths = self.batches[epoch]
-        return self.epoch_offsets[epoch] + int(lengths[:batches_done].sum())
+        if batches_done >= len(self.starts[epoch]):
+            return self.floors[epoch + 1] if epoch + 1 < len(self.floors) else self.cache.plan.accesses
+        return int(self.starts[epoch][batches_done])
 
     def __iter__(self) -> Iterator[Any]:
         # torch may create an iterator and drop it unused (its multi-process
@@ -372,19 +386,18 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
             skip = self._resume[1]
         self._resume = None
         self.epoch = e
-        lengths = self.batches[e]
-        start = self.epoch_offsets[e] + int(lengths[:skip].sum())
         # This runs at the first next(): by then torch has finished the
-        # previous epoch's outstanding batches, so positions before start
+        # previous epoch's outstanding batches, so positions before the floor
         # that never ran never will.
-        self.cache.set_floor(start)
-        pos = start
-        for n in lengths[skip:].tolist():
+        self.cache.set_floor(self.floors[e] if skip == 0 else self.resume_floor(e, skip))
+        for start, n in zip(self.starts[e][skip:].tolist(), self.batches[e][skip:].tolist()):
             if self.batched:
-                yield list(range(pos, pos + n))
+                yield list(range(start, start + n))
             else:
-                yield from range(pos, pos + n)
-            pos += n
+                yield from range(start, start + n)
+
+    def resume_floor(self, epoch: int, skip: int) -> int:
+        return int(self.starts[epoch][skip]) if skip < len(self.starts[epoch]) else self.floors[epoch]
 
 
 class _CountingIter:
@@ -407,6 +420,54 @@ class _CountingIter:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._it, name)
+
+
+def _node_group() -> tuple[Any, int, int]:
+    """The process group of this node's ranks (torchrun numbers them
+    contiguously per node), this rank in it, and its size."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("share_across_ranks needs torch.distributed initialised "
+                           "(torch.distributed.init_process_group) before the loader is built")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if world == local:
+        return dist.group.WORLD, rank, world
+    groups = [dist.new_group(list(range(n * local, (n + 1) * local))) for n in range(world // local)]
+    return groups[rank // local], rank % local, local
+
+
+def _interleave_ranks(per_epoch_idx: list[np.ndarray], per_epoch_lengths: list[np.ndarray], group: Any,
+                      rank: int, world: int) -> tuple[np.ndarray, list[np.ndarray], list[int], list[np.ndarray]]:
+    """One sequence for a node's ranks, as data-parallel training reads it:
+    epoch by epoch, step by step, rank 0's batch, then rank 1's, ... Returns
+    the sequence, this rank's batch starts per epoch (global positions), the
+    epochs' first positions, and this rank's batch lengths."""
+    import torch.distributed as dist
+
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, (per_epoch_idx, per_epoch_lengths), group=group)
+    pieces: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
+    floors: list[int] = []
+    pos = 0
+    for e in range(len(per_epoch_lengths)):
+        floors.append(pos)
+        offsets = [np.concatenate(([0], np.cumsum(everyone[r][1][e]))) for r in range(world)]
+        mine: list[int] = []
+        for step in range(max(len(everyone[r][1][e]) for r in range(world))):
+            for r in range(world):
+                lengths = everyone[r][1][e]
+                if step >= len(lengths):
+                    continue
+                n = int(lengths[step])
+                pieces.append(everyone[r][0][e][offsets[r][step]:offsets[r][step] + n])
+                if r == rank:
+                    mine.append(pos)
+                pos += n
+        starts.append(np.array(mine, dtype=np.int64))
+    return np.concatenate(pieces), starts, floors, per_epoch_lengths
 
 
 def _probe_item_bytes(dataset: Any, seq: np.ndarray, allow_pickle: bool, probes: int = 16) -> tuple[int, int]:
@@ -455,7 +516,8 @@ class DataLoader(tud.DataLoader):
                  cache_bytes: int | str | None = None, cache_items: int | None = None, epochs: int = 1,
                  seed: int | None = None, transform: Callable[[Any], Any] | None = None,
                  item_bytes: int | None = None, allow_pickle: bool = False, bypass: bool = True,
-                 wait_timeout: float = 10.0, progress: bool | None = None, **kwargs: Any) -> None:
+                 wait_timeout: float = 10.0, progress: bool | None = None,
+                 share_across_ranks: bool = False, **kwargs: Any) -> None:
         if isinstance(dataset, tud.IterableDataset):
             raise TypeError("the OPT cache needs a map-style dataset (with __getitem__ and __len__): "
                             "an IterableDataset has no indices to plan over")
@@ -471,16 +533,30 @@ class DataLoader(tud.DataLoader):
         per_epoch_idx, per_epoch_lengths, desc_sampler = self._capture(
             dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, generator, epochs, seed,
             progress)
-        seq = np.concatenate(per_epoch_idx) if per_epoch_idx else np.empty(0, np.int64)
+        group = None
+        if share_across_ranks:
+            group, rank, world = _node_group()
+            seq, starts, floors, own = _interleave_ranks(per_epoch_idx, per_epoch_lengths, group, rank, world)
+        else:
+            seq = np.concatenate(per_epoch_idx) if per_epoch_idx else np.empty(0, np.int64)
+            starts, floors = [], []
+            offset = 0
+            for lengths in per_epoch_lengths:
+                floors.append(offset)
+                starts.append(offset + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+                              if lengths.size else np.empty(0, np.int64))
+                offset += int(lengths.sum())
+            own = per_epoch_lengths
         if seq.size == 0:
             raise ValueError("the sampler yields no indices: nothing to cache")
-        offsets = [0]
-        for part in per_epoch_idx:
-            offsets.append(offsets[-1] + part.size)
 
         # 2. How large an item is, and so how many fit.
         if item_bytes is None:
             lo, hi = _probe_item_bytes(dataset, seq, allow_pickle)
+            if group is not None:  # every rank must agree on the pool's layout
+                sizes = [None] * world
+                torch.distributed.all_gather_object(sizes, (lo, hi), group=group)
+                lo, hi = min(x[0] for x in sizes), max(x[1] for x in sizes)
             if lo != hi:
                 warnings.warn(
                     f"items differ in size (between {lo} and {hi} bytes in a sample): every cached "
@@ -502,16 +578,28 @@ class DataLoader(tud.DataLoader):
             raise ValueError(f"cache_items must be at least 1, got {cache_items}")
         capacity = min(capacity, n_items)  # a cache larger than the data holds all of it
 
-        # 3. The plan and the pool.
+        # 3. The plan and the pool (one per node when shared across ranks:
+        # local rank 0 creates it, the others attach by name).
         import json
 
         plan = build_plan(seq, capacity, bypass, items=n_items, progress=progress,
                           description=json.dumps({"sampler": desc_sampler, "epochs": epochs,
-                                                  "seed": seed}))
-        self.cache = OPTCache(plan, page, wait_timeout=wait_timeout, epoch_offsets=offsets)
+                                                  "seed": seed, "shared_ranks": share_across_ranks}))
+        if group is None:
+            self.cache = OPTCache(plan, page, wait_timeout=wait_timeout)
+        else:
+            name = [None]
+            if rank == 0:
+                self.cache = OPTCache(plan, page, wait_timeout=wait_timeout)
+                name = [self.cache.name]
+            torch.distributed.broadcast_object_list(name, src=torch.distributed.get_global_rank(group, 0),
+                                                    group=group)
+            if rank != 0:
+                self.cache = OPTCache.attach(name[0], plan, page)
+        self.shared_across_ranks = share_across_ranks
         cached = CachedDataset(dataset, self.cache.name, plan.accesses, n_items, transform=transform,
                                allow_pickle=allow_pickle)
-        self._positions = PositionBatchSampler(per_epoch_lengths, offsets, self.cache, batched=batched)
+        self._positions = PositionBatchSampler(starts, own, floors, self.cache, batched=batched)
         self._batches_done = 0
         loader_kwargs = dict(num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory,
                              timeout=timeout, worker_init_fn=worker_init_fn,
@@ -594,6 +682,9 @@ class DataLoader(tud.DataLoader):
     def load_state_dict(self, state: dict[str, Any], *, warm: bool = True) -> None:
         """Resume mid-epoch at the exact batch; warm the pool with the items
         the plan holds there (loaded now, so the first batches hit)."""
+        if self.shared_across_ranks:
+            raise NotImplementedError("resuming a pool shared across ranks is not supported yet: build "
+                                      "the loaders with share_across_ranks=False to resume mid-epoch")
         if state.get("fingerprint") != self.cache.plan.fingerprint:
             raise ValueError("this state was saved by a loader with another plan (sampler, seed, "
                              "epochs or dataset differ): it cannot resume here")

@@ -1,0 +1,98 @@
+"""DistributedSampler under torchrun (gloo, 2 processes, CPU): each rank
+planning its own shard, and the ranks of a node sharing one pool planned over
+their interleaved sequences."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from datasets_for_tests import Checked
+from torch.utils.data.distributed import DistributedSampler
+
+import opt4torch
+from opt4torch import _engine
+
+HERE = os.path.dirname(__file__)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(tmp_path, *args: str) -> list[dict]:
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), os.path.join(HERE, "ddp_run.py"), "--out", str(out), *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_pools():
+    before = {p["name"] for p in _engine.pool_list()}
+    yield
+    assert {p["name"] for p in _engine.pool_list()} <= before
+
+
+def test_each_rank_plans_its_shard(tmp_path) -> None:
+    ranks = torchrun(tmp_path)
+    for r in ranks:
+        st = r["stats"]
+        assert r["bad"] == 0
+        assert st["fallbacks"] == 0 and st["timeouts"] == 0
+        assert st["hits"] == st["plan_hits"] == r["plan_hits"]
+        assert r["plan_accesses"] == 3 * 200  # its shard: 400 / 2 per epoch
+
+
+def test_ranks_share_one_pool(tmp_path) -> None:
+    ranks = torchrun(tmp_path, "--shared")
+    assert all(r["bad"] == 0 for r in ranks)
+    assert ranks[0]["plan_accesses"] == ranks[1]["plan_accesses"] == 3 * 400  # both shards, interleaved
+    assert ranks[0]["plan_hits"] == ranks[1]["plan_hits"]  # one plan
+    # One pool: each rank reads the counters of every rank's processes, taken
+    # after both finished (the barrier), so they agree and cover the run.
+    final = ranks[0]["stats"]
+    assert final["timeouts"] == 0 and final["fallbacks"] == 0
+    assert final["hits"] == ranks[0]["plan_hits"]
+    assert final["hits"] + final["misses"] == 3 * 400
+
+
+def test_sharing_gains_over_separate_pools_of_the_same_total() -> None:
+    """The plans alone: one pool of C over the interleaved sequence against
+    W pools of C / W over each rank's shard (exact OPT counts). Per rank and
+    epoch only about N / W**2 of its shard returns in its next shard, so the
+    separate pools cannot hit more than about N / W per epoch in all, while
+    the shared pool hits C: sharing gains exactly when C > N / W."""
+    items, epochs, world, batch = 1000, 4, 2, 16
+    shards = []
+    for rank in range(world):
+        s = DistributedSampler(range(items), num_replicas=world, rank=rank, seed=11)
+        shards.append([opt4torch.capture(s, 1, start_epoch=e) for e in range(epochs)])
+    merged = []
+    for e in range(epochs):
+        for step in range(0, len(shards[0][e]), batch):
+            for r in range(world):
+                merged.append(shards[r][e][step:step + batch])
+    merged = np.concatenate(merged)
+
+    def compare(cap: int) -> tuple[int, int]:
+        separate = sum(opt4torch.plan(np.concatenate(shards[r]), cap // world, items=items).hits
+                       for r in range(world))
+        return separate, opt4torch.plan(merged, cap, items=items).hits
+
+    separate, shared = compare(250)  # C = N / 4 < N / W
+    assert shared == separate == 250 * (epochs - 1)
+    separate, shared = compare(750)  # C = 3N / 4 > N / W
+    assert shared == 750 * (epochs - 1)
+    assert shared > 1.2 * separate

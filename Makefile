@@ -60,8 +60,12 @@ test-fuzz: $(STAMP)
 test-python: install
 	$(PY) -m pytest -q tests/python
 
+# The benchmarks (each prints a markdown table and writes bench/results/*.json;
+# bench/RESULTS.md records the medians with the machine and the command).
 bench: install
 	$(PY) bench/plan_speed.py
+	CMAKE=$(abspath $(VENV)/bin/cmake) $(PY) bench/lookup.py
+	$(PY) bench/compat_modes.py
 
 clean:
 	rm -rf build dist out *.egg-info

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["encode", "decode", "encoded_size", "CodecError"]
+__all__ = ["encode", "decode", "decode_at", "encoded_size", "CodecError"]
 
 MAGIC = b"O4"
 FORMAT = 1
@@ -170,6 +170,16 @@ def _ndarray(w: _Writer, arr: np.ndarray, scalar: bool = False) -> None:
     w.payload(memoryview(arr).cast("B") if arr.size else b"", arr.nbytes)
 
 
+_SHAPE_STRUCTS: dict[int, struct.Struct] = {}
+
+
+def _shape_struct(ndim: int) -> struct.Struct:
+    st = _SHAPE_STRUCTS.get(ndim)
+    if st is None:
+        st = _SHAPE_STRUCTS[ndim] = struct.Struct(f"<{ndim}Q")
+    return st
+
+
 def _tensor(w: _Writer, t: Any) -> None:
     to_code, _ = _torch_dtype_tables()
     if t.device.type != "cpu":
@@ -177,23 +187,43 @@ def _tensor(w: _Writer, t: Any) -> None:
             f"the cache stores CPU tensors; this one is on {t.device}. Move it to the device in a "
             "transform after the cache (or in the training loop)."
         )
-    if t.is_sparse or t.layout.__repr__() != "torch.strided":
+    if t.layout is not _torch_strided():
         raise CodecError("the cache stores dense (strided) tensors only")
     code = to_code.get(t.dtype)
     if code is None:
         raise CodecError(f"the cache cannot store tensors of dtype {t.dtype}")
-    t = t.detach().contiguous()
-    w.raw(_U8.pack(T_TENSOR) + _U8.pack(code))
-    _shape(w, tuple(t.shape))
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    shape = tuple(t.shape)
+    w.raw(_U8.pack(T_TENSOR) + _U8.pack(code) + _U8.pack(len(shape)) + _shape_struct(len(shape)).pack(*shape))
     nbytes = t.numel() * t.element_size()
-    if nbytes:
-        # A byte view of the tensor's storage, without a copy.
+    # A byte view of the tensor's storage, without a copy (uint8 reinterprets
+    # any dtype numpy lacks, such as bfloat16).
+    w.payload(memoryview(t.view(_torch_uint8()).numpy()) if nbytes else b"", nbytes)
+
+
+_strided = None
+_uint8 = None
+
+
+def _torch_strided() -> Any:
+    global _strided
+    if _strided is None:
         import torch
 
-        buf = t.view(torch.uint8).reshape(-1).numpy() if t.dtype != torch.uint8 else t.reshape(-1).numpy()
-        w.payload(memoryview(buf), nbytes)
-    else:
-        w.payload(b"", 0)
+        _strided = torch.strided
+    return _strided
+
+
+def _torch_uint8() -> Any:
+    global _uint8
+    if _uint8 is None:
+        import torch
+
+        _uint8 = torch.uint8
+    return _uint8
 
 
 def _pil(w: _Writer, img: Any) -> None:
@@ -297,8 +327,7 @@ def _read(r: _Reader) -> Any:
         n = 1
         for d in shape:
             n *= d
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        data = r.payload(n * itemsize)
+        data = r.payload(n * dtype.itemsize)
         if n == 0:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(data, dtype=dtype, count=n).view(shape)
@@ -314,17 +343,91 @@ def _read(r: _Reader) -> Any:
     raise CodecError(f"unknown tag {tag} in a cache record")
 
 
-def decode(buf: Any) -> Any:
-    """The object of one record. Arrays and tensors are views of ``buf`` when
-    it is writable (a bytearray), so keep it alive as long as they are."""
-    view = memoryview(buf).cast("B")
-    if len(view) < 3 or bytes(view[:2]) != MAGIC:
+_HEAD = struct.Struct("<2sBB")  # magic, format, top-level tag
+_TOP_BYTES = struct.Struct("<QQ")  # length, pad
+_TENSOR_HEAD = struct.Struct("<BB")  # dtype code, ndim
+_ITEMSIZE: list[int] | None = None
+
+
+def _itemsizes() -> list[int]:
+    global _ITEMSIZE
+    if _ITEMSIZE is None:
+        _, by_code = _torch_dtype_tables()
+        _ITEMSIZE = [dt.itemsize if dt is not None else 0 for dt in by_code]
+    return _ITEMSIZE
+
+
+_NP_DTYPES: list[Any] | None = None
+
+
+def _numpy_dtypes() -> list[Any]:
+    """numpy's dtype for each torch dtype code, or None where numpy has none
+    (bfloat16) or torch.from_numpy would not give the same dtype."""
+    global _NP_DTYPES
+    if _NP_DTYPES is None:
+        names = {"float32": "<f4", "float64": "<f8", "float16": "<f2", "uint8": "u1", "int8": "i1",
+                 "int16": "<i2", "int32": "<i4", "int64": "<i8", "bool": "?", "complex64": "<c8",
+                 "complex128": "<c16"}
+        _NP_DTYPES = [np.dtype(names[n]) if n in names else None for n in _TORCH_DTYPES]
+    return _NP_DTYPES
+
+
+def decode_at(buf: Any, offset: int, length: int) -> Any:
+    """The object of the record at ``buf[offset:offset + length]``. Arrays,
+    tensors and bytearrays are views of ``buf`` when it is writable (a
+    bytearray), so keep it alive as long as they are. The common top-level
+    types are parsed with one unpack each; the rest goes through the general
+    reader."""
+    if length < 4:
         raise CodecError("not a cache record")
-    if view[2] != FORMAT:
-        raise CodecError(f"cache record format {view[2]} is not {FORMAT}")
+    magic, fmt, tag = _HEAD.unpack_from(buf, offset)
+    if magic != MAGIC:
+        raise CodecError("not a cache record")
+    if fmt != FORMAT:
+        raise CodecError(f"cache record format {fmt} is not {FORMAT}")
+    pos = offset + 4
+    end = offset + length
+    if tag == T_TENSOR:
+        code, ndim = _TENSOR_HEAD.unpack_from(buf, pos)
+        pos += 2
+        shape = _shape_struct(ndim).unpack_from(buf, pos)
+        pos += 8 * ndim
+        pad = _U64.unpack_from(buf, pos)[0]
+        pos += 8 + pad
+        n = 1
+        for d in shape:
+            n *= d
+        nbytes = n * _itemsizes()[code]
+        if pos + nbytes != end:
+            raise CodecError("a cache record's tensor does not fill it")
+        np_dtype = _numpy_dtypes()[code]
+        if np_dtype is not None and n:
+            # numpy's view plus from_numpy costs less than torch.frombuffer.
+            import torch
+
+            return torch.from_numpy(np.frombuffer(buf, dtype=np_dtype, count=n, offset=pos).reshape(shape))
+        _, by_code = _torch_dtype_tables()
+        import torch
+
+        if n == 0:
+            return torch.empty(shape, dtype=by_code[code])
+        return torch.frombuffer(buf, dtype=by_code[code], count=n, offset=pos).view(shape)
+    if tag == T_BYTES or tag == T_BYTEARRAY:
+        n, pad = _TOP_BYTES.unpack_from(buf, pos)
+        pos += 16 + pad
+        if pos + n != end:
+            raise CodecError("a cache record's bytes do not fill it")
+        view = memoryview(buf)[pos:end]
+        return bytes(view) if tag == T_BYTES else bytearray(view)
+    view = memoryview(buf).cast("B")[offset:end]
     r = _Reader(view)
     r.pos = 3
     obj = _read(r)
     if r.pos != r.end:
         raise CodecError("trailing bytes after a cache record")
     return obj
+
+
+def decode(buf: Any) -> Any:
+    """The object of one record (all of ``buf``); see :func:`decode_at`."""
+    return decode_at(buf, 0, memoryview(buf).nbytes)

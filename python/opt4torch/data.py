@@ -35,7 +35,7 @@ import torch
 import torch.utils.data as tud
 
 from . import _engine
-from ._codec import decode, encode, encoded_size
+from ._codec import decode, decode_at, encode, encoded_size
 from ._plan import Plan, plan as build_plan
 from .capture import capture_epochs
 
@@ -312,10 +312,9 @@ class CachedDataset(tud.Dataset):
                     f"an item of {max(sizes)} bytes does not fit its space in the cache "
                     f"({pool.info()['page_size']} bytes): it is loaded, not cached. Give the loader "
                     "item_bytes= at least the largest item's size", RuntimeWarning, stacklevel=2)
-        view = memoryview(data)
         for i, e in enumerate(entries):
             if e[0] == 0:
-                out[i] = decode(view[e[2]:e[2] + e[3]])
+                out[i] = decode_at(data, e[2], e[3])
             elif e[0] == 1:
                 # Decode its record again so each sample is its own object.
                 out[i] = decode(bytearray().join(encoded[e[2]]))

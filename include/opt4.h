@@ -155,16 +155,24 @@ int opt4_fingerprint(const opt4_seq *seq, uint64_t *out);
 
 /* Plan flags. */
 #define OPT4_PLAN_NOBYPASS 0x1u /* always admit a miss (classic Belady MIN) */
+#define OPT4_PLAN_SIZED 0x2u    /* set by the engine: a plan in bytes and pages */
 
 typedef struct opt4_plan_opts {
-  /* Cache capacity in items, >= 1. */
+  /* Cache capacity in items, >= 1 (item-capacity plans). */
   uint64_t capacity;
-  /* OPT4_PLAN_* flags. 0 gives the default, "opt": Belady with bypass. */
+  /* OPT4_PLAN_NOBYPASS or 0 (the default, "opt": Belady with bypass). */
   uint32_t flags;
   uint32_t reserved0;
-  /* Reserved for capacities in bytes with per-item sizes (size-aware
-   * Belady over a paged pool). Must be NULL / 0 in this version: anything
-   * else fails with OPT4_ENOTSUP. */
+  /* Capacity in bytes with per-item sizes (sized plans): give item_sizes
+   * (items entries, bytes each item takes once stored), capacity_bytes and
+   * page_size, and capacity 0. The pool is capacity_bytes / page_size pages;
+   * an item takes ceil(size / page_size) of them, anywhere. The decisions are
+   * size-aware Belady: on a miss, evict residents in order of farthest next
+   * use until the item's pages are free; with bypass, admit only if every
+   * one of them is needed later than the new item. With equal sizes this is
+   * exactly Belady; with unequal sizes it is a heuristic (offline caching
+   * with sizes is NP-hard). An accessed item larger than the whole pool
+   * fails with OPT4_EITEMSIZE. */
   const uint64_t *item_sizes;
   uint64_t capacity_bytes;
   uint64_t page_size;
@@ -189,8 +197,15 @@ typedef struct opt4_plan_info {
   uint64_t bypasses;
   uint64_t compulsory; /* first accesses: the number of distinct ids */
   /* Slots the plan can use: min(capacity, items, accesses). Slots are handed
-   * out lowest first, so every op's slot is below this. */
+   * out lowest first, so every op's slot is below this. (Sized plans: the
+   * pages the plan uses.) */
   uint64_t slots;
+  /* Sized plans (flags & OPT4_PLAN_SIZED): capacity is in pages of page_size
+   * bytes, capacity_bytes as given, and generations is the number of ADMITs
+   * (each owns a list of pages, see opt4_plan_gen_pages). 0 otherwise. */
+  uint64_t capacity_bytes;
+  uint64_t page_size;
+  uint64_t generations;
 } opt4_plan_info;
 
 typedef struct opt4_plan opt4_plan;
@@ -236,9 +251,17 @@ void opt4_plan_close(opt4_plan *plan);
 int opt4_plan_info_get(const opt4_plan *plan, opt4_plan_info *out);
 
 /* The plan's arrays, valid while the plan is open: the ids (T uint32) and,
- * if info.has_ops, the ops (T uint32, see OPT4_OP_*); NULL otherwise. */
+ * if info.has_ops, the ops (T uint32, see OPT4_OP_*); NULL otherwise. In a
+ * sized plan an op's low 30 bits are a generation (the ADMIT's own, or the
+ * one a HIT reads), not a slot. */
 const uint32_t *opt4_plan_seq(const opt4_plan *plan);
 const uint32_t *opt4_plan_ops(const opt4_plan *plan);
+
+/* Sized plans: the pages of generation g (*n of them, at *pages), and each
+ * item's size in bytes (items uint32, NULL for item-capacity plans). */
+int opt4_plan_gen_pages(const opt4_plan *plan, uint64_t g, const uint32_t **pages,
+                        uint64_t *n);
+const uint32_t *opt4_plan_item_sizes(const opt4_plan *plan);
 
 /* The sampler description stored with the plan (UTF-8, often JSON; may be
  * empty). *len gets its length. Valid while the plan is open. */
@@ -253,7 +276,8 @@ int opt4_plan_victims(const opt4_plan *plan, int64_t *dst, uint64_t dst_len);
 
 /* What each slot holds just before position t (0 <= t <= T): dst[s] = id or
  * -1 for a slot never written. Slots freed by dead ids keep their bytes, so
- * they report the dead id. dst_len must be at least info.slots. */
+ * they report the dead id. dst_len must be at least info.slots. For sized
+ * plans, dst[page] is the id whose bytes the page holds. */
 int opt4_plan_slots_at(const opt4_plan *plan, uint64_t t, int64_t *dst,
                        uint64_t dst_len);
 

@@ -80,6 +80,14 @@ struct opt4_plan {
    * read-only mapping of a plan file / one owned buffer holding both. */
   uint32_t *own_seq;
   uint32_t *own_ops;
+  /* Sized plans: generation g's pages are pages[gen_off[g] .. gen_off[g+1]). */
+  const uint64_t *gen_off; /* generations + 1 */
+  const uint32_t *pages;
+  const uint32_t *sizes; /* items */
+  uint64_t pages_len;
+  uint64_t *own_gen_off;
+  uint32_t *own_pages;
+  uint32_t *own_sizes;
   void *map;
   size_t map_len;
   int map_is_mmap; /* 1: munmap(map); 0: opt4__free(map, map_len) */
@@ -102,6 +110,20 @@ int opt4__count_distinct(const uint32_t *seq, uint64_t T, uint64_t items, uint64
  * the next-use array during the build. */
 int opt4__belady(const opt4_seq *seq, const opt4_plan_opts *opts, uint32_t *ops,
                  opt4_plan_info *info);
+
+/* Size-aware Belady (sized plans): fills plan's ops, generations, pages and
+ * sizes, and the totals. */
+int opt4__belady_sized(const opt4_seq *seq, const opt4_plan_opts *opts, opt4_plan *plan);
+
+/* Pages an item of size bytes takes. */
+static inline uint64_t opt4__pages_for(uint64_t size, uint64_t page_size) {
+  return size == 0 ? 1 : (size + page_size - 1) / page_size;
+}
+
+/* Sized plans: replay the ops and check that every ADMIT creates the next
+ * generation with the right number of pages below info.slots, and every HIT
+ * reads its item's current generation whose pages nobody took since. */
+int opt4__plan_verify_sized(const opt4_plan *plan);
 
 /* Replay ops against seq and check every HIT finds its id in its slot, every
  * slot is < capacity, and the totals match. 0 or OPT4_ECORRUPT. */

@@ -15,6 +15,9 @@ void opt4_plan_close(opt4_plan *plan) {
   size_t bytes = (size_t)plan->info.accesses * sizeof(uint32_t);
   opt4__free(plan->own_seq, bytes);
   opt4__free(plan->own_ops, bytes);
+  opt4__free(plan->own_gen_off, (size_t)(plan->info.generations + 1) * 8);
+  opt4__free(plan->own_pages, (size_t)(plan->pages_len ? plan->pages_len : 1) * 4);
+  opt4__free(plan->own_sizes, (size_t)plan->info.items * 4);
   opt4__free(plan->desc, plan->desc_len + 1);
   if (plan->map != NULL) {
     if (plan->map_is_mmap)
@@ -27,13 +30,19 @@ void opt4_plan_close(opt4_plan *plan) {
 
 static int check_opts(const opt4_plan_opts *opts) {
   if (opts == NULL) return opt4__fail(OPT4_EINVAL, "options are NULL");
-  if (opts->item_sizes != NULL || opts->capacity_bytes != 0 ||
-      opts->page_size != 0)
-    return opt4__fail(OPT4_ENOTSUP,
-                      "capacities in bytes are not supported by this version; "
-                      "give the capacity in items");
   if (opts->flags & ~(uint32_t)OPT4_PLAN_NOBYPASS)
     return opt4__fail(OPT4_EINVAL, "unknown plan flags 0x%x", opts->flags);
+  if (opts->item_sizes != NULL || opts->capacity_bytes != 0 || opts->page_size != 0) {
+    if (opts->item_sizes == NULL || opts->capacity_bytes == 0 || opts->page_size == 0)
+      return opt4__fail(OPT4_EINVAL, "a capacity in bytes needs item_sizes, capacity_bytes and "
+                        "page_size together");
+    if (opts->capacity != 0)
+      return opt4__fail(OPT4_EINVAL, "give the capacity in items or in bytes, not both");
+    if (opts->page_size > UINT32_MAX)
+      return opt4__fail(OPT4_ETOOBIG, "page_size %llu is too large (at most 4 GiB)",
+                        (unsigned long long)opts->page_size);
+    return 0;
+  }
   if (opts->capacity == 0)
     return opt4__fail(OPT4_ECAPACITY,
                       "capacity is 0: a cache must hold at least one item");
@@ -108,6 +117,14 @@ int opt4_plan_build(const opt4_seq *seq, const opt4_plan_opts *opts,
                     (unsigned long long)seq->len);
     goto leave;
   }
+  if (opts->item_sizes != NULL) {
+    plan->info.flags |= OPT4_PLAN_SIZED;
+    rc = opt4__belady_sized(seq, opts, plan);
+    if (rc != 0) goto leave;
+    plan->ops = plan->own_ops;
+    rc = attach_seq(plan, seq);
+    goto leave;
+  }
   /* Decide first and copy the ids after: the key set is freed by then, so
    * the peak stays at two uint32 arrays plus O(items). */
   plan->info.slots = opt4__slot_count(&plan->info);
@@ -145,6 +162,23 @@ const uint32_t *opt4_plan_seq(const opt4_plan *plan) {
 
 const uint32_t *opt4_plan_ops(const opt4_plan *plan) {
   return plan == NULL ? NULL : plan->ops;
+}
+
+int opt4_plan_gen_pages(const opt4_plan *plan, uint64_t g, const uint32_t **pages, uint64_t *n) {
+  if (plan == NULL || pages == NULL || n == NULL)
+    return opt4__fail(OPT4_EINVAL, "plan, pages or n is NULL");
+  if (!(plan->info.flags & OPT4_PLAN_SIZED))
+    return opt4__fail(OPT4_ENOTSUP, "not a sized plan: an item-capacity plan's ops give the slot");
+  if (g >= plan->info.generations)
+    return opt4__fail(OPT4_ERANGE, "generation %llu of %llu", (unsigned long long)g,
+                      (unsigned long long)plan->info.generations);
+  *pages = plan->pages + plan->gen_off[g];
+  *n = plan->gen_off[g + 1] - plan->gen_off[g];
+  return 0;
+}
+
+const uint32_t *opt4_plan_item_sizes(const opt4_plan *plan) {
+  return plan == NULL ? NULL : plan->sizes;
 }
 
 const char *opt4_plan_desc(const opt4_plan *plan, size_t *len) {
@@ -224,6 +258,8 @@ int opt4_plan_victims(const opt4_plan *plan, int64_t *dst, uint64_t dst_len) {
     return opt4__fail(OPT4_EINVAL, "plan or dst is NULL");
   if (!plan->info.has_ops)
     return opt4__fail(OPT4_ENOPLAN, "the plan holds no decisions");
+  if (plan->info.flags & OPT4_PLAN_SIZED)
+    return opt4__fail(OPT4_ENOTSUP, "a sized plan's ADMIT may evict several items");
   if (dst_len < plan->info.accesses)
     return opt4__fail(OPT4_EINVAL, "dst holds %llu entries, need %llu",
                       (unsigned long long)dst_len,
@@ -255,6 +291,15 @@ int opt4_plan_slots_at(const opt4_plan *plan, uint64_t t, int64_t *dst,
     return opt4__fail(OPT4_EINVAL, "dst holds %llu entries, need %llu",
                       (unsigned long long)dst_len, (unsigned long long)n);
   for (uint64_t s = 0; s < dst_len; s++) dst[s] = -1;
+  if (plan->info.flags & OPT4_PLAN_SIZED) {
+    for (uint64_t i = 0; i < t; i++) {
+      uint32_t op = plan->ops[i];
+      if (OPT4_OP_KIND(op) != OPT4_OP_ADMIT) continue;
+      uint32_t g = OPT4_OP_SLOT(op);
+      for (uint64_t j = plan->gen_off[g]; j < plan->gen_off[g + 1]; j++) dst[plan->pages[j]] = plan->seq[i];
+    }
+    return 0;
+  }
   replay_slots(plan, t, dst, NULL);
   return 0;
 }

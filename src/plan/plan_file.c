@@ -44,7 +44,7 @@
 #define PF_ALIGN 64u
 #define PF_CHECKSUM_AT 120u
 
-enum { SEC_SEQ = 1, SEC_OPS = 2, SEC_DESC = 3 };
+enum { SEC_SEQ = 1, SEC_OPS = 2, SEC_DESC = 3, SEC_GENS = 4, SEC_PAGES = 5, SEC_SIZES = 6, SEC_KINDS };
 #define SEC_REQUIRED 0x1u /* a reader that does not know the kind must refuse */
 
 /* Header field offsets. */
@@ -64,7 +64,8 @@ enum {
   H_BYPASSES = 80,
   H_COMPULSORY = 88,
   H_TABLE = 96,
-  H_RESERVED = 104 /* 16 bytes, zero */
+  H_CAPACITY_BYTES = 104, /* sized plans; zero otherwise */
+  H_PAGE_SIZE = 112       /* sized plans; zero otherwise */
 };
 
 static uint32_t rd32(const uint8_t *p) {
@@ -123,12 +124,17 @@ int opt4_plan_save(const opt4_plan *plan, const char *path) {
   if (plan == NULL || path == NULL)
     return opt4__fail(OPT4_EINVAL, "plan or path is NULL");
   const opt4_plan_info *in = &plan->info;
-  section secs[3];
+  section secs[6];
   uint32_t n = 0;
   uint64_t arr = in->accesses * sizeof(uint32_t);
   secs[n++] = (section){SEC_SEQ, plan->seq, arr, 0};
   if (in->has_ops) secs[n++] = (section){SEC_OPS, plan->ops, arr, 0};
   if (plan->desc_len > 0) secs[n++] = (section){SEC_DESC, plan->desc, plan->desc_len, 0};
+  if (in->flags & OPT4_PLAN_SIZED) {
+    secs[n++] = (section){SEC_GENS, plan->gen_off, (in->generations + 1) * 8, 0};
+    secs[n++] = (section){SEC_PAGES, plan->pages, plan->pages_len * 4, 0};
+    secs[n++] = (section){SEC_SIZES, plan->sizes, in->items * 4, 0};
+  }
 
   uint8_t head[PF_HEADER_SIZE + PF_MAX_SECTIONS * PF_ENTRY_SIZE];
   memset(head, 0, sizeof head);
@@ -154,6 +160,8 @@ int opt4_plan_save(const opt4_plan *plan, const char *path) {
   wr64(head + H_BYPASSES, in->bypasses);
   wr64(head + H_COMPULSORY, in->compulsory);
   wr64(head + H_TABLE, PF_HEADER_SIZE);
+  wr64(head + H_CAPACITY_BYTES, in->capacity_bytes);
+  wr64(head + H_PAGE_SIZE, in->page_size);
   for (uint32_t i = 0; i < n; i++) {
     uint8_t *e = head + PF_HEADER_SIZE + i * PF_ENTRY_SIZE;
     wr32(e, secs[i].kind);
@@ -179,7 +187,7 @@ int opt4_plan_save(const opt4_plan *plan, const char *path) {
   }
   static const uint8_t zeros[PF_ALIGN];
   /* The header, the table and the zero padding up to the first section all
-   * fit in head (at most 3 sections). */
+   * fit in head (at most 6 sections). */
   uint64_t pos = secs[0].offset;
   if (write_all(fd, head, (size_t)pos) != 0) goto io_error;
   for (uint32_t i = 0; i < n; i++) {
@@ -278,21 +286,28 @@ static int validate(const uint8_t *base, size_t len, opt4_plan *plan) {
     return opt4__fail(OPT4_ECORRUPT, "capacity is %llu (at most %llu)",
                       (unsigned long long)in->capacity,
                       (unsigned long long)OPT4_MAX_CAPACITY);
-  if (in->flags & ~(uint32_t)OPT4_PLAN_NOBYPASS)
+  if (in->flags & ~(uint32_t)(OPT4_PLAN_NOBYPASS | OPT4_PLAN_SIZED))
     return opt4__fail(OPT4_ECORRUPT, "unknown flags 0x%x", in->flags);
   if (!in->has_ops && (in->hits | in->admits | in->bypasses | in->flags) != 0)
     return opt4__fail(OPT4_ECORRUPT, "a plan without capacity has totals");
+  const int sized = (in->flags & OPT4_PLAN_SIZED) != 0;
+  in->capacity_bytes = rd64(base + H_CAPACITY_BYTES);
+  in->page_size = rd64(base + H_PAGE_SIZE);
+  in->generations = sized ? in->admits : 0;
+  if (!sized && (in->capacity_bytes | in->page_size) != 0)
+    return opt4__fail(OPT4_ECORRUPT, "capacity_bytes or page_size set in an item-capacity plan");
+  if (sized && (in->page_size == 0 || in->page_size > UINT32_MAX ||
+                in->capacity_bytes / in->page_size != in->capacity))
+    return opt4__fail(OPT4_ECORRUPT, "page_size %llu and capacity_bytes %llu do not give %llu "
+                      "pages", (unsigned long long)in->page_size,
+                      (unsigned long long)in->capacity_bytes, (unsigned long long)in->capacity);
   if (in->hits > in->accesses || in->admits > in->accesses ||
       in->bypasses > in->accesses ||
       (in->has_ops && in->hits + in->admits + in->bypasses != in->accesses))
     return opt4__fail(OPT4_ECORRUPT, "totals do not add up to %llu accesses",
                       (unsigned long long)in->accesses);
-  for (int i = 0; i < 16; i++)
-    if (base[H_RESERVED + i] != 0)
-      return opt4__fail(OPT4_ECORRUPT, "reserved header bytes are not zero");
-
-  const uint8_t *sec_data[4] = {NULL, NULL, NULL, NULL};
-  uint64_t sec_len[4] = {0, 0, 0, 0};
+  const uint8_t *sec_data[SEC_KINDS] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+  uint64_t sec_len[SEC_KINDS] = {0, 0, 0, 0, 0, 0, 0};
   uint64_t prev_end = table_end;
   for (uint32_t i = 0; i < n_sec; i++) {
     const uint8_t *e = base + PF_HEADER_SIZE + (size_t)i * PF_ENTRY_SIZE;
@@ -309,7 +324,7 @@ static int validate(const uint8_t *base, size_t len, opt4_plan *plan) {
                         (unsigned long long)off, (unsigned long long)slen,
                         (unsigned long long)file_size);
     prev_end = off + slen;
-    if (kind < SEC_SEQ || kind > SEC_DESC) {
+    if (kind < SEC_SEQ || kind >= SEC_KINDS) {
       if (sflags & SEC_REQUIRED)
         return opt4__fail(OPT4_EVERSION, "section %u has kind %u, which this "
                           "library does not know: upgrade opt4torch", i, kind);
@@ -352,7 +367,39 @@ static int validate(const uint8_t *base, size_t len, opt4_plan *plan) {
     return opt4__fail(OPT4_ECORRUPT, "the fingerprint does not match the "
                       "sequence");
   const uint32_t *ops = (const uint32_t *)(const void *)sec_data[SEC_OPS];
-  if (in->has_ops) {
+  if (sized) {
+    uint64_t G = in->generations;
+    if (sec_data[SEC_GENS] == NULL || sec_len[SEC_GENS] != (G + 1) * 8 || sec_data[SEC_PAGES] == NULL ||
+        sec_data[SEC_SIZES] == NULL || sec_len[SEC_SIZES] != in->items * 4)
+      return opt4__fail(OPT4_ECORRUPT, "a sized plan's generation, page or size section is missing "
+                        "or of the wrong length");
+    const uint64_t *gen_off = (const uint64_t *)(const void *)sec_data[SEC_GENS];
+    const uint32_t *pages = (const uint32_t *)(const void *)sec_data[SEC_PAGES];
+    uint64_t L = sec_len[SEC_PAGES] / 4;
+    if (sec_len[SEC_PAGES] % 4 != 0 || gen_off[0] != 0 || gen_off[G] != L)
+      return opt4__fail(OPT4_ECORRUPT, "the page lists do not match the generations");
+    for (uint64_t g = 0; g < G; g++)
+      if (gen_off[g + 1] <= gen_off[g])
+        return opt4__fail(OPT4_ECORRUPT, "generation %llu has no pages", (unsigned long long)g);
+    uint64_t used = 0;
+    for (uint64_t i = 0; i < L; i++) {
+      if (pages[i] >= in->capacity)
+        return opt4__fail(OPT4_ECORRUPT, "page %u is outside the pool's %llu", pages[i],
+                          (unsigned long long)in->capacity);
+      if ((uint64_t)pages[i] + 1 > used) used = (uint64_t)pages[i] + 1;
+    }
+    in->slots = used;
+    plan->gen_off = gen_off;
+    plan->pages = pages;
+    plan->pages_len = L;
+    plan->sizes = (const uint32_t *)(const void *)sec_data[SEC_SIZES];
+    plan->seq = seq;
+    plan->ops = ops;
+    rc = opt4__plan_verify_sized(plan);
+    if (rc != 0) return rc;
+  } else if (sec_data[SEC_GENS] != NULL || sec_data[SEC_PAGES] != NULL || sec_data[SEC_SIZES] != NULL) {
+    return opt4__fail(OPT4_ECORRUPT, "page sections in an item-capacity plan");
+  } else if (in->has_ops) {
     rc = opt4__plan_verify(seq, ops, in);
     if (rc != 0) return rc;
   }

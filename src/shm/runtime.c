@@ -51,7 +51,8 @@ int opt4__meta_size(const opt4_plan *plan, int occurrences, uint64_t *size, uint
     return opt4__fail(OPT4_ETOOBIG, "the plan has %llu admissions; the pool supports %u",
                       (unsigned long long)in->admits, RT_MAX_GENS);
   *gens = in->admits;
-  *list_len = in->admits; /* one page per generation in item-capacity plans */
+  /* One page per generation in item-capacity plans; a list in sized ones. */
+  *list_len = (in->flags & OPT4_PLAN_SIZED) ? plan->pages_len : in->admits;
   uint64_t off = align8(sizeof(meta_header));
   off = align8(off + in->accesses * 4); /* seq */
   off = align8(off + in->accesses * 4); /* rt */
@@ -106,6 +107,35 @@ int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta, uint
   gen_rec *gr = (gen_rec *)(void *)(meta + mh->gens_off);
   list_ent *le = (list_ent *)(void *)(meta + mh->list_off);
   memcpy(seq, plan->seq, in->accesses * 4);
+  if (in->flags & OPT4_PLAN_SIZED) {
+    /* The plan already numbers generations and lists their pages; the slot
+     * map tracks each page's owner. */
+    for (uint64_t t = 0; t < in->accesses; t++) {
+      uint32_t op = plan->ops[t], kind = OPT4_OP_KIND(op), g = OPT4_OP_SLOT(op);
+      if (kind == OPT4_OP_BYPASS) {
+        rt[t] = OPT4_OP_BYPASS << 30;
+      } else if (kind == OPT4_OP_HIT) {
+        rt[t] = (OPT4_OP_HIT << 30) | g;
+        gr[g].reads++;
+        gr[g].last_read = (uint32_t)t;
+      } else {
+        gr[g].admit = (uint32_t)t;
+        gr[g].reads = 0;
+        gr[g].last_read = (uint32_t)t;
+        gr[g].npages = (uint32_t)(plan->gen_off[g + 1] - plan->gen_off[g]);
+        gr[g].list_off = plan->gen_off[g];
+        for (uint64_t i = plan->gen_off[g]; i < plan->gen_off[g + 1]; i++) {
+          le[i].page = plan->pages[i];
+          le[i].prev_gen = slot_gen[plan->pages[i]];
+          slot_gen[plan->pages[i]] = g;
+        }
+        rt[t] = (OPT4_OP_ADMIT << 30) | g;
+      }
+    }
+    opt4__free(slot_gen, (size_t)(slots ? slots : 1) * sizeof(uint32_t));
+    memcpy(mh->magic, META_MAGIC, 8);
+    return 0;
+  }
   uint32_t g = 0;
   for (uint64_t t = 0; t < in->accesses; t++) {
     uint32_t op = plan->ops[t], kind = OPT4_OP_KIND(op), s = OPT4_OP_SLOT(op);

@@ -208,9 +208,15 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   if (plan == NULL || opts == NULL) return opt4__fail(OPT4_EINVAL, "plan or options are NULL");
   if (!plan->info.has_ops)
     return opt4__fail(OPT4_ENOPLAN, "a pool needs a plan with decisions (a capacity)");
-  if (opts->page_size == 0 || opts->page_size > ((uint64_t)1 << 40))
+  const int sized = (plan->info.flags & OPT4_PLAN_SIZED) != 0;
+  if (sized && opts->page_size != 0 && opts->page_size != plan->info.page_size)
+    return opt4__fail(OPT4_EINVAL, "page_size %llu differs from the sized plan's %llu (give 0)",
+                      (unsigned long long)opts->page_size,
+                      (unsigned long long)plan->info.page_size);
+  const uint64_t want_page = sized ? plan->info.page_size : opts->page_size;
+  if (want_page == 0 || want_page > ((uint64_t)1 << 40))
     return opt4__fail(OPT4_EINVAL, "page_size %llu is out of range (1 byte to 1 TiB)",
-                      (unsigned long long)opts->page_size);
+                      (unsigned long long)want_page);
   pthread_once(&atfork_once, install_atfork);
 
   uint64_t meta_size, gens, list_len;
@@ -221,7 +227,9 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   if (rc != 0) return rc;
   uint32_t max_procs = opts->max_procs ? opts->max_procs : DEFAULT_PROCS;
   uint64_t pages = plan->info.slots;
-  uint64_t page_size = align_up(opts->page_size, 64);
+  /* Item-capacity plans: one page per item, rounded up to a cache line.
+   * Sized plans: the plan's page size exactly (items span pages). */
+  uint64_t page_size = sized ? want_page : align_up(want_page, 64);
   uint64_t procs_off = POOL_HEADER_SIZE;
   uint64_t states_off = align_up(procs_off + (uint64_t)max_procs * sizeof(proc_rec), 64);
   uint64_t failed_off = align_up(states_off + pages * sizeof(page_state), 64);

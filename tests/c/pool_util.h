@@ -37,6 +37,31 @@ static inline opt4_plan *random_plan(uint64_t T, uint64_t N, uint64_t C, uint64_
   return p;
 }
 
+/* A sized plan over the same kind of trace: item x takes item_len(x) bytes
+ * in pages of page bytes. */
+static inline opt4_plan *random_sized_plan(uint64_t T, uint64_t N, uint64_t capacity_bytes,
+                                           uint64_t page, uint64_t seed) {
+  uint32_t *seq = malloc((T + 1) * sizeof *seq);
+  uint64_t *sizes = malloc(N * sizeof *sizes);
+  uint64_t rng = seed;
+  for (uint64_t t = 0; t < T; t++) {
+    uint64_t r = test_rand(&rng);
+    seq[t] = (uint32_t)((r & 3) ? r % N : (r >> 8) % (N / 8 + 1));
+  }
+  for (uint64_t i = 0; i < N; i++) sizes[i] = item_len((uint32_t)i);
+  opt4_seq s = {seq, OPT4_U32, T, N};
+  opt4_plan_opts o;
+  memset(&o, 0, sizeof o);
+  o.item_sizes = sizes;
+  o.capacity_bytes = capacity_bytes;
+  o.page_size = page;
+  opt4_plan *p = NULL;
+  ASSERT_OK(opt4_plan_build(&s, &o, &p));
+  free(seq);
+  free(sizes);
+  return p;
+}
+
 typedef struct follow_counts {
   uint64_t hits, loads, wrong, deferred;
 } follow_counts;

@@ -287,9 +287,19 @@ static void test_errors(void) {
   ASSERT_ERR(opt4_plan_build(&s, &o, &p), OPT4_ECAPACITY);
   o.capacity = 2;
   uint64_t sizes[3] = {1, 2, 3};
-  o.item_sizes = sizes;
-  ASSERT_ERR(opt4_plan_build(&s, &o, &p), OPT4_ENOTSUP);
+  o.item_sizes = sizes; /* without capacity_bytes and page_size */
+  ASSERT_ERR(opt4_plan_build(&s, &o, &p), OPT4_EINVAL);
+  o.capacity_bytes = 100;
+  o.page_size = 10;
+  ASSERT_ERR(opt4_plan_build(&s, &o, &p), OPT4_EINVAL); /* and capacity in items too */
+  o.capacity = 0;
+  sizes[2] = 101; /* item 2 cannot fit in the pool at all */
+  ASSERT_ERR(opt4_plan_build(&s, &o, &p), OPT4_EITEMSIZE);
+  ASSERT(strstr(opt4_errdetail(), "item 2 is 101 bytes") != NULL);
+  o.capacity = 2;
   o.item_sizes = NULL;
+  o.capacity_bytes = 0;
+  o.page_size = 0;
   o.flags = 0x80;
   ASSERT_ERR(opt4_plan_build(&s, &o, &p), OPT4_EINVAL);
   o.flags = 0;
@@ -363,8 +373,101 @@ static void test_memory_bound(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+static opt4_plan *build_sized(const uint32_t *seq, uint64_t T, uint64_t N, const uint64_t *sizes,
+                              uint64_t capacity_bytes, uint64_t page, uint32_t flags) {
+  opt4_seq s = {seq, OPT4_U32, T, N};
+  opt4_plan_opts o;
+  memset(&o, 0, sizeof o);
+  o.item_sizes = sizes;
+  o.capacity_bytes = capacity_bytes;
+  o.page_size = page;
+  o.flags = flags;
+  opt4_plan *p = NULL;
+  ASSERT_OK(opt4_plan_build(&s, &o, &p));
+  return p;
+}
+
+/* With equal sizes (one page each) the sized planner is exactly Belady: the
+ * same decisions, and each generation's page is the item planner's slot. */
+static void test_sized_equal_sizes_is_belady(void) {
+  uint64_t rng = 21;
+  for (int round = 0; round < 200; round++) {
+    uint64_t N = 1 + test_rand(&rng) % 30, T = test_rand(&rng) % 400, C = 1 + test_rand(&rng) % (N + 2);
+    uint32_t *seq = malloc((T + 1) * sizeof *seq);
+    for (uint64_t t = 0; t < T; t++) seq[t] = (uint32_t)(test_rand(&rng) % N);
+    uint64_t *sizes = malloc(N * sizeof *sizes);
+    for (uint64_t i = 0; i < N; i++) sizes[i] = 100; /* one page of 128 */
+    for (uint32_t flags = 0; flags <= OPT4_PLAN_NOBYPASS; flags++) {
+      opt4_plan *a = build(seq, T, N, C, flags);
+      opt4_plan *b = build_sized(seq, T, N, sizes, C * 128 + 50, 128, flags);
+      opt4_plan_info ia, ib;
+      ASSERT_OK(opt4_plan_info_get(a, &ia));
+      ASSERT_OK(opt4_plan_info_get(b, &ib));
+      ASSERT_U64_EQ(ia.hits, ib.hits);
+      ASSERT_U64_EQ(ia.bypasses, ib.bypasses);
+      ASSERT(ib.flags & OPT4_PLAN_SIZED);
+      ASSERT_U64_EQ(ib.capacity, C);
+      const uint32_t *oa = opt4_plan_ops(a), *ob = opt4_plan_ops(b);
+      for (uint64_t t = 0; t < T; t++) {
+        ASSERT_EQ(OPT4_OP_KIND(oa[t]), OPT4_OP_KIND(ob[t]));
+        if (OPT4_OP_KIND(ob[t]) != OPT4_OP_ADMIT) continue;
+        const uint32_t *pages;
+        uint64_t n;
+        ASSERT_OK(opt4_plan_gen_pages(b, OPT4_OP_SLOT(ob[t]), &pages, &n));
+        ASSERT_U64_EQ(n, 1);
+        ASSERT_EQ(pages[0], OPT4_OP_SLOT(oa[t]));
+      }
+      opt4_plan_close(a);
+      opt4_plan_close(b);
+    }
+    free(sizes);
+    free(seq);
+  }
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+/* Unequal sizes: a hand-checked trace. Pool of 4 pages of 10 bytes; item 0
+ * takes 3 pages, items 1 and 2 one each. */
+static void test_sized_golden(void) {
+  const uint32_t seq[] = {0, 1, 2, 1, 0, 2};
+  const uint64_t sizes[] = {25, 10, 5};
+  opt4_plan *p = build_sized(seq, 6, 3, sizes, 40, 10, 0);
+  const uint32_t *ops = opt4_plan_ops(p);
+  /* 0: ADMIT (pages 0-2), 1: ADMIT (page 3), 2: no free page; the farthest
+   * resident is 0 (next use 4) and 2's next use is 5, later: BYPASS. 1: HIT
+   * (dead: page 3 freed). 0: HIT (dead). 2: miss, never again: BYPASS. */
+  ASSERT_EQ(OPT4_OP_KIND(ops[0]), OPT4_OP_ADMIT);
+  ASSERT_EQ(OPT4_OP_KIND(ops[1]), OPT4_OP_ADMIT);
+  ASSERT_EQ(OPT4_OP_KIND(ops[2]), OPT4_OP_BYPASS);
+  ASSERT_EQ(OPT4_OP_KIND(ops[3]), OPT4_OP_HIT);
+  ASSERT_EQ(OPT4_OP_KIND(ops[4]), OPT4_OP_HIT);
+  ASSERT_EQ(OPT4_OP_KIND(ops[5]), OPT4_OP_BYPASS);
+  const uint32_t *pages;
+  uint64_t n;
+  ASSERT_OK(opt4_plan_gen_pages(p, 0, &pages, &n));
+  ASSERT_U64_EQ(n, 3);
+  ASSERT(pages[0] == 0 && pages[1] == 1 && pages[2] == 2);
+  ASSERT_OK(opt4_plan_gen_pages(p, 1, &pages, &n));
+  ASSERT(n == 1 && pages[0] == 3);
+  int64_t slots[4];
+  ASSERT_OK(opt4_plan_slots_at(p, 6, slots, 4));
+  ASSERT(slots[0] == 0 && slots[2] == 0 && slots[3] == 1);
+  int64_t v[6];
+  ASSERT_ERR(opt4_plan_victims(p, v, 6), OPT4_ENOTSUP);
+  opt4_plan_close(p);
+  /* Without bypass, 2 must be admitted: it evicts the farthest, 0 (3 pages). */
+  p = build_sized(seq, 6, 3, sizes, 40, 10, OPT4_PLAN_NOBYPASS);
+  ops = opt4_plan_ops(p);
+  ASSERT_EQ(OPT4_OP_KIND(ops[2]), OPT4_OP_ADMIT);
+  ASSERT_EQ(OPT4_OP_KIND(ops[4]), OPT4_OP_ADMIT); /* 0 was evicted */
+  opt4_plan_close(p);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 int main(void) {
   RUN(test_textbook);
+  RUN(test_sized_equal_sizes_is_belady);
+  RUN(test_sized_golden);
   RUN(test_bypass_golden);
   RUN(test_against_naive);
   RUN(test_dtypes_agree);

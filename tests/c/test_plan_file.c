@@ -202,6 +202,55 @@ static void test_specific_errors(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* Sized plans through the file: the same plan back, and damage refused. */
+static void test_sized_files(void) {
+  char path[256];
+  path_in_dir(path, sizeof path, "sized.opt4");
+  enum { T = 400, N = 40 };
+  uint32_t seq[T];
+  uint64_t sizes[N], rng = 77;
+  for (int t = 0; t < T; t++) seq[t] = (uint32_t)(test_rand(&rng) % N);
+  for (int i = 0; i < N; i++) sizes[i] = 1 + test_rand(&rng) % 300;
+  opt4_seq s = {seq, OPT4_U32, T, N};
+  opt4_plan_opts o;
+  memset(&o, 0, sizeof o);
+  o.item_sizes = sizes;
+  o.capacity_bytes = 2000;
+  o.page_size = 100;
+  opt4_plan *p = NULL;
+  ASSERT_OK(opt4_plan_build(&s, &o, &p));
+  ASSERT_OK(opt4_plan_save(p, path));
+  opt4_plan *q = NULL;
+  ASSERT_OK(opt4_plan_open(path, &q));
+  assert_same(p, q);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(q, &in));
+  for (uint64_t g = 0; g < in.generations; g++) {
+    const uint32_t *a, *b;
+    uint64_t na, nb;
+    ASSERT_OK(opt4_plan_gen_pages(p, g, &a, &na));
+    ASSERT_OK(opt4_plan_gen_pages(q, g, &b, &nb));
+    ASSERT_U64_EQ(na, nb);
+    ASSERT(memcmp(a, b, na * 4) == 0);
+  }
+  ASSERT(memcmp(opt4_plan_item_sizes(q), opt4_plan_item_sizes(p), N * 4) == 0);
+  opt4_plan_close(q);
+  size_t len;
+  uint8_t *buf = read_file(path, &len);
+  for (size_t n = 0; n < len; n += 5) {
+    ASSERT(opt4_plan_load_buffer(buf, n, &q) != 0);
+    ASSERT(q == NULL);
+  }
+  for (size_t i = 0; i < 128; i++) {
+    buf[i] ^= 0x04;
+    ASSERT(opt4_plan_load_buffer(buf, len, &q) != 0);
+    buf[i] ^= 0x04;
+  }
+  free(buf);
+  opt4_plan_close(p);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 /* A failed save leaves an existing file untouched. */
 static void test_atomic_save(void) {
   char path[256];
@@ -231,6 +280,7 @@ int main(void) {
   RUN(test_corruptions);
   RUN(test_specific_errors);
   RUN(test_atomic_save);
+  RUN(test_sized_files);
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   ASSERT(system(cmd) == 0);

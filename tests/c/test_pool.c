@@ -335,6 +335,37 @@ static void test_occurrences_and_skip(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* A sized plan: items of 16 to 255 bytes in pages of 64 (1 to 4 pages each),
+ * in batches: exact hits, right bytes. */
+static void test_sized_pool(void) {
+  opt4_plan *plan = random_sized_plan(20000, 300, 64 * 200, 64, 12);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  ASSERT(in.flags & OPT4_PLAN_SIZED);
+  opt4_pool_opts o = {0, 2000, 0, 0, 0, 0}; /* page size from the plan */
+  opt4_pool *pool = NULL;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  opt4_pool_info info;
+  ASSERT_OK(opt4_pool_info_get(pool, &info));
+  ASSERT_U64_EQ(info.page_size, 64);
+  ASSERT_U64_EQ(info.pages, in.slots);
+  follow_counts fc = {0, 0, 0, 0};
+  for (uint64_t t = 0; t < in.accesses; t += 16)
+    follow_batch(pool, t, t + 16 < in.accesses ? t + 16 : in.accesses, &fc);
+  ASSERT_U64_EQ(fc.hits + fc.deferred, in.hits);
+  ASSERT_U64_EQ(fc.wrong, 0);
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(st.fallbacks + st.timeouts + st.store_failed, 0);
+  ASSERT_U64_EQ(st.stored, in.admits);
+  finish(pool);
+  /* A page_size that contradicts the plan is refused. */
+  o.page_size = 128;
+  ASSERT_ERR(opt4_pool_create(plan, &o, &pool), OPT4_EINVAL);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 /* The compatibility clock hands out each position once. */
 static void test_clock(void) {
   opt4_plan *plan = random_plan(100, 10, 3, 7);
@@ -357,6 +388,7 @@ int main(void) {
   RUN(test_stale_cleanup);
   RUN(test_resume_warm);
   RUN(test_occurrences_and_skip);
+  RUN(test_sized_pool);
   RUN(test_clock);
   return 0;
 }

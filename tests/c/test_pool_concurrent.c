@@ -92,6 +92,32 @@ static void test_threads_all(void) {
   for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) test_threads(counts[i]);
 }
 
+/* Items spanning 1 to 4 pages, 4 threads. */
+static void test_threads_sized(void) {
+  opt4_plan *plan = random_sized_plan(30000, 500, 64 * 400, 64, 40);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  opt4_pool_opts o = {0, 20000, 0, 0, 0, 0};
+  opt4_pool *pool = NULL;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  pthread_t th[4];
+  worker_arg args[4];
+  for (int i = 0; i < 4; i++) {
+    args[i] = (worker_arg){opt4_pool_name(pool), in.accesses, i, 4, {0, 0, 0, 0}};
+    ASSERT(pthread_create(&th[i], NULL, thread_main, &args[i]) == 0);
+  }
+  uint64_t hits = 0;
+  for (int i = 0; i < 4; i++) {
+    ASSERT(pthread_join(th[i], NULL) == 0);
+    ASSERT_U64_EQ(args[i].fc.wrong, 0);
+    hits += args[i].fc.hits + args[i].fc.deferred;
+  }
+  check_exact(pool, plan, hits);
+  ASSERT_OK(opt4_pool_unlink(pool));
+  opt4_pool_close(pool);
+  opt4_plan_close(plan);
+}
+
 /* Forked processes, half attaching by name, half using the inherited handle
  * (which re-registers after fork). */
 static void test_processes(void) {
@@ -224,6 +250,7 @@ static void test_dead_processes(void) {
 
 int main(void) {
   RUN(test_threads_all);
+  RUN(test_threads_sized);
   RUN(test_processes);
   RUN(test_dead_processes);
   ASSERT_NO_ENGINE_MEMORY();

@@ -23,7 +23,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (seq[t] >= info.items) abort();
       sum += seq[t];
     }
-    if (info.has_ops && info.accesses > 0) {
+    if (info.has_ops && info.accesses > 0 && (info.flags & OPT4_PLAN_SIZED)) {
+      /* Every generation's pages, and the pages' contents at the end. */
+      for (uint64_t g = 0; g < info.generations; g++) {
+        const uint32_t *pages;
+        uint64_t n;
+        if (opt4_plan_gen_pages(plan, g, &pages, &n) != 0 || n == 0) abort();
+        for (uint64_t i = 0; i < n; i++)
+          if (pages[i] >= info.slots) abort();
+      }
+      int64_t *slots = malloc((info.slots ? info.slots : 1) * sizeof *slots);
+      if (slots == NULL || opt4_plan_slots_at(plan, info.accesses, slots, info.slots) != 0) abort();
+      free(slots);
+    } else if (info.has_ops && info.accesses > 0) {
       int64_t *v = malloc(info.accesses * sizeof *v);
       if (v == NULL || opt4_plan_victims(plan, v, info.accesses) != 0) abort();
       free(v);

@@ -170,7 +170,7 @@ static PyObject *plan_info(PlanObject *self, PyObject *Py_UNUSED(ignored)) {
   size_t dlen;
   const char *desc = opt4_plan_desc(self->plan, &dlen);
   return Py_BuildValue(
-      "{s:K,s:K,s:K,s:O,s:O,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:s#}", "items",
+      "{s:K,s:K,s:K,s:O,s:O,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O,s:K,s:K,s:K,s:s#}", "items",
       (unsigned long long)in.items, "accesses", (unsigned long long)in.accesses,
       "capacity", (unsigned long long)in.capacity, "bypass",
       (in.flags & OPT4_PLAN_NOBYPASS) ? Py_False : Py_True, "has_ops",
@@ -179,7 +179,10 @@ static PyObject *plan_info(PlanObject *self, PyObject *Py_UNUSED(ignored)) {
       "misses", (unsigned long long)in.misses, "admits",
       (unsigned long long)in.admits, "bypasses", (unsigned long long)in.bypasses,
       "compulsory", (unsigned long long)in.compulsory, "slots",
-      (unsigned long long)in.slots, "description", desc,
+      (unsigned long long)in.slots, "sized", (in.flags & OPT4_PLAN_SIZED) ? Py_True : Py_False,
+      "capacity_bytes", (unsigned long long)in.capacity_bytes, "page_size",
+      (unsigned long long)in.page_size, "generations", (unsigned long long)in.generations,
+      "description", desc,
       (Py_ssize_t)dlen);
 }
 
@@ -229,6 +232,28 @@ static PyObject *plan_victims(PlanObject *self, PyObject *Py_UNUSED(ignored)) {
     return raise_code(rc, "victims");
   }
   return out;
+}
+
+/* gen_pages(g) -> bytes of uint32 pages (sized plans). */
+static PyObject *plan_gen_pages(PlanObject *self, PyObject *arg) {
+  if (plan_check_open(self) < 0) return NULL;
+  unsigned long long g = PyLong_AsUnsignedLongLong(arg);
+  if (g == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  const uint32_t *pages;
+  uint64_t n;
+  int rc = opt4_plan_gen_pages(self->plan, g, &pages, &n);
+  if (rc != 0) return raise_code(rc, "gen_pages");
+  return PyBytes_FromStringAndSize((const char *)pages, (Py_ssize_t)(n * 4));
+}
+
+/* item_sizes() -> bytes of uint32 per item (sized plans), or None. */
+static PyObject *plan_item_sizes(PlanObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (plan_check_open(self) < 0) return NULL;
+  const uint32_t *sizes = opt4_plan_item_sizes(self->plan);
+  if (sizes == NULL) Py_RETURN_NONE;
+  opt4_plan_info in;
+  opt4_plan_info_get(self->plan, &in);
+  return PyBytes_FromStringAndSize((const char *)sizes, (Py_ssize_t)(in.items * 4));
 }
 
 static PyObject *plan_slots_at(PlanObject *self, PyObject *arg) {
@@ -357,6 +382,10 @@ static PyMethodDef plan_methods[] = {
      "int64 victim per position (-1 if none) as a bytearray."},
     {"slots_at", (PyCFunction)plan_slots_at, METH_O,
      "slots_at(t): int64 contents per slot just before position t, as a bytearray."},
+    {"gen_pages", (PyCFunction)plan_gen_pages, METH_O,
+     "gen_pages(g): the pages of generation g (sized plans), as uint32 bytes."},
+    {"item_sizes", (PyCFunction)plan_item_sizes, METH_NOARGS,
+     "Each item's size in bytes (sized plans), as uint32 bytes, or None."},
     {"seq_buffer", (PyCFunction)plan_seq_buffer, METH_NOARGS,
      "A zero-copy read-only uint32 buffer over the ids."},
     {"ops_buffer", (PyCFunction)plan_ops_buffer, METH_NOARGS,
@@ -986,29 +1015,51 @@ static int get_progress(PyObject *obj, Py_buffer *view, volatile uint64_t **out)
 }
 
 static PyObject *py_build_plan(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"seq", "items", "capacity", "bypass", "progress", NULL};
-  PyObject *obj, *prog_obj = NULL;
-  unsigned long long items, capacity;
+  static char *kwlist[] = {"seq", "items", "capacity", "bypass", "progress", "item_sizes",
+                           "capacity_bytes", "page_size", NULL};
+  PyObject *obj, *prog_obj = NULL, *sizes_obj = NULL;
+  unsigned long long items, capacity, capacity_bytes = 0, page_size = 0;
   int bypass = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OKK|pO", kwlist, &obj, &items, &capacity,
-                                   &bypass, &prog_obj))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OKK|pOOKK", kwlist, &obj, &items, &capacity,
+                                   &bypass, &prog_obj, &sizes_obj, &capacity_bytes, &page_size))
     return NULL;
-  Py_buffer view, prog_view;
+  Py_buffer view, prog_view, sizes_view;
+  int have_sizes = sizes_obj != NULL && sizes_obj != Py_None;
   opt4_seq seq;
   opt4_plan_opts opts;
   memset(&opts, 0, sizeof opts);
-  if (get_progress(prog_obj, &prog_view, &opts.progress) < 0) return NULL;
+  if (have_sizes) {
+    if (PyObject_GetBuffer(sizes_obj, &sizes_view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const char *f = sizes_view.format ? sizes_view.format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (sizes_view.itemsize != 8 || (strcmp(f, "Q") != 0 && strcmp(f, "L") != 0) ||
+        (uint64_t)(sizes_view.len / 8) != items) {
+      PyBuffer_Release(&sizes_view);
+      PyErr_Format(PyExc_TypeError, "item_sizes must be a 1-D uint64 buffer with one entry per item (%llu)",
+                   items);
+      return NULL;
+    }
+    opts.item_sizes = (const uint64_t *)sizes_view.buf;
+  }
+  if (get_progress(prog_obj, &prog_view, &opts.progress) < 0) {
+    if (have_sizes) PyBuffer_Release(&sizes_view);
+    return NULL;
+  }
   if (get_seq(obj, items, &view, &seq) < 0) {
     if (opts.progress != NULL) PyBuffer_Release(&prog_view);
+    if (have_sizes) PyBuffer_Release(&sizes_view);
     return NULL;
   }
   opts.capacity = capacity;
+  opts.capacity_bytes = capacity_bytes;
+  opts.page_size = page_size;
   opts.flags = bypass ? 0 : OPT4_PLAN_NOBYPASS;
   opt4_plan *plan = NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS rc = opt4_plan_build(&seq, &opts, &plan);
   Py_END_ALLOW_THREADS PyBuffer_Release(&view);
   if (opts.progress != NULL) PyBuffer_Release(&prog_view);
+  if (have_sizes) PyBuffer_Release(&sizes_view);
   if (rc != 0) return raise_code(rc, "build plan");
   return plan_wrap(plan);
 }
@@ -1149,7 +1200,8 @@ static PyObject *py_mem_peak_reset(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(i
 
 static PyMethodDef module_methods[] = {
     {"build_plan", (PyCFunction)(void (*)(void))py_build_plan, METH_VARARGS | METH_KEYWORDS,
-     "build_plan(seq, items, capacity, bypass=True, progress=None) -> Plan"},
+     "build_plan(seq, items, capacity, bypass=True, progress=None, item_sizes=None, "
+     "capacity_bytes=0, page_size=0) -> Plan"},
     {"plan_from_seq", py_plan_from_seq, METH_VARARGS,
      "plan_from_seq(seq, items) -> Plan holding the sequence only"},
     {"replan", (PyCFunction)(void (*)(void))py_replan, METH_VARARGS | METH_KEYWORDS,

@@ -162,6 +162,36 @@ class Plan:
         return "opt" if self.bypass else "opt-nobypass"
 
     @property
+    def sized(self) -> bool:
+        """Whether the capacity is in bytes (pages) rather than items."""
+        return bool(self._info["sized"])
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Sized plans: the capacity in bytes (0 otherwise)."""
+        return int(self._info["capacity_bytes"])
+
+    @property
+    def page_size(self) -> int:
+        """Sized plans: bytes per page (0 otherwise)."""
+        return int(self._info["page_size"])
+
+    @property
+    def generations(self) -> int:
+        """Sized plans: the number of ADMITs, each owning a list of pages."""
+        return int(self._info["generations"])
+
+    def gen_pages(self, g: int) -> npt.NDArray[np.uint32]:
+        """Sized plans: the pages of generation ``g``."""
+        return np.frombuffer(self._h.gen_pages(int(g)), dtype=np.uint32)
+
+    @property
+    def item_sizes(self) -> npt.NDArray[np.uint32] | None:
+        """Sized plans: each item's size in bytes."""
+        raw = self._h.item_sizes()
+        return None if raw is None else np.frombuffer(raw, dtype=np.uint32)
+
+    @property
     def hits(self) -> int:
         return int(self._info["hits"])
 
@@ -272,6 +302,8 @@ class Plan:
             "items": self.items,
             "accesses": self.accesses,
             "capacity": self.capacity if self.has_decisions else None,
+            "capacity_bytes": self.capacity_bytes if self.sized else None,
+            "page_size": self.page_size if self.sized else None,
             "policy": self.policy if self.has_decisions else None,
             "hits": self.hits if self.has_decisions else None,
             "misses": self.misses if self.has_decisions else None,
@@ -302,9 +334,11 @@ class Plan:
     def __repr__(self) -> str:
         if not self.has_decisions:
             return f"<Plan sequence-only: {self.accesses} accesses over {self.items} items>"
+        cap = (f"{self.capacity_bytes} bytes in {self.capacity} pages of {self.page_size}" if self.sized
+               else f"capacity {self.capacity}")
         return (
             f"<Plan {self.policy}: {self.accesses} accesses over {self.items} items, "
-            f"capacity {self.capacity}, hit rate {self.hit_rate:.4f}>"
+            f"{cap}, hit rate {self.hit_rate:.4f}>"
         )
 
 
@@ -321,10 +355,13 @@ def _check_capacity(capacity: Any) -> int:
 
 def plan(
     seq: Any,
-    capacity: int,
+    capacity: int | None = None,
     bypass: bool = True,
     *,
     items: int | None = None,
+    capacity_bytes: int | None = None,
+    item_sizes: Any = None,
+    page_size: int | None = None,
     description: str | None = None,
     progress: bool | None = None,
 ) -> Plan:
@@ -334,9 +371,37 @@ def plan(
     later than everything cached; ``bypass=False`` (``opt-nobypass``) always
     admits, evicting the item needed farthest in the future. ``items`` is the
     dataset size (default ``max(seq) + 1``).
+
+    For a capacity in bytes give ``capacity_bytes``, ``item_sizes`` (bytes per
+    item) and ``page_size`` instead of ``capacity``: the pool is
+    ``capacity_bytes // page_size`` pages and an item takes
+    ``ceil(size / page_size)`` of them. The decisions are then size-aware
+    Belady (exactly Belady when all sizes are equal; a heuristic otherwise).
     """
-    capacity = _check_capacity(capacity)
     arr, items = as_sequence(seq, items)
+    if capacity_bytes is not None or item_sizes is not None or page_size is not None:
+        if capacity is not None:
+            raise InvalidInputError("give the capacity in items or in bytes, not both")
+        if capacity_bytes is None or item_sizes is None or page_size is None:
+            raise InvalidInputError("a capacity in bytes needs capacity_bytes, item_sizes and page_size")
+        sizes = np.ascontiguousarray(item_sizes, dtype=np.uint64)
+        if sizes.shape != (items,):
+            raise InvalidInputError(f"item_sizes has {sizes.size} entries; the dataset has {items} items")
+        cap_b, page = int(capacity_bytes), int(page_size)
+        if cap_b < 1 or page < 1:
+            raise InvalidInputError("capacity_bytes and page_size must be positive")
+        handle = _run_with_progress(
+            lambda counter: _engine.build_plan(arr, items, 0, bypass, progress=counter, item_sizes=sizes,
+                                               capacity_bytes=cap_b, page_size=page),
+            3 * arr.size, "planning", progress,
+        )
+        result = Plan(handle)
+        if description is not None:
+            result.description = description
+        return result
+    if capacity is None:
+        raise InvalidInputError("give a capacity (in items), or capacity_bytes with item_sizes and page_size")
+    capacity = _check_capacity(capacity)
     handle = _run_with_progress(
         lambda counter: _engine.build_plan(arr, items, capacity, bypass, progress=counter),
         3 * arr.size, "planning", progress,

@@ -141,7 +141,7 @@ class OPTCache:
             raise ValueError("the cache needs a plan with a capacity")
         remove_stale_pools()
         self.plan = plan
-        self.page_size = int(page_size)
+        self.page_size = int(page_size) or plan.page_size
         self._pool = _engine.pool_create(plan._h, self.page_size, int(wait_timeout * 1000), max_procs)
         self.name: str = self._pool.name
         self._owner_pid = os.getpid()
@@ -213,7 +213,8 @@ class OPTCache:
             "plan_hits": self.plan.hits,
             "plan_misses": self.plan.misses,
             "plan_accesses": self.plan.accesses,
-            "capacity_items": self.plan.capacity,
+            "capacity_items": None if self.plan.sized else self.plan.capacity,
+            "capacity_bytes": self.plan.capacity_bytes if self.plan.sized else self.plan.capacity * self.page_size,
             "page_size": self.page_size,
             "shm_bytes": self._pool.info()["shm_bytes"],
         }
@@ -421,6 +422,45 @@ class _CountingIter:
         return getattr(self._it, name)
 
 
+#: Bytes added to each given item size for the record header (type, shape).
+CODEC_MARGIN = 128
+
+
+def _item_sizes(dataset: Any, item_bytes: Any, n_items: int, progress: bool | None) -> np.ndarray | None:
+    """Per-item stored sizes, if the caller gave them (or the dataset has
+    opt4_item_bytes); None for one size for all."""
+    if item_bytes is None:
+        item_bytes = getattr(dataset, "opt4_item_bytes", None)
+        if item_bytes is None:
+            return None
+    if isinstance(item_bytes, (int, np.integer)) and not isinstance(item_bytes, bool):
+        return None
+    if callable(item_bytes):
+        from ._progress import progress_bar
+
+        sizes = np.empty(n_items, dtype=np.uint64)
+        with progress_bar(total=n_items, desc="item sizes", unit="item",
+                          show=progress if progress is not None else (None if n_items > 100_000 else False)) as bar:
+            for i in range(n_items):
+                sizes[i] = int(item_bytes(i))
+                if i % 4096 == 4095:
+                    bar.update(4096)
+    else:
+        sizes = np.asarray(item_bytes, dtype=np.int64)
+        if sizes.shape != (n_items,) or (sizes < 0).any():
+            raise ValueError(f"item_bytes as a sequence needs {n_items} non-negative sizes, one per item")
+        sizes = sizes.astype(np.uint64)
+    return sizes + np.uint64(CODEC_MARGIN)
+
+
+def _choose_page(sizes: np.ndarray) -> int:
+    """A page about a quarter of the median item: items take ~4 pages and
+    waste at most one, so ~10 % of the pool, and the per-page work stays small."""
+    median = float(np.median(sizes)) if sizes.size else 4096.0
+    page = 1 << max(6, int(np.log2(max(median / 4, 64))))
+    return int(min(page, 1 << 20))
+
+
 def _node_group() -> tuple[Any, int, int]:
     """The process group of this node's ranks (torchrun numbers them
     contiguously per node), this rank in it, and its size."""
@@ -491,8 +531,12 @@ class DataLoader(tud.DataLoader):
         applied to every sample after the cache (random augmentation belongs
         here, not in the dataset);
     ``item_bytes``
-        the largest item's size once encoded (default: measured on a few
-        items; items larger than it are loaded, not cached, with a warning);
+        how many bytes an item takes: one number for all (default: measured
+        on a few items; larger items are loaded, not cached, with a warning),
+        or a size per item, as a sequence or a callable ``f(index)`` (such as
+        each file's size), which plans the cache in bytes over pages of
+        ``page_size`` (default: chosen from the sizes) with size-aware Belady.
+        A dataset method ``opt4_item_bytes(index)`` is used when present;
     ``allow_pickle``
         cache objects other than tensors, arrays, bytes, numbers, str and
         containers of them, through pickle;
@@ -516,7 +560,7 @@ class DataLoader(tud.DataLoader):
                  seed: int | None = None, transform: Callable[[Any], Any] | None = None,
                  item_bytes: int | None = None, allow_pickle: bool = False, bypass: bool = True,
                  wait_timeout: float = 10.0, progress: bool | None = None,
-                 share_across_ranks: bool = False, **kwargs: Any) -> None:
+                 share_across_ranks: bool = False, page_size: int | None = None, **kwargs: Any) -> None:
         if isinstance(dataset, tud.IterableDataset):
             raise TypeError("the OPT cache needs a map-style dataset (with __getitem__ and __len__): "
                             "an IterableDataset has no indices to plan over")
@@ -549,52 +593,64 @@ class DataLoader(tud.DataLoader):
         if seq.size == 0:
             raise ValueError("the sampler yields no indices: nothing to cache")
 
-        # 2. How large an item is, and so how many fit.
-        if item_bytes is None:
-            lo, hi = _probe_item_bytes(dataset, seq, allow_pickle)
-            if group is not None:  # every rank must agree on the pool's layout
-                sizes = [None] * world
-                torch.distributed.all_gather_object(sizes, (lo, hi), group=group)
-                lo, hi = min(x[0] for x in sizes), max(x[1] for x in sizes)
-            if lo != hi:
-                warnings.warn(
-                    f"items differ in size (between {lo} and {hi} bytes in a sample): every cached "
-                    f"item is given {hi} bytes, and larger ones are loaded instead of cached; pass "
-                    "item_bytes= the largest size to cache all of them", RuntimeWarning, stacklevel=2)
-            item_bytes = hi
-        page = int(item_bytes)
-        if page < 1:
-            raise ValueError(f"item_bytes must be positive, got {item_bytes}")
-        if cache_items is not None:
-            capacity = int(cache_items)
+        # 2. How large an item is: one size for all (every item gets that many
+        # bytes), or a size per item (a plan in bytes over pages).
+        import json
+
+        sizes = _item_sizes(dataset, item_bytes, n_items, progress)
+        desc = json.dumps({"sampler": desc_sampler, "epochs": epochs, "seed": seed,
+                           "shared_ranks": share_across_ranks})
+        if sizes is not None:
+            if cache_bytes is None:
+                raise ValueError("per-item sizes need the cache size in bytes: give cache_bytes=")
+            total = parse_bytes(cache_bytes)
+            page = int(page_size) if page_size else _choose_page(sizes[np.unique(seq)])
+            plan = build_plan(seq, items=n_items, capacity_bytes=total, item_sizes=sizes, page_size=page,
+                              bypass=bypass, progress=progress, description=desc)
+            pool_page = 0  # the plan's
         else:
-            total = parse_bytes(cache_bytes)  # type: ignore[arg-type]
-            capacity = total // page
+            if item_bytes is None:
+                lo, hi = _probe_item_bytes(dataset, seq, allow_pickle)
+                if group is not None:  # every rank must agree on the pool's layout
+                    probe: list[Any] = [None] * world
+                    torch.distributed.all_gather_object(probe, (lo, hi), group=group)
+                    lo, hi = min(x[0] for x in probe), max(x[1] for x in probe)
+                if lo != hi:
+                    warnings.warn(
+                        f"items differ in size (between {lo} and {hi} bytes in a sample): every cached "
+                        f"item is given {hi} bytes, and larger ones are loaded instead of cached; give "
+                        "item_bytes= a size per item (a sequence or a callable) to plan in bytes",
+                        RuntimeWarning, stacklevel=2)
+                item_bytes = hi
+            page = int(item_bytes)  # type: ignore[arg-type]
+            if page < 1:
+                raise ValueError(f"item_bytes must be positive, got {item_bytes}")
+            if cache_items is not None:
+                capacity = int(cache_items)
+            else:
+                capacity = parse_bytes(cache_bytes) // page  # type: ignore[arg-type]
+                if capacity < 1:
+                    raise ValueError(f"cache_bytes={cache_bytes!r} holds no item of {page} bytes: an "
+                                     "item needs at least that much")
             if capacity < 1:
-                raise ValueError(f"cache_bytes={cache_bytes!r} holds no item of {page} bytes: an "
-                                 "item needs at least that much")
-        if capacity < 1:
-            raise ValueError(f"cache_items must be at least 1, got {cache_items}")
-        capacity = min(capacity, n_items)  # a cache larger than the data holds all of it
+                raise ValueError(f"cache_items must be at least 1, got {cache_items}")
+            capacity = min(capacity, n_items)  # a cache larger than the data holds all of it
+            plan = build_plan(seq, capacity, bypass, items=n_items, progress=progress, description=desc)
+            pool_page = page
 
         # 3. The plan and the pool (one per node when shared across ranks:
         # local rank 0 creates it, the others attach by name).
-        import json
-
-        plan = build_plan(seq, capacity, bypass, items=n_items, progress=progress,
-                          description=json.dumps({"sampler": desc_sampler, "epochs": epochs,
-                                                  "seed": seed, "shared_ranks": share_across_ranks}))
         if group is None:
-            self.cache = OPTCache(plan, page, wait_timeout=wait_timeout)
+            self.cache = OPTCache(plan, pool_page, wait_timeout=wait_timeout)
         else:
             name = [None]
             if rank == 0:
-                self.cache = OPTCache(plan, page, wait_timeout=wait_timeout)
+                self.cache = OPTCache(plan, pool_page, wait_timeout=wait_timeout)
                 name = [self.cache.name]
             torch.distributed.broadcast_object_list(name, src=torch.distributed.get_global_rank(group, 0),
                                                     group=group)
             if rank != 0:
-                self.cache = OPTCache.attach(name[0], plan, page)
+                self.cache = OPTCache.attach(name[0], plan, pool_page or plan.page_size)
         self.shared_across_ranks = share_across_ranks
         cached = CachedDataset(dataset, self.cache.name, plan.accesses, n_items, transform=transform,
                                allow_pickle=allow_pickle)

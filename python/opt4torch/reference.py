@@ -22,6 +22,7 @@ __all__ = [
     "ReferencePlan",
     "next_uses",
     "belady",
+    "belady_sized",
     "simulate",
     "POLICIES",
     "SplitMix64",
@@ -123,6 +124,72 @@ def belady(seq: Sequence[int], capacity: int, bypass: bool = True, items: int | 
             slot_of[x] = s
             key_of[x] = n
             heapq.heappush(heap, (-n, x))
+    return plan
+
+
+def belady_sized(seq: Sequence[int], sizes: Sequence[int], capacity_bytes: int, page_size: int,
+                 bypass: bool = True) -> ReferencePlan:
+    """Size-aware Belady with the engine's exact semantics (sized plans).
+
+    The pool has ``capacity_bytes // page_size`` pages; item x takes
+    ``ceil(sizes[x] / page_size)`` (at least 1). Free pages form a stack with
+    page 0 on top. On a miss with too few free pages, victims are taken from
+    the farthest next use down until enough pages would be free; with bypass,
+    if a victim is needed sooner than the new item, nothing is evicted and it
+    is bypassed. Ops are (kind, generation); ``pages[g]`` lists generation
+    g's pages.
+    """
+    seq = [int(x) for x in seq]
+    total = capacity_bytes // page_size
+    need = [max(1, -(-int(s) // page_size)) for s in sizes]
+    never = len(seq)
+    nxt = next_uses(seq)
+    plan = ReferencePlan(compulsory=len(set(seq)))
+    plan.pages = []  # type: ignore[attr-defined]
+    free = list(range(total - 1, -1, -1))
+    gen_of: dict[int, int] = {}  # live resident id -> generation
+    key_of: dict[int, int] = {}  # live resident id -> next use
+    for t, x in enumerate(seq):
+        n = nxt[t]
+        if x in gen_of:
+            g = gen_of[x]
+            plan.ops.append((HIT, g))
+            plan.hits += 1
+            if n == never:
+                del gen_of[x], key_of[x]
+                free.extend(plan.pages[g])  # type: ignore[attr-defined]
+            else:
+                key_of[x] = n
+            continue
+        if n == never and bypass:
+            plan.ops.append((BYPASS, -1))
+            plan.bypasses += 1
+            continue
+        if len(free) < need[x]:
+            victims, got = [], len(free)
+            for y in sorted(key_of, key=lambda y: -key_of[y]):  # farthest first
+                if got >= need[x]:
+                    break
+                if bypass and key_of[y] < n:
+                    break
+                victims.append(y)
+                got += need[y]
+            if got < need[x]:
+                plan.ops.append((BYPASS, -1))
+                plan.bypasses += 1
+                continue
+            for y in victims:
+                free.extend(plan.pages[gen_of[y]])  # type: ignore[attr-defined]
+                del gen_of[y], key_of[y]
+        g = plan.admits
+        plan.pages.append([free.pop() for _ in range(need[x])])  # type: ignore[attr-defined]
+        plan.ops.append((ADMIT, g))
+        plan.admits += 1
+        if n == never:
+            free.extend(plan.pages[g])  # type: ignore[attr-defined]
+        else:
+            gen_of[x] = g
+            key_of[x] = n
     return plan
 
 

@@ -64,3 +64,27 @@ class Resized(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         return torch.tensor([i])
+
+
+def blob(i: int) -> bytes:
+    """Item i's bytes: 100 B to 20 KB, depending only on i (like encoded images)."""
+    rng = np.random.default_rng(1000 + i)
+    return rng.integers(0, 256, size=int(rng.integers(100, 20_000)), dtype=np.uint8).tobytes()
+
+
+class Blobs(Dataset):
+    """Variable-size bytes items, with their sizes known up front (as file
+    sizes would be) through opt4_item_bytes."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.sizes = [len(blob(i)) for i in range(n)]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[bytes, int]:
+        return blob(i), i
+
+    def opt4_item_bytes(self, i: int) -> int:
+        return self.sizes[i] + 64  # the tuple and the int around the bytes

@@ -1,0 +1,103 @@
+"""Capacities in bytes: size-aware Belady over a paged pool."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from datasets_for_tests import Blobs, blob
+from hypothesis import given
+from hypothesis import strategies as st
+
+import opt4torch
+from opt4torch import _engine, reference
+
+
+@st.composite
+def sized_cases(draw: st.DrawFn) -> tuple:
+    items = draw(st.integers(1, 25))
+    page = draw(st.integers(1, 40))
+    sizes = draw(st.lists(st.integers(0, 5 * page), min_size=items, max_size=items))
+    biggest = max(1, -(-max(sizes) // page)) * page
+    capacity_bytes = draw(st.integers(biggest, biggest + 30 * page))
+    hot = draw(st.integers(1, items))
+    seq = draw(st.lists(st.one_of(st.integers(0, items - 1), st.integers(0, hot - 1)), max_size=300))
+    return seq, items, sizes, capacity_bytes, page
+
+
+@given(sized_cases(), st.booleans())
+def test_engine_equals_reference(case: tuple, bypass: bool) -> None:
+    seq, items, sizes, capacity_bytes, page = case
+    got = opt4torch.plan(seq, items=items, capacity_bytes=capacity_bytes, item_sizes=sizes, page_size=page,
+                         bypass=bypass)
+    want = reference.belady_sized(seq, sizes, capacity_bytes, page, bypass=bypass)
+    assert np.array_equal(got.ops, want.encoded())
+    assert got.generations == want.admits
+    for g in range(got.generations):
+        assert got.gen_pages(g).tolist() == want.pages[g]  # type: ignore[attr-defined]
+    assert (got.hits, got.bypasses) == (want.hits, want.bypasses)
+
+
+@given(st.lists(st.integers(0, 29), max_size=400), st.integers(1, 32), st.booleans())
+def test_equal_sizes_is_belady(seq: list[int], capacity: int, bypass: bool) -> None:
+    items = opt4torch.plan(seq, capacity, bypass, items=30)
+    sized = opt4torch.plan(seq, items=30, capacity_bytes=capacity * 64, item_sizes=[50] * 30, page_size=64,
+                           bypass=bypass)
+    assert sized.hits == items.hits and np.array_equal(sized.kinds, items.kinds)
+
+
+def test_sized_plan_file_roundtrip(tmp_path) -> None:
+    rng = np.random.default_rng(3)
+    seq = rng.integers(0, 100, 5000)
+    sizes = rng.integers(1, 5000, 100)
+    p = opt4torch.plan(seq, items=100, capacity_bytes=60_000, item_sizes=sizes, page_size=1024)
+    assert p.sized and p.page_size == 1024 and p.capacity == 58
+    p.save(tmp_path / "s.opt4")
+    q = opt4torch.load_plan(tmp_path / "s.opt4")
+    assert q.sized and q.stats() == p.stats()
+    assert np.array_equal(q.item_sizes, sizes)
+    assert all(np.array_equal(q.gen_pages(g), p.gen_pages(g)) for g in range(p.generations))
+    assert "page_size" in q.stats() and q.stats()["capacity_bytes"] == 60_000
+
+
+def test_sized_errors() -> None:
+    with pytest.raises(opt4torch.InvalidInputError, match="larger than the whole pool"):
+        opt4torch.plan([0, 1], items=2, capacity_bytes=100, item_sizes=[10, 500], page_size=10)
+    with pytest.raises(opt4torch.InvalidInputError, match="in items or in bytes"):
+        opt4torch.plan([0, 1], 2, items=2, capacity_bytes=100, item_sizes=[10, 5], page_size=10)
+    with pytest.raises(opt4torch.InvalidInputError, match="entries"):
+        opt4torch.plan([0, 1], items=2, capacity_bytes=100, item_sizes=[10], page_size=10)
+
+
+@pytest.mark.parametrize(("workers", "ctx"), [(0, None), (2, "fork"), (2, "spawn")])
+def test_dataloader_in_bytes(workers: int, ctx: str | None) -> None:
+    ds = Blobs(300)
+    total = sum(ds.sizes)
+    loader = opt4torch.DataLoader(ds, batch_size=None, shuffle=True, seed=5, num_workers=workers,
+                                  multiprocessing_context=ctx, cache_bytes=total // 3, epochs=3)
+    try:
+        assert loader.cache.plan.sized
+        for _ in range(3):
+            for data, i in loader:
+                assert data == blob(i)
+        st_ = loader.cache.stats()
+        assert st_["fallbacks"] == 0 and st_["timeouts"] == 0 and st_["store_failed"] == 0
+        assert st_["hits"] == loader.cache.plan.hits > 0
+        assert st_["shm_bytes"] < total // 3 + 4 * 2**20  # the pool is the bytes asked, not items x max
+    finally:
+        loader.cache.close()
+
+
+def test_dataloader_sizes_too_small_are_loaded_not_cached() -> None:
+    ds = Blobs(60)
+    with pytest.warns(RuntimeWarning, match="does not fit"):
+        loader = opt4torch.DataLoader(ds, batch_size=4, shuffle=True, seed=1, cache_bytes="200KB", epochs=2,
+                                      item_bytes=[100] * 60)
+        try:
+            for _ in range(2):
+                for data, i in loader:
+                    for d, k in zip(data, i.tolist()):
+                        assert d == blob(k)
+            assert loader.cache.stats()["store_failed"] > 0
+        finally:
+            loader.cache.close()
+    assert all(not p["name"].startswith(loader.cache.name) for p in _engine.pool_list())

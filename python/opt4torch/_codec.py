@@ -163,7 +163,8 @@ def _ndarray(w: _Writer, arr: np.ndarray, scalar: bool = False) -> None:
         w.raw(_U8.pack(T_PICKLE) + _U64.pack(len(data)))
         w.payload(data, len(data))
         return
-    arr = np.ascontiguousarray(arr)
+    if not arr.flags.c_contiguous:  # (np.ascontiguousarray would make 0-d arrays 1-d)
+        arr = arr.copy(order="C")
     dt = arr.dtype.str.encode()
     w.raw(_U8.pack(T_NDARRAY) + _U8.pack(1 if scalar else 0) + _U8.pack(len(dt)) + dt)
     _shape(w, arr.shape)
@@ -201,7 +202,7 @@ def _tensor(w: _Writer, t: Any) -> None:
     nbytes = t.numel() * t.element_size()
     # A byte view of the tensor's storage, without a copy (uint8 reinterprets
     # any dtype numpy lacks, such as bfloat16).
-    w.payload(memoryview(t.view(_torch_uint8()).numpy()) if nbytes else b"", nbytes)
+    w.payload(memoryview(t.reshape(-1).view(_torch_uint8()).numpy()) if nbytes else b"", nbytes)
 
 
 _strided = None

@@ -1,0 +1,131 @@
+"""The codec: what a dataset returns, stored as bytes and returned equal."""
+
+from __future__ import annotations
+
+import pickle
+from collections import namedtuple
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from PIL import Image
+
+from opt4torch._codec import CodecError, decode, decode_at, encode, encoded_size
+
+
+def roundtrip(obj, allow_pickle=False):
+    parts = encode(obj, allow_pickle)
+    record = bytearray(b"".join(bytes(memoryview(p).cast("B")) for p in parts))
+    assert len(record) == encoded_size(parts)
+    return decode(record)
+
+
+def same(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, float) and np.isnan(a):
+        return np.isnan(b)
+    return a == b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8,
+                                   torch.int8, torch.int16, torch.int32, torch.int64, torch.bool,
+                                   torch.complex64, torch.complex128])
+@pytest.mark.parametrize("shape", [(), (0,), (7,), (2, 3, 4), (1, 1, 1, 1, 5)])
+def test_tensors(dtype, shape) -> None:
+    t = (torch.randn(shape) * 10).to(dtype) if dtype is not torch.bool else torch.rand(shape) > 0.5
+    assert same(roundtrip(t), t)
+
+
+def test_tensor_variants() -> None:
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    assert same(roundtrip(base.t()), base.t().contiguous())  # non-contiguous
+    assert same(roundtrip(base[:, ::2]), base[:, ::2].contiguous())
+    g = base.clone().requires_grad_(True)
+    out = roundtrip(g)
+    assert torch.equal(out, base) and not out.requires_grad
+    with pytest.raises(CodecError, match="dense"):
+        encode(base.to_sparse())
+
+
+@pytest.mark.parametrize("arr", [np.arange(10, dtype=np.int32), np.zeros((3, 0)), np.float64(2.5),
+                                 np.array(3, dtype=np.uint16), np.ones((2, 2), dtype=">f4"),
+                                 np.array([b"ab", b"c"]), np.arange(12).reshape(3, 4)[:, 1]])
+def test_numpy(arr) -> None:
+    out = roundtrip(arr)
+    if isinstance(arr, np.generic):
+        assert type(out) is type(arr) and out == arr
+    else:
+        assert same(out, arr.copy(order="C"))
+
+
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text() | st.binary(),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=5) | st.integers(), inner, max_size=4),
+    max_leaves=20))
+def test_python_values(obj) -> None:
+    assert same(roundtrip(obj), obj)
+
+
+def test_bytearray_and_big_int() -> None:
+    assert same(roundtrip(bytearray(b"xyz")), bytearray(b"xyz"))
+    assert roundtrip(10**40) == 10**40 and roundtrip(-(10**40)) == -(10**40)
+
+
+def test_pil_images() -> None:
+    for mode in ("L", "RGB", "RGBA", "I;16"):
+        img = Image.frombytes(mode, (5, 3), bytes(range(256)) * 2)
+        out = roundtrip(img)
+        assert out.mode == img.mode and out.size == img.size and out.tobytes() == img.tobytes()
+
+
+Point = namedtuple("Point", "x y")
+
+
+def test_other_objects_need_pickle() -> None:
+    for obj in (Fraction(1, 3), Point(1, 2), {1, 2}, np.array([object()])):
+        with pytest.raises(CodecError, match="allow_pickle"):
+            encode(obj)
+    assert roundtrip(Fraction(1, 3), allow_pickle=True) == Fraction(1, 3)
+    assert roundtrip(Point(1, 2), allow_pickle=True) == Point(1, 2)
+    with pytest.raises(CodecError, match="CPU tensors"):
+        encode(torch.empty(2, device="meta"))
+
+
+def test_views_share_the_batch_buffer() -> None:
+    """Decoding from a batch buffer gives views (no copy), right where the
+    record sits."""
+    t = torch.arange(8, dtype=torch.float32)
+    record = b"".join(bytes(memoryview(p).cast("B")) for p in encode(t))
+    buf = bytearray(b"\0" * 64) + record
+    out = decode_at(buf, 64, len(record))
+    assert torch.equal(out, t)
+    buf[-4:] = np.float32(99).tobytes()
+    assert out[-1] == 99  # it is a view of buf
+
+
+def test_damaged_records() -> None:
+    record = bytearray(b"".join(bytes(memoryview(p).cast("B")) for p in encode({"a": [1, 2.0, "x"]})))
+    for cut in range(len(record)):
+        with pytest.raises(CodecError):
+            decode(record[:cut])
+    with pytest.raises(CodecError, match="not a cache record"):
+        decode(b"PK\x03\x04" + bytes(20))
+    with pytest.raises(CodecError, match="format"):
+        decode(b"O4\x09" + bytes(10))
+    with pytest.raises(CodecError, match="trailing"):
+        decode(record + b"\0")
+    # A pickle inside a record is only ever one the cache wrote itself.
+    assert pickle.loads(pickle.dumps(1)) == 1

@@ -161,8 +161,9 @@ static int create_segment(const char *name, uint64_t size, int *fd_out) {
                         "--shm-size=%lluG, or mount -o remount,size=%lluG " SHM_DIR
                         ") or give the cache fewer bytes",
                         (unsigned long long)(size >> 20), avail >> 20, total >> 20,
-                        (unsigned long long)((size + total) >> 30) + 1,
-                        (unsigned long long)((size + total) >> 30) + 1);
+                        /* what is in use now, plus the pool, in GiB rounded up */
+                        (unsigned long long)((size + total - avail) >> 30) + 1,
+                        (unsigned long long)((size + total - avail) >> 30) + 1);
     }
     return opt4__fail(OPT4_ESHM, "cannot size shared memory %s to %llu bytes: %s", name,
                       (unsigned long long)size, strerror(err));

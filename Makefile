@@ -64,6 +64,7 @@ test-python: install
 # bench/RESULTS.md records the medians with the machine and the command).
 bench: install
 	$(PY) bench/plan_speed.py
+	$(PY) bench/capture_speed.py
 	CMAKE=$(abspath $(VENV)/bin/cmake) $(PY) bench/lookup.py
 	$(PY) bench/compat_modes.py
 

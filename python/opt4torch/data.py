@@ -700,7 +700,12 @@ class DataLoader(tud.DataLoader):
             else:
                 sampler = tud.SequentialSampler(dataset)
         idx, lengths = [], []
-        for part in capture_epochs(sampler, epochs, progress=progress):
+        with warnings.catch_warnings():
+            # An unseeded sampler is fine here: this loader replays what it
+            # captured, whatever the global RNG does later.
+            warnings.filterwarnings("ignore", message="the RandomSampler has no generator")
+            parts = capture_epochs(sampler, epochs, progress=progress)
+        for part in parts:
             if batch_size is None:
                 lengths.append(np.ones(part.size, dtype=np.int64))
             else:

@@ -334,3 +334,21 @@ def test_cleanup_command_removes_only_stale_pools() -> None:
         assert live.cache.name in our_pools()
     finally:
         live.cache.close()
+
+
+def test_unseeded_sampler_is_replayed_as_captured() -> None:
+    """An unseeded RandomSampler is fine for this loader: it replays what it
+    captured (no warning), and the epochs differ from each other."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader = opt4torch.DataLoader(Checked(50), batch_size=10, sampler=RandomSampler(range(50)),
+                                      cache_items=20, epochs=2)
+    try:
+        seen = run_epochs(loader, 2)
+        assert np.array_equal(seen, loader.cache.plan.seq)
+        assert seen[:50] != seen[50:]
+        assert_exact(loader)
+    finally:
+        loader.cache.close()

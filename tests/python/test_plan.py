@@ -194,3 +194,22 @@ def test_progress_counter_reaches_the_end(capsys) -> None:
     seq = np.arange(200_000) % 1000
     p = opt4torch.plan(seq, 100, progress=True)
     assert p.hits == opt4torch.plan(seq, 100, progress=False).hits
+
+
+def test_import_needs_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, opt4torch; opt4torch.plan([0, 1, 0], 1); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_raw_typed_buffers() -> None:
+    import array
+
+    want = opt4torch.plan(TEXTBOOK, 3).ops.copy()
+    raw64 = np.array(TEXTBOOK, dtype=np.int64).tobytes()
+    assert np.array_equal(opt4torch.plan(memoryview(raw64).cast("q"), 3).ops, want)
+    assert np.array_equal(opt4torch.plan(array.array("i", TEXTBOOK), 3).ops, want)
+    assert np.array_equal(opt4torch.plan(np.frombuffer(raw64, dtype=np.int64), 3).ops, want)

@@ -472,7 +472,7 @@ def fig_epoch_shuffle(report: Report) -> None:
                          lru_exact, row["sim_lru"], 4 * math.sqrt(max(lru_exact, 1e-4) / later), seed))
         if not math.isnan(row["theory_fifo_limit"]):
             report.add(Check("epoch shuffle", setting, "fifo", "hit rate, epochs >= 2", "fluid limit",
-                             row["theory_fifo_limit"], row["sim_fifo"], 0.005, seed))
+                             row["theory_fifo_limit"], row["sim_fifo"], 0.005 if n >= 20000 else 0.015, seed))
         report.add(Check("epoch shuffle", setting, "random", "hit rate, epochs >= 2", "fluid limit",
                          row["theory_random_limit"], row["sim_random"], 0.006, seed))
     _write_csv(os.path.join(report.out, "epoch_shuffle.csv"), rows)
@@ -566,15 +566,16 @@ def fig_zipf(report: Report) -> None:
             ub = row["theory_opt"]
             report.add(Check("Zipf IRM", setting, "opt", "hit rate", "upper bound; gap allowed below",
                              ub - gap, row["sim_opt"], 0.002, seed, mode="band", theory_hi=ub))
+            noise = 4 * math.sqrt(0.25 / (stop - start))
             report.add(Check("Zipf IRM", setting, "lru", "hit rate", "Che approximation",
-                             row["theory_lru_che"], row["sim_lru"], 0.003, seed))
+                             row["theory_lru_che"], row["sim_lru"], 0.002 + noise, seed))
             row["theory_fifo_exact"] = theory.fifo_random_irm_hit_rate_exact(pop, cap)
             report.add(Check("Zipf IRM", setting, "fifo", "hit rate", "exact (King product form)",
                              row["theory_fifo_exact"], row["sim_fifo"], 4 * math.sqrt(0.25 / (stop - start)) * 3,
                              seed))
             if cap >= 100:
                 report.add(Check("Zipf IRM", setting, "fifo", "hit rate", "characteristic-time approx.",
-                                 row["theory_fifo_approx"], row["sim_fifo"], 0.003, seed))
+                                 row["theory_fifo_approx"], row["sim_fifo"], 0.002 + noise, seed))
             report.add(Check("Zipf IRM", setting, "static-top", "hit rate", "exact expectation",
                              row["theory_static_top"], row["sim_static-top"], 4 * math.sqrt(0.25 / (stop - start)),
                              seed))
@@ -819,7 +820,7 @@ def fig_workers(report: Report) -> None:
 def fig_distributed(report: Report) -> None:
     plt = _plt()
     n = 4800 if report.quick else 19200
-    epochs = 20 if report.quick else 40
+    epochs = 40
     first = 10  # epochs 11..E are averaged; the first ten are a warm-up
     rank_counts = [1, 2, 4, 8, 16]
     fractions = [0.1, 0.5]
@@ -852,8 +853,8 @@ def fig_distributed(report: Report) -> None:
                          **{f"sim_private_{k}": v[-1] for k, v in sim.items()}})
             setting = f"N={n}, c={c}, R={r}, epochs {first + 1}-{epochs}"
             report.add(Check("sharded epochs", setting, "opt (private)", "hits / N per epoch",
-                             "fluid value .. upper bound", th_lo * 0.985, sim["opt"][-1], 0.001, seed, mode="band",
-                             theory_hi=th_hi))
+                             "fluid value .. upper bound", th_lo * (1 - 3 * theory.opt_gap_tolerance(cap)),
+                             sim["opt"][-1], 0.001, seed, mode="band", theory_hi=th_hi))
             report.add(Check("sharded epochs", setting, "static-first (private)", "hits / N per epoch",
                              "exact expectation", th_static, sim["static-first"][-1],
                              4 * math.sqrt(th_static / (n_epochs * n)) + 1e-9, seed))

@@ -57,8 +57,9 @@ test-fuzz: $(STAMP)
 	FUZZ_SECONDS=$(FUZZ_SECONDS) CMAKE=$(abspath $(VENV)/bin/cmake) NINJA=$(abspath $(VENV)/bin/ninja) \
 	    scripts/fuzz.sh
 
+# Every Python test, the slow ones included (a bare pytest deselects them).
 test-python: install
-	$(PY) -m pytest -q tests/python
+	$(PY) -m pytest -q -m "slow or not slow" tests/python
 
 # The benchmarks (each prints a markdown table and writes bench/results/*.json;
 # bench/RESULTS.md records the medians with the machine and the command).

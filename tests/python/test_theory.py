@@ -470,22 +470,13 @@ def test_loader_speedup_bound() -> None:
 
 
 # ---------------------------------------------------------------------------
-# heavier checks: run with -m slow
+# heavier checks: marked slow (bare pytest deselects them; make test runs them)
 # ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def slow_requested(request) -> None:
-    """Skip unless slow tests were selected (``-m slow``): the project's
-    pytest configuration registers the marker but does not deselect it."""
-    expr = request.config.getoption("markexpr") or ""
-    if "slow" not in expr or "not slow" in expr:
-        pytest.skip("slow: run with -m slow")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("c", [0.1, 0.5, 0.9])
-def test_opt_uniform_limit_large_n(slow_requested, c: float) -> None:
+def test_opt_uniform_limit_large_n(c: float) -> None:
     n = 100_000
     cap = int(c * n)
     t = 30 * n
@@ -495,7 +486,7 @@ def test_opt_uniform_limit_large_n(slow_requested, c: float) -> None:
 
 
 @pytest.mark.slow
-def test_science_quick_run_agrees(slow_requested, tmp_path) -> None:
+def test_science_quick_run_agrees(tmp_path) -> None:
     """The figures command end to end at quick sizes: every comparison within
     its tolerance, every figure and table written."""
     from opt4torch import science

@@ -380,9 +380,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     policies = _parse_policies(args.policy)
     plots = args.out is not None and not args.no_plots
     if plots:
-        from .plots import require_matplotlib
+        from .plots import PlotDependencyError, require_matplotlib
 
-        require_matplotlib()  # fail before the sweep, not after it
+        try:
+            require_matplotlib()  # fail before the sweep, not after it
+        except PlotDependencyError as exc:
+            raise UsageError(f"{exc} (or add --no-plots)") from None
 
     if args.trace is not None:
         seq = load_trace(args.trace)

@@ -299,7 +299,8 @@ def _sweep_plan(args: argparse.Namespace) -> list[tuple[str, str, Any, dict[str,
             continue
         k = mine[0]
         for text in swept[k]:
-            plan.append((n, k, _parse_value(k, text, pat.params[k]), {k: _parse_value(k, text, pat.params[k])}))
+            value = _parse_value(k, text, pat.params[k])
+            plan.append((n, k, value, {k: value}))
     return plan
 
 
@@ -395,7 +396,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 raise UsageError(f"{args.trace} is empty: give --items to simulate it")
             items = int(seq.max()) + 1
         capacities = _parse_capacities(args.capacity or _DEFAULT_SWEEP_CAPACITIES, items)
-        traces = [((os.path.basename(args.trace), "", ""), lambda: seq)]
+        traces = [((os.path.basename(args.trace), "", ""), lambda loaded=seq: loaded)]
         lengths = [seq.size]
     else:
         items = args.items if args.items is not None else 10_000

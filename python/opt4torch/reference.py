@@ -3,7 +3,9 @@
 Everything here is written to be obviously right, not fast: dicts, lists,
 heapq and linear scans. It implements the same semantics as the engine,
 decision by decision (``include/opt4.h``, docs/algorithm.md), so the two can be
-compared on any trace; it is also the ``"python"`` mode, the debug path.
+compared on any trace; it is also the ``"python"`` mode, the debug path. The
+online policies' rules, with their sources and integer choices, are in
+docs/policies.md.
 """
 
 from __future__ import annotations

@@ -218,3 +218,15 @@ def test_memory_is_returned() -> None:
     for policy in opt4torch.POLICIES:
         opt4torch.simulate(policy, seq, 100)
     assert _engine.mem_stats()["current_bytes"] == before
+
+
+def test_static_reaches_opt_on_epoch_shuffles() -> None:
+    """Each id comes once per epoch, so a hit needs its id resident across
+    an epoch boundary: no policy gets more than capacity hits per epoch, and
+    static (like freq) gets exactly that after the first."""
+    items, epochs = 1_000, 6
+    seq = opt4torch.traces.epoch_shuffle(items, epochs, seed=3)
+    for capacity in (1, 10, 250, 999):
+        hits = {p: opt4torch.simulate(p, seq, capacity)["hits"] for p in opt4torch.POLICIES}
+        assert hits["static"] == hits["opt"] == hits["opt-nobypass"] == hits["freq"] == capacity * (epochs - 1)
+        assert max(hits.values()) == capacity * (epochs - 1)

@@ -313,9 +313,38 @@ typedef struct opt4_sim_result {
 } opt4_sim_result;
 
 /* Replay seq through the named policy at a capacity in items and count hits.
- * Policies: "opt", "opt-nobypass" (the planner), "lru", "fifo". seed drives
- * randomised policies. Errors: OPT4_EUNKNOWN_POLICY, and as
- * opt4_plan_build(). */
+ * Every policy starts with an empty cache, so first accesses are misses.
+ *
+ * Policies (docs/policies.md states each rule exactly; the Python reference
+ * implements the same rules and the tests hold both to equal counts):
+ *   "opt", "opt-nobypass"  the planner (see opt4_plan_build): Belady with and
+ *                          without bypass. The only ones that read the future,
+ *                          with "freq".
+ *   "lru", "fifo"          least recently used; first in, first out.
+ *   "lfu"                  fewest accesses since admission; ties: least
+ *                          recently accessed.
+ *   "random"               a victim drawn by splitmix64(seed) % capacity over
+ *                          the slots; the same seed gives the same count.
+ *   "clock"                one-bit second chance, new ids with the bit clear.
+ *   "sieve"                SIEVE (NSDI'24).
+ *   "s3fifo"               S3-FIFO (SOSP'23): small queue of ceil(capacity /
+ *                          10), main queue, ghost ids, frequencies capped at 3.
+ *   "arc"                  ARC (FAST'03) with an integer target p.
+ *   "static"               admit until full, never evict (CoorDL's MinIO).
+ *   "freq"                 the capacity ids most accessed over the whole
+ *                          sequence, lower id on ties (NoPFS's placement).
+ * A capacity of at least items never evicts, whatever the policy. seed is
+ * used by "random" only. Time: O(T) for the online policies (amortised O(1)
+ * per access; "freq" adds O(T + items) up front), the planner's time for OPT.
+ * Memory: at most 12 bytes per id and 32 per cache slot for the online
+ * policies; the planner's (at most 8 bytes per access) for OPT.
+ *
+ * Thread safety: any number of threads may simulate at once (each call owns
+ * its state); the CPython binding releases the GIL around it.
+ *
+ * Errors: OPT4_EUNKNOWN_POLICY (opt4_errdetail() names it), OPT4_ECAPACITY,
+ * OPT4_ERANGE (an id outside [0, items); the detail names the position),
+ * OPT4_ENOMEM, and as opt4_plan_build(). */
 int opt4_simulate(const char *policy, const opt4_seq *seq, uint64_t capacity,
                   uint64_t seed, opt4_sim_result *out);
 

@@ -2,7 +2,7 @@
 
     opt4torch precompute   capture a sampler (or read a trace) and write a plan
     opt4torch inspect      print a plan file's header and totals
-    opt4torch simulate     replay a trace through policies at several capacities
+    opt4torch simulate     replay a trace, or sweep generated patterns, through policies
     opt4torch cleanup      list this user's shared-memory pools, remove stale ones
     opt4torch demo         the whole job end to end on a generated default
 """
@@ -227,56 +227,216 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 # ---- simulate ----
 
+#: Result columns: the first six are the contract of `simulate --trace`; a
+#: pattern sweep (and every --out file) adds the rest.
+_BASE_FIELDS = ["policy", "capacity", "accesses", "hits", "misses", "hit_rate"]
+_SWEEP_FIELDS = _BASE_FIELDS + ["pattern", "param", "value", "items", "seed"]
+_DEFAULT_SWEEP_CAPACITIES = "1%,2%,5%,10%,20%,50%"
+# Sweeps that replay fewer accesses than this in total finish in about a
+# second: no progress bar.
+_PROGRESS_MIN_ACCESSES = 20_000_000
 
-def _simulate_rows(seq: np.ndarray, items: int | None, policies: Sequence[str], capacities: Sequence[int],
-                   seed: int) -> list[dict[str, Any]]:
-    from .sim import simulate
 
+def _parse_policies(text: str) -> list[str]:
+    from .sim import POLICIES
+
+    policies = [p.strip() for p in text.split(",") if p.strip()]
+    if policies == ["all"]:
+        return list(POLICIES)
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise UsageError(f"unknown policy {', '.join(unknown)}; known: {', '.join(POLICIES)} (or all)")
+    if not policies:
+        raise UsageError("no policy given")
+    return list(dict.fromkeys(policies))
+
+
+def _parse_value(name: str, text: str, default: Any) -> Any:
+    """A --param value, typed like the generator's default."""
+    try:
+        if isinstance(default, bool):
+            low = text.lower()
+            if low not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return low in ("true", "1", "yes")
+        if isinstance(default, int):
+            return int(text)
+        return float(text)
+    except ValueError:
+        kind = "true or false" if isinstance(default, bool) else type(default).__name__
+        raise UsageError(f"--param {name}: {text!r} is not a valid {kind}") from None
+
+
+def _sweep_plan(args: argparse.Namespace) -> list[tuple[str, str, Any, dict[str, Any]]]:
+    """(pattern, swept parameter or "", its value, generator keywords) for
+    every trace the sweep replays."""
+    from .traces import GENERATORS
+
+    names = [n.strip() for n in args.pattern.split(",") if n.strip()]
+    if names == ["all"]:
+        names = list(GENERATORS)
+    unknown = [n for n in names if n not in GENERATORS]
+    if unknown or not names:
+        raise UsageError(f"unknown pattern {', '.join(unknown) or '(none)'}; known: {', '.join(GENERATORS)} (or all)")
+    swept: dict[str, list[str]] = {}
+    for spec in args.param or []:
+        name, sep, values = spec.partition("=")
+        name = name.strip()
+        if not sep or not name or not values.strip():
+            raise UsageError(f"--param {spec!r}: expected NAME=V1,V2,... e.g. alpha=0.6,0.8,1.0")
+        if not any(name in GENERATORS[n].params for n in names):
+            known = sorted({k for n in names for k in GENERATORS[n].params})
+            raise UsageError(f"--param {name}: none of the patterns {', '.join(names)} has it; "
+                             f"their parameters: {', '.join(known) or 'none'}")
+        swept[name] = [v.strip() for v in values.split(",") if v.strip()]
+    plan = []
+    for n in names:
+        pat = GENERATORS[n]
+        mine = [k for k in swept if k in pat.params]
+        if len(mine) > 1:
+            raise UsageError(f"pattern {n}: sweep one parameter at a time (got {', '.join(mine)})")
+        if not mine:
+            plan.append((n, "", "", {}))
+            continue
+        k = mine[0]
+        for text in swept[k]:
+            value = _parse_value(k, text, pat.params[k])
+            plan.append((n, k, value, {k: value}))
+    return plan
+
+
+def _rows_for(seq: np.ndarray, items: int, label: tuple[str, str, Any], policies: Sequence[str],
+              capacities: Sequence[int], seed: int, workers: int | None, bar: Any) -> list[dict[str, Any]]:
+    from ._plan import as_sequence
+    from .sim import SimJob, simulate_many
+
+    arr, items = as_sequence(seq, items)
+    jobs = [SimJob(p, arr, items, c, seed) for p in policies for c in capacities]
+    results = simulate_many(jobs, workers=workers, on_done=lambda _job: bar.update(1))
+    pattern, param, value = label
     rows = []
-    for policy in policies:
-        for capacity in capacities:
-            r = simulate(policy, seq, capacity, items=items, seed=seed)
-            rows.append({
-                "policy": policy,
-                "capacity": capacity,
-                "accesses": r["accesses"],
-                "hits": r["hits"],
-                "misses": r["misses"],
-                "hit_rate": r["hits"] / r["accesses"] if r["accesses"] else 0.0,
-            })
+    for job, r in zip(jobs, results):
+        rows.append({
+            "policy": job.policy,
+            "capacity": job.capacity,
+            "accesses": r["accesses"],
+            "hits": r["hits"],
+            "misses": r["misses"],
+            "hit_rate": r["hits"] / r["accesses"] if r["accesses"] else 0.0,
+            "pattern": pattern,
+            "param": param,
+            "value": value,
+            "items": items,
+            "seed": seed,
+        })
     return rows
 
 
-def _write_rows(rows: list[dict[str, Any]], fmt: str, out: Any) -> None:
+def _write_rows(rows: list[dict[str, Any]], fmt: str, out: Any, fields: Sequence[str] = tuple(_BASE_FIELDS)) -> None:
     if fmt == "json":
-        json.dump(rows, out, indent=2)
+        json.dump([{k: row[k] for k in fields} for row in rows], out, indent=2)
         out.write("\n")
     elif fmt == "csv":
-        fields = ["policy", "capacity", "accesses", "hits", "misses", "hit_rate"]
-        w = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+        w = csv.DictWriter(out, fieldnames=list(fields), lineterminator="\n", extrasaction="ignore")
         w.writeheader()
         for row in rows:
             w.writerow({**row, "hit_rate": f"{row['hit_rate']:.6f}"})
     else:
-        out.write(f"{'policy':<14}{'capacity':>10}{'hits':>12}{'misses':>12}{'hit rate':>10}\n")
+        sweep = "pattern" in fields
+        head = f"{'pattern':<24}{'param':>16}" if sweep else ""
+        out.write(f"{head}{'policy':<14}{'capacity':>10}{'hits':>12}{'misses':>12}{'hit rate':>10}\n")
         for row in rows:
+            if sweep:
+                param = f"{row['param']}={row['value']}" if row["param"] else ""
+                out.write(f"{row['pattern']:<24}{param:>16}")
             out.write(f"{row['policy']:<14}{row['capacity']:>10,}{row['hits']:>12,}{row['misses']:>12,}"
                       f"{row['hit_rate']:>10.2%}\n")
 
 
-def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .sim import POLICIES
+def _write_outputs(rows: list[dict[str, Any]], out_dir: str, plots: bool) -> list[str]:
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for name, fmt in (("results.csv", "csv"), ("results.json", "json")):
+        path = os.path.join(out_dir, name)
+        with open(path, "w", newline="") as f:
+            _write_rows(rows, fmt, f, _SWEEP_FIELDS)
+        written.append(path)
+    if plots:
+        from .plots import gain_heatmaps, hit_rate_curves
 
-    seq = load_trace(args.trace)
-    items = args.items
-    n_items = items if items is not None else (int(seq.max()) + 1 if seq.size else None)
-    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown:
-        raise UsageError(f"unknown policy {', '.join(unknown)}; known: {', '.join(POLICIES)}")
-    capacities = _parse_capacities(args.capacity, n_items)
-    rows = _simulate_rows(seq, items, policies, capacities, args.seed)
-    _write_rows(rows, args.format, sys.stdout)
+        written += hit_rate_curves(rows, out_dir)
+        written += gain_heatmaps(rows, out_dir)
+    return written
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from ._progress import progress_bar
+    from .traces import GENERATORS, generate
+
+    if (args.trace is None) == (args.pattern is None):
+        raise UsageError("give either --trace PATH or --pattern NAME[,NAME...]")
+    if args.trace is not None and (args.param or args.epochs is not None or args.accesses is not None):
+        raise UsageError("--param, --epochs and --accesses shape generated patterns; they do not apply to --trace")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    policies = _parse_policies(args.policy)
+    plots = args.out is not None and not args.no_plots
+    if plots:
+        from .plots import PlotDependencyError, require_matplotlib
+
+        try:
+            require_matplotlib()  # fail before the sweep, not after it
+        except PlotDependencyError as exc:
+            raise UsageError(f"{exc} (or add --no-plots)") from None
+
+    if args.trace is not None:
+        seq = load_trace(args.trace)
+        items = args.items
+        if items is None:
+            if seq.size == 0:
+                raise UsageError(f"{args.trace} is empty: give --items to simulate it")
+            items = int(seq.max()) + 1
+        capacities = _parse_capacities(args.capacity or _DEFAULT_SWEEP_CAPACITIES, items)
+        traces = [((os.path.basename(args.trace), "", ""), lambda loaded=seq: loaded)]
+        lengths = [seq.size]
+    else:
+        items = args.items if args.items is not None else 10_000
+        if items < 1:
+            raise UsageError(f"--items must be at least 1, got {items}")
+        epochs = args.epochs if args.epochs is not None else 5
+        if epochs < 1:
+            raise UsageError(f"--epochs must be at least 1, got {epochs}")
+        if args.accesses is not None and args.accesses < 1:
+            raise UsageError(f"--accesses must be at least 1, got {args.accesses}")
+        capacities = _parse_capacities(args.capacity or _DEFAULT_SWEEP_CAPACITIES, items)
+        traces, lengths = [], []
+        for pattern, param, value, kw in _sweep_plan(args):
+            def make(pattern: str = pattern, kw: dict[str, Any] = kw) -> np.ndarray:
+                return generate(pattern, items, epochs=epochs, accesses=args.accesses, seed=args.seed, **kw)
+
+            traces.append(((pattern, param, value), make))
+            # About the trace's length (repeats aside), to decide on a progress bar.
+            lengths.append(args.accesses if args.accesses is not None and GENERATORS[pattern].length == "accesses"
+                           else epochs * items)
+
+    n_jobs = len(traces) * len(policies) * len(capacities)
+    work = sum(lengths) * len(policies) * len(capacities)
+    show = False if args.quiet or work < _PROGRESS_MIN_ACCESSES else None
+    rows: list[dict[str, Any]] = []
+    with progress_bar(total=n_jobs, desc="simulate", unit="run", show=show) as bar:
+        for label, make in traces:
+            try:
+                seq = make()
+            except Opt4Error as exc:
+                raise UsageError(f"pattern {label[0]}: {exc}") from None
+            rows += _rows_for(seq, items, label, policies, capacities, args.seed, args.workers, bar)
+
+    fields = _BASE_FIELDS if args.trace is not None else _SWEEP_FIELDS
+    _write_rows(rows, args.format, sys.stdout, fields)
+    if args.out is not None:
+        written = _write_outputs(rows, args.out, plots)
+        if not args.quiet:
+            print(f"wrote {', '.join(os.path.relpath(p) for p in written)}", file=sys.stderr)
     return 0
 
 
@@ -445,6 +605,22 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
 # ---- entry points ----
 
 
+def _simulate_epilog() -> str:
+    from .sim import POLICIES
+    from .traces import GENERATORS
+
+    lines = ["policies:", "  " + ", ".join(POLICIES), "", "patterns (parameters and defaults):"]
+    for pat in GENERATORS.values():
+        params = ", ".join(f"{k}={v}" for k, v in pat.params.items())
+        lines.append(f"  {pat.name:<23}{pat.summary}" + (f" [{params}]" if params else ""))
+    lines += ["", "examples:",
+              "  opt4torch simulate --trace t.txt --policy lru,opt --capacity 100,500 --format csv",
+              "  opt4torch simulate --pattern zipf --param alpha=0.6,0.8,1.0,1.2 --policy all --out out/zipf",
+              "  opt4torch simulate --pattern all --items 100000 --epochs 3 --out out/all"]
+    return "\n".join(lines)
+
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="opt4torch",
@@ -464,13 +640,45 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser("simulate", help="replay a trace through cache policies")
-    p.add_argument("--trace", required=True, metavar="PATH", help="text (one id per line) or .npy trace")
-    p.add_argument("--policy", default="opt,lru,fifo", help="comma-separated policies (default: %(default)s)")
-    p.add_argument("--capacity", required=True, help="comma-separated capacities, in items or like 25%%")
-    p.add_argument("--items", type=int, help="number of items (default: largest id + 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed for randomised policies")
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p = sub.add_parser(
+        "simulate", help="replay traces or generated access patterns through cache policies",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Replay a trace (--trace), or sweep generated access patterns (--pattern), through "
+                    "cache policies at several capacities, and print a table of hits.",
+        epilog=_simulate_epilog())
+    src = p.add_argument_group("what to replay (one of)")
+    src.add_argument("--trace", metavar="PATH", help="text (one id per line) or .npy trace")
+    src.add_argument("--pattern", metavar="NAMES",
+                     help="comma-separated generated patterns, or all (see the list below)")
+    gen = p.add_argument_group("generated patterns")
+    gen.add_argument("--param", action="append", metavar="NAME=V1,V2",
+                     help="sweep a pattern parameter over values, e.g. alpha=0.6,0.8,1.0,1.2 "
+                          "(repeatable; each applies to the patterns that have it)")
+    gen.add_argument("--epochs", type=int, metavar="E",
+                     help="epochs (passes over the items) per trace (default: 5)")
+    gen.add_argument("--accesses", type=int, metavar="T",
+                     help="length of the draw-based patterns (default: epochs x items)")
+    p.add_argument("--items", type=int, metavar="N",
+                   help="number of items (default: the trace's largest id + 1; 10000 for patterns)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the generators and of randomised policies (default: %(default)s)")
+    pol = p.add_argument_group("policies and capacities")
+    pol.add_argument("--policy", default="opt,lru,fifo", metavar="LIST",
+                     help="comma-separated policies, or all (default: %(default)s)")
+    pol.add_argument("--capacity", metavar="LIST",
+                     help="comma-separated capacities in items or percentages of items, e.g. 100,500 "
+                          f"or 10%%,25%% (default: {_DEFAULT_SWEEP_CAPACITIES.replace('%', '%%')})")
+    pol.add_argument("--workers", type=int, metavar="K", help="threads for the sweep (default: one per core)")
+    out = p.add_argument_group("output")
+    out.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                     help="what to print on stdout (default: %(default)s); the CSV header starts "
+                          "policy,capacity,accesses,hits,misses,hit_rate")
+    out.add_argument("--out", metavar="DIR",
+                     help="also write DIR/results.csv, DIR/results.json and PNG plots: hit rate against "
+                          "capacity per pattern, and heatmaps of OPT's gain over the best online policy "
+                          "for swept parameters (plots need: pip install 'opt4torchdataset[plot]')")
+    out.add_argument("--no-plots", action="store_true", help="with --out, write the tables only")
+    out.add_argument("--quiet", action="store_true", help="no progress bar or summary on stderr")
     p.set_defaults(func=_cmd_simulate)
 
     p = sub.add_parser("cleanup", help="list this user's shared-memory pools and remove stale ones",

@@ -3,7 +3,9 @@
 Everything here is written to be obviously right, not fast: dicts, lists,
 heapq and linear scans. It implements the same semantics as the engine,
 decision by decision (``include/opt4.h``, docs/algorithm.md), so the two can be
-compared on any trace; it is also the ``"python"`` mode, the debug path.
+compared on any trace; it is also the ``"python"`` mode, the debug path. The
+online policies' rules, with their sources and integer choices, are in
+docs/policies.md.
 """
 
 from __future__ import annotations
@@ -282,6 +284,200 @@ def _random(seq: Sequence[int], capacity: int, seed: int) -> int:
     return hits
 
 
+def _clock(seq: Sequence[int], capacity: int, seed: int) -> int:
+    """CLOCK as FIFO with reinsertion (second chance): a new id enters at the
+    tail of the queue with its reference bit clear; a hit sets the bit; to
+    evict, an id at the head whose bit is set has it cleared and goes to the
+    tail, and the first id found with a clear bit is evicted."""
+    queue: deque[int] = deque()  # left: the oldest
+    ref: dict[int, int] = {}  # resident id -> reference bit
+    hits = 0
+    for x in seq:
+        if x in ref:
+            hits += 1
+            ref[x] = 1
+            continue
+        if len(ref) == capacity:
+            while ref[queue[0]]:
+                y = queue.popleft()
+                ref[y] = 0
+                queue.append(y)
+            del ref[queue.popleft()]
+        queue.append(x)
+        ref[x] = 0
+    return hits
+
+
+def _sieve(seq: Sequence[int], capacity: int, seed: int) -> int:
+    """SIEVE (Zhang et al., NSDI'24): a FIFO queue that never reorders on a
+    hit. A hit sets the id's visited bit. The hand starts at the oldest id and
+    walks towards newer ones, clearing visited bits, wrapping from the newest
+    back to the oldest; it evicts the first unvisited id and stays at the next
+    newer one (or wraps to the oldest if the victim was the newest)."""
+    queue: list[int] = []  # index 0: the oldest, the end: the newest
+    visited: dict[int, bool] = {}
+    hand = 0
+    hits = 0
+    for x in seq:
+        if x in visited:
+            hits += 1
+            visited[x] = True
+            continue
+        if len(queue) == capacity:
+            i = hand
+            while visited[queue[i]]:
+                visited[queue[i]] = False
+                i = i + 1 if i + 1 < len(queue) else 0
+            del visited[queue.pop(i)]
+            hand = i if i < len(queue) else 0
+        queue.append(x)
+        visited[x] = False
+    return hits
+
+
+def _s3fifo(seq: Sequence[int], capacity: int, seed: int) -> int:
+    """S3-FIFO (Yang et al., SOSP'23, Algorithm 1): a small FIFO S, a main
+    FIFO M and a ghost FIFO G of ids. Frequencies count hits since admission,
+    capped at 3. A miss first evicts (if the cache is full), then enters M if
+    its id is in G (leaving G), else S, with frequency 0. Evict: if
+    10 * |S| >= capacity (|S| >= 10 % of the cache), take S's oldest: with a
+    frequency above 1 it moves to M (frequency reset to 0) and the next is
+    tried; else it is evicted and its id enters G (G keeps the newest
+    capacity - ceil(capacity / 10) ids). If S did not evict (it was below
+    10 % or ran empty), take M's oldest: with a frequency above 0 it is
+    reinserted with frequency - 1, else evicted."""
+    small_target = (capacity + 9) // 10  # ceil(capacity / 10)
+    ghost_cap = capacity - small_target
+    small: deque[int] = deque()  # left: the oldest
+    main: deque[int] = deque()
+    ghost: deque[int] = deque()
+    freq: dict[int, int] = {}  # resident id -> frequency
+    hits = 0
+
+    def evict() -> None:
+        if 10 * len(small) >= capacity:
+            while small:
+                t = small.popleft()
+                if freq[t] > 1:
+                    freq[t] = 0
+                    main.append(t)
+                    continue
+                del freq[t]
+                ghost.append(t)
+                if len(ghost) > ghost_cap:
+                    ghost.popleft()
+                return
+        while True:
+            t = main.popleft()
+            if freq[t] > 0:
+                freq[t] -= 1
+                main.append(t)
+            else:
+                del freq[t]
+                return
+
+    for x in seq:
+        if x in freq:
+            hits += 1
+            freq[x] = min(freq[x] + 1, 3)
+            continue
+        if len(freq) == capacity:
+            evict()
+        if x in ghost:
+            ghost.remove(x)
+            main.append(x)
+        else:
+            small.append(x)
+        freq[x] = 0
+    return hits
+
+
+def _arc(seq: Sequence[int], capacity: int, seed: int) -> int:
+    """ARC (Megiddo and Modha, FAST'03, Fig. 4) with an integer target p:
+    on a hit in B1, p = min(p + max(1, |B2| // |B1|), c); in B2,
+    p = max(p - max(1, |B1| // |B2|), 0) (floor division, computed while the
+    id is still in its ghost list). Lists are LRU first, MRU last."""
+    c = capacity
+    t1: OrderedDict[int, None] = OrderedDict()
+    t2: OrderedDict[int, None] = OrderedDict()
+    b1: OrderedDict[int, None] = OrderedDict()
+    b2: OrderedDict[int, None] = OrderedDict()
+    p = 0
+    hits = 0
+
+    def replace(in_b2: bool) -> None:
+        if t1 and ((in_b2 and len(t1) == p) or len(t1) > p):
+            b1[t1.popitem(last=False)[0]] = None
+        else:
+            b2[t2.popitem(last=False)[0]] = None
+
+    for x in seq:
+        if x in t1:
+            hits += 1
+            del t1[x]
+            t2[x] = None
+        elif x in t2:
+            hits += 1
+            t2.move_to_end(x)
+        elif x in b1:
+            p = min(p + max(1, len(b2) // len(b1)), c)
+            replace(False)
+            del b1[x]
+            t2[x] = None
+        elif x in b2:
+            p = max(p - max(1, len(b1) // len(b2)), 0)
+            replace(True)
+            del b2[x]
+            t2[x] = None
+        else:
+            if len(t1) + len(b1) == c:
+                if len(t1) < c:
+                    b1.popitem(last=False)
+                    replace(False)
+                else:
+                    t1.popitem(last=False)
+            else:
+                total = len(t1) + len(t2) + len(b1) + len(b2)
+                if total >= c:
+                    if total == 2 * c:
+                        b2.popitem(last=False)
+                    replace(False)
+            t1[x] = None
+    return hits
+
+
+def _static(seq: Sequence[int], capacity: int, seed: int) -> int:
+    """A static cache (CoorDL's MinIO): admit misses until full, then never
+    evict; later misses bypass. It ends up holding the first capacity
+    distinct ids of the trace."""
+    cache: set[int] = set()
+    hits = 0
+    for x in seq:
+        if x in cache:
+            hits += 1
+        elif len(cache) < capacity:
+            cache.add(x)
+    return hits
+
+
+def _freq(seq: Sequence[int], capacity: int, seed: int) -> int:
+    """NoPFS's placement: cache the capacity ids accessed most often over the
+    whole trace (ties: the lower id), each admitted at its first access (a
+    miss, as in every policy here); other ids always bypass."""
+    count: dict[int, int] = {}
+    for x in seq:
+        count[x] = count.get(x, 0) + 1
+    chosen = set(sorted(count, key=lambda y: (-count[y], y))[:capacity])
+    loaded: set[int] = set()
+    hits = 0
+    for x in seq:
+        if x in loaded:
+            hits += 1
+        elif x in chosen:
+            loaded.add(x)
+    return hits
+
+
 def _opt(seq: Sequence[int], capacity: int, seed: int) -> int:
     return belady(seq, capacity, bypass=True).hits
 
@@ -297,6 +493,12 @@ POLICIES: dict[str, Callable[[Sequence[int], int, int], int]] = {
     "fifo": _fifo,
     "lfu": _lfu,
     "random": _random,
+    "clock": _clock,
+    "sieve": _sieve,
+    "s3fifo": _s3fifo,
+    "arc": _arc,
+    "static": _static,
+    "freq": _freq,
 }
 
 

@@ -1,16 +1,34 @@
-"""Replaying sequences through cache policies (the C simulator)."""
+"""Replaying sequences through cache policies (the C simulator).
+
+Each policy's exact rule is in docs/policies.md; :mod:`opt4torch.reference`
+implements the same rules in plain Python, and the tests hold the two to the
+same hit count on every trace.
+
+Sweeps (many policies, capacities or traces) run on a thread pool: the engine
+releases the GIL while it simulates, so the runs use every core.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from . import _engine
 from ._plan import _check_capacity, as_sequence
 
-__all__ = ["POLICIES", "simulate"]
+__all__ = ["CLAIRVOYANT", "POLICIES", "SimJob", "simulate", "simulate_many", "sweep"]
 
 #: The policies the C simulator knows, in a stable order.
 POLICIES: tuple[str, ...] = tuple(_engine.policy_names())
+
+#: Policies that read the future (the whole sequence) to decide; the rest are
+#: online. OPT's gain is measured against the best online policy.
+CLAIRVOYANT: frozenset[str] = frozenset({"opt", "opt-nobypass", "freq"})
 
 
 def simulate(policy: str, seq: Any, capacity: int, *, items: int | None = None, seed: int = 0) -> dict[str, int]:
@@ -18,8 +36,86 @@ def simulate(policy: str, seq: Any, capacity: int, *, items: int | None = None, 
 
     Returns ``{"accesses", "hits", "misses"}``. ``seed`` drives randomised
     policies; ``items`` is the dataset size (default ``max(seq) + 1``).
+    The GIL is released while the engine runs.
     """
     capacity = _check_capacity(capacity)
     arr, items = as_sequence(seq, items)
     result: dict[str, int] = _engine.simulate(policy, arr, items, capacity, seed)
     return result
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One run of a sweep: ``policy`` over ``seq`` (ids in ``[0, items)``) at
+    ``capacity`` items. ``seq`` should already be a contiguous integer numpy
+    array (see :func:`opt4torch.as_sequence`) so that no thread copies it."""
+
+    policy: str
+    seq: np.ndarray
+    items: int
+    capacity: int
+    seed: int = 0
+
+
+def _run(job: SimJob) -> dict[str, int]:
+    result: dict[str, int] = _engine.simulate(job.policy, job.seq, job.items, job.capacity, job.seed)
+    return result
+
+
+def simulate_many(jobs: Sequence[SimJob], *, workers: int | None = None,
+                  on_done: Callable[[SimJob], None] | None = None) -> list[dict[str, int]]:
+    """Run every job on ``workers`` threads (default: one per core) and
+    return their results in the order of ``jobs``. ``on_done`` is called in
+    the calling thread as each job finishes (for a progress bar). The first
+    error is raised once the running jobs have finished."""
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    for job in jobs:
+        _check_capacity(job.capacity)
+    if workers == 1 or len(jobs) <= 1:
+        out = []
+        for job in jobs:
+            out.append(_run(job))
+            if on_done is not None:
+                on_done(job)
+        return out
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="opt4sim") as pool:
+        futures = [pool.submit(_run, job) for job in jobs]
+        results = []
+        try:
+            for job, fut in zip(jobs, futures):
+                results.append(fut.result())
+                if on_done is not None:
+                    on_done(job)
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+    return results
+
+
+def sweep(seq: Any, policies: Sequence[str], capacities: Sequence[int], *, items: int | None = None,
+          seed: int = 0, workers: int | None = None) -> list[dict[str, Any]]:
+    """Every policy at every capacity over one sequence, on all cores.
+
+    Rows (policy-major, then capacity in the order given) hold ``policy``,
+    ``capacity``, ``accesses``, ``hits``, ``misses`` and ``hit_rate``.
+    """
+    arr, items = as_sequence(seq, items)
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policy {', '.join(unknown)}; known: {', '.join(POLICIES)}")
+    jobs = [SimJob(p, arr, items, int(c), seed) for p in policies for c in capacities]
+    rows = []
+    for job, r in zip(jobs, simulate_many(jobs, workers=workers)):
+        rows.append({
+            "policy": job.policy,
+            "capacity": job.capacity,
+            "accesses": r["accesses"],
+            "hits": r["hits"],
+            "misses": r["misses"],
+            "hit_rate": r["hits"] / r["accesses"] if r["accesses"] else 0.0,
+        })
+    return rows

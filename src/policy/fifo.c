@@ -28,7 +28,7 @@ static void fifo_destroy(opt4__policy *p) {
   p->state = NULL;
 }
 
-static int fifo_access(opt4__policy *p, uint32_t id) {
+static inline int fifo_access(opt4__policy *p, uint32_t id) {
   fifo_state *s = p->state;
   if (s->resident[id]) return 1;
   uint64_t at;
@@ -45,4 +45,7 @@ static int fifo_access(opt4__policy *p, uint32_t id) {
   return 0;
 }
 
-const opt4__policy_ops opt4__policy_fifo = {"fifo", fifo_init, fifo_access, fifo_destroy};
+OPT4__POLICY_RUN(fifo)
+
+const opt4__policy_ops opt4__policy_fifo = {"fifo", fifo_init, NULL, fifo_run,
+                                             fifo_destroy};

@@ -51,7 +51,7 @@ static inline void push_front(lru_state *s, uint32_t id) {
   s->head = id;
 }
 
-static int lru_access(opt4__policy *p, uint32_t id) {
+static inline int lru_access(opt4__policy *p, uint32_t id) {
   lru_state *s = p->state;
   if (s->resident[id]) {
     if (s->head != id) {
@@ -72,4 +72,7 @@ static int lru_access(opt4__policy *p, uint32_t id) {
   return 0;
 }
 
-const opt4__policy_ops opt4__policy_lru = {"lru", lru_init, lru_access, lru_destroy};
+OPT4__POLICY_RUN(lru)
+
+const opt4__policy_ops opt4__policy_lru = {"lru", lru_init, NULL, lru_run,
+                                             lru_destroy};

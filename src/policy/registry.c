@@ -5,11 +5,18 @@
 #include <string.h>
 
 static const opt4__policy_ops *const registry[] = {
-    &opt4__policy_lru,
-    &opt4__policy_fifo,
+    &opt4__policy_lru,   &opt4__policy_fifo,   &opt4__policy_lfu,
+    &opt4__policy_random, &opt4__policy_clock, &opt4__policy_sieve,
+    &opt4__policy_s3fifo, &opt4__policy_arc,   &opt4__policy_static,
+    &opt4__policy_freq,
 };
 
-static const char *const names[] = {"opt", "opt-nobypass", "lru", "fifo", NULL};
+/* The public list, in a stable order: the planner's two first, then the
+ * registry's. */
+static const char *const names[] = {"opt",   "opt-nobypass", "lru",    "fifo",
+                                    "lfu",   "random",       "clock",  "sieve",
+                                    "s3fifo", "arc",         "static", "freq",
+                                    NULL};
 
 const char *const *opt4_policy_names(void) { return names; }
 
@@ -31,7 +38,10 @@ int opt4__policy_open(const char *name, uint64_t capacity, uint64_t items,
   opt4__policy *p = opt4__calloc(1, sizeof *p);
   if (p == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a policy");
   p->ops = ops;
-  p->capacity = capacity;
+  /* A cache that holds every id never evicts, whatever its policy, so any
+   * larger capacity behaves the same as items; clamping keeps every size and
+   * sum below 2^33. */
+  p->capacity = capacity < items ? capacity : items;
   p->items = items;
   p->seed = seed;
   int rc = ops->init(p);

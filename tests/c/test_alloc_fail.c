@@ -63,16 +63,14 @@ static int do_save(void) {
   return rc;
 }
 
-static int do_sim_lru(void) {
-  opt4_seq s = {seq, OPT4_U32, 3000, 100};
-  opt4_sim_result r;
-  return opt4_simulate("lru", &s, 10, 0, &r);
-}
+/* Every policy, each allocation failing in turn (freq's prepare step
+ * included). */
+static const char *sim_policy;
 
-static int do_sim_fifo(void) {
+static int do_sim(void) {
   opt4_seq s = {seq, OPT4_U32, 3000, 100};
   opt4_sim_result r;
-  return opt4_simulate("fifo", &s, 10, 0, &r);
+  return opt4_simulate(sim_policy, &s, 10, 0, &r);
 }
 
 static int do_fingerprint(void) {
@@ -123,8 +121,12 @@ int main(void) {
   }
   run_scenario("build", do_build);
   run_scenario("open", do_open);
-  run_scenario("sim_lru", do_sim_lru);
-  run_scenario("sim_fifo", do_sim_fifo);
+  for (const char *const *p = opt4_policy_names(); *p != NULL; p++) {
+    char name[64];
+    snprintf(name, sizeof name, "sim_%s", *p);
+    sim_policy = *p;
+    run_scenario(name, do_sim);
+  }
   run_scenario("fingerprint", do_fingerprint);
   run_scenario("save", do_save);
   unlink(path);

@@ -272,7 +272,15 @@ STYLE = {
     "random": dict(color="#9467bd", marker="D", label="Random"),
     "static-first": dict(color="#7f7f7f", marker="x", label="static first-C"),
     "static-top": dict(color="#8c564b", marker="P", label="static top-C by popularity"),
+    # Modern online policies, for context (simulated only; no closed forms here).
+    "lfu": dict(color="#17becf", marker="<", label="LFU"),
+    "sieve": dict(color="#bcbd22", marker=">", label="SIEVE"),
+    "s3fifo": dict(color="#e377c2", marker="h", label="S3-FIFO"),
+    "arc": dict(color="#393b79", marker="*", label="ARC"),
 }
+
+#: Online policies shown beside the ones with closed forms, for context.
+MODERN: tuple[str, ...] = ("lfu", "sieve", "s3fifo", "arc")
 
 
 def _plt() -> Any:
@@ -443,7 +451,7 @@ def fig_epoch_shuffle(report: Report) -> None:
     seed = report.seed_for(3)
     seq = epoch_shuffle(n, epochs, seed=seed)
     fractions = [0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
-    pols = ["opt", "opt-nobypass", "static-first", "lru", "fifo", "random"]
+    pols = ["opt", "opt-nobypass", "static-first", "lru", "fifo", "random", *MODERN]
     rows = []
     sim: dict[str, list[float]] = {p: [] for p in pols}
     later = n * (epochs - 1)
@@ -539,7 +547,7 @@ def fig_zipf(report: Report) -> None:
     start, stop = t_total // 4, 3 * t_total // 4
     alphas = [0.6, 0.8, 1.0, 1.2]
     fractions = [0.01, 0.03, 0.1, 0.2, 0.3, 0.5]
-    pols = ["opt", "lru", "fifo", "static-top"]
+    pols = ["opt", "lru", "fifo", "static-top", *MODERN]
     rows = []
     fig, axes = plt.subplots(1, 4, figsize=(15, 4.0), sharey=True)
     for ai, (alpha, ax) in enumerate(zip(alphas, axes)):

@@ -497,3 +497,15 @@ def test_science_quick_run_agrees(tmp_path) -> None:
         assert (tmp_path / f"{name}.png").stat().st_size > 10_000
         assert (tmp_path / f"{name}.csv").exists()
     assert "0 outside tolerance" in (tmp_path / "tables.md").read_text()
+
+
+@given(st.lists(st.integers(0, 40), max_size=400), st.integers(1, 45))
+def test_science_static_caches_equal_the_simulator(seq: list[int], capacity: int) -> None:
+    """The figures' directly computed static caches are the simulator's
+    `static` (first C distinct, never evict) and `freq` (C most accessed)."""
+    from opt4torch import science
+
+    if not seq:
+        return
+    assert science.static_first_hits(seq, capacity) == opt4torch.simulate("static", seq, capacity, items=41)["hits"]
+    assert science.static_top_hits(seq, capacity) == opt4torch.simulate("freq", seq, capacity, items=41)["hits"]

@@ -66,6 +66,7 @@ test-python: install
 bench: install
 	$(PY) bench/plan_speed.py
 	$(PY) bench/capture_speed.py
+	$(PY) bench/sim_speed.py
 	CMAKE=$(abspath $(VENV)/bin/cmake) $(PY) bench/lookup.py
 	$(PY) bench/compat_modes.py
 

@@ -34,7 +34,7 @@ for target in build/fuzz/fuzz_*; do
   cp tests/fuzz/corpus/"$name"/* "$work"/
   echo "fuzz: $name for ${seconds}s"
   "$target" "$work" -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=2048 \
-    -print_final_stats=1 2> "build/fuzz/$name.log" \
-    || { tail -50 "build/fuzz/$name.log"; echo "fuzz: $name FAILED (see build/fuzz/$name.log)"; exit 1; }
+    -artifact_prefix=build/fuzz/ -print_final_stats=1 2> "build/fuzz/$name.log" \
+    || { tail -50 "build/fuzz/$name.log"; echo "fuzz: $name FAILED (see build/fuzz/$name.log; the input is build/fuzz/crash-*)"; exit 1; }
   grep -E "stat::number_of_executed_units|stat::new_units_added" "build/fuzz/$name.log" | sed 's/^/  /'
 done

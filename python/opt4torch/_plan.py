@@ -261,19 +261,22 @@ class Plan:
         return np.frombuffer(self._h.victims(), dtype=np.int64)
 
     def slots_at(self, t: int) -> npt.NDArray[np.int64]:
-        """What each slot holds just before position ``t`` (-1: never written)."""
+        """What each slot (page, for a sized plan) holds just before position
+        ``t``: the id last written there (-1: never written). In a sized plan
+        an evicted item's pages keep its id until another item takes them; the
+        live set is :meth:`resident_at`."""
         return np.frombuffer(self._h.slots_at(int(t)), dtype=np.int64)
 
     def resident_at(self, t: int) -> npt.NDArray[np.int64]:
-        """The ids in the cache just before position ``t`` that are used again
-        at or after ``t`` (the live resident set), sorted."""
-        held = self.slots_at(t)
-        held = held[held >= 0]
-        if held.size == 0:
-            return held
-        future = np.zeros(self.items, dtype=bool)
-        future[self.seq[int(t):]] = True
-        return np.sort(held[future[held]])
+        """The live resident set just before position ``t``, sorted: the ids
+        stored before ``t`` that the plan reads from the cache again, which are
+        exactly the ids whose next access at or after ``t`` is a HIT. This is
+        what resuming at ``t`` warms a fresh pool with."""
+        t = int(t)
+        if not 0 <= t <= self.accesses:
+            raise InvalidInputError(f"position {t} is outside [0, {self.accesses}]")
+        ids, first = np.unique(self.seq[t:], return_index=True)
+        return ids[self.kinds[t + first] == HIT].astype(np.int64)
 
     # ---- derived plans and files ----
     def with_capacity(self, capacity: int, bypass: bool = True, *, progress: bool | None = None) -> Plan:

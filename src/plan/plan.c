@@ -219,7 +219,10 @@ static void replay_slots(const opt4_plan *plan, uint64_t t, int64_t *slots,
   }
 }
 
-static uint64_t slots_used(const opt4_plan *plan) { return opt4__slot_count(&plan->info); }
+/* The slots (pages, for a sized plan) the plan's decisions use: info.slots,
+ * which the build and the loader both set (for a sized plan, the highest page
+ * used plus one, which may be fewer than min(capacity, items, accesses)). */
+static uint64_t slots_used(const opt4_plan *plan) { return plan->info.slots; }
 
 static int cmp_u32(const void *a, const void *b) {
   uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;

@@ -464,8 +464,30 @@ static void test_sized_golden(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* A sized plan whose trace uses fewer pages than min(capacity, items,
+ * accesses): ids that never appear, in a roomy pool. slots_at takes
+ * info.slots entries (found by fuzzing: it used to demand the item-plan
+ * count). */
+static void test_sized_unused_items(void) {
+  const uint32_t seq[] = {0, 1, 0, 1, 0, 1};
+  uint64_t sizes[10];
+  for (int i = 0; i < 10; i++) sizes[i] = 100;
+  opt4_plan *p = build_sized(seq, 6, 10, sizes, 100 * 128, 128, 0);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(p, &in));
+  ASSERT_U64_EQ(in.slots, 2);
+  ASSERT_U64_EQ(in.hits, 4);
+  int64_t slots[2];
+  ASSERT_OK(opt4_plan_slots_at(p, 3, slots, 2));
+  ASSERT(slots[0] == 0 && slots[1] == 1);
+  ASSERT_ERR(opt4_plan_slots_at(p, 3, slots, 1), OPT4_EINVAL);
+  opt4_plan_close(p);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 int main(void) {
   RUN(test_textbook);
+  RUN(test_sized_unused_items);
   RUN(test_sized_equal_sizes_is_belady);
   RUN(test_sized_golden);
   RUN(test_bypass_golden);

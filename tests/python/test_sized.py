@@ -101,3 +101,57 @@ def test_dataloader_sizes_too_small_are_loaded_not_cached() -> None:
         finally:
             loader.cache.close()
     assert all(not p["name"].startswith(loader.cache.name) for p in _engine.pool_list())
+
+
+@given(sized_cases(), st.booleans())
+def test_live_residents_are_intact_in_their_pages(case: tuple, bypass: bool) -> None:
+    """Just before each position, every live resident's generation still holds
+    all its pages (slots_at is the pool's physical contents), no two share a
+    page, and together they fit the pool. Ids the trace never uses take no
+    pages (the fuzzer found slots_at refusing such plans)."""
+    seq, items, sizes, capacity_bytes, page = case
+    p = opt4torch.plan(seq, items=items, capacity_bytes=capacity_bytes, item_sizes=sizes, page_size=page,
+                       bypass=bypass)
+    kinds, ops = p.kinds, p.ops
+    gen_of: dict[int, int] = {}
+    for t, x in enumerate(seq):
+        live = p.resident_at(t)
+        assert (x in live) == (kinds[t] == opt4torch.HIT)
+        held = p.slots_at(t)
+        taken: set[int] = set()
+        for y in live.tolist():
+            pages = p.gen_pages(gen_of[y]).tolist()
+            assert all(held[q] == y for q in pages), (t, y)
+            assert taken.isdisjoint(pages)
+            taken.update(pages)
+        assert len(taken) <= p.capacity
+        if kinds[t] == opt4torch.ADMIT:
+            gen_of[x] = int(ops[t] & 0x3FFFFFFF)
+    assert p.slots_at(len(seq)).size == (max((max(p.gen_pages(g)) for g in range(p.generations)), default=-1) + 1)
+
+
+@given(st.lists(st.integers(0, 19), max_size=300), st.integers(1, 12), st.booleans())
+def test_item_plan_live_residents_are_in_their_slots(seq: list[int], capacity: int, bypass: bool) -> None:
+    p = opt4torch.plan(seq, capacity, bypass, items=20)
+    kinds = p.kinds.tolist()
+    for t in range(len(seq) + 1):
+        held = p.slots_at(t).tolist()
+        next_is_hit: dict[int, bool] = {}
+        for u in range(len(seq) - 1, t - 1, -1):
+            next_is_hit[seq[u]] = kinds[u] == opt4torch.HIT
+        want = sorted(y for y, hit in next_is_hit.items() if hit)
+        assert p.resident_at(t).tolist() == want
+        assert set(want) <= set(held) and len(held) <= capacity  # each is in its slot
+        if t < len(seq) and kinds[t] == opt4torch.HIT:
+            assert held[int(p.slots[t])] == seq[t]
+
+
+def test_unused_items_take_no_pages() -> None:
+    p = opt4torch.plan([0, 1, 0, 1, 0, 1], items=10, capacity_bytes=100 * 4096, item_sizes=[4096] * 10,
+                       page_size=4096)
+    assert p.hits == 4
+    assert p.slots_at(3).tolist() == [0, 1]
+    assert p.resident_at(3).tolist() == [0, 1]
+    assert p.resident_at(6).tolist() == []
+    with pytest.raises(opt4torch.InvalidInputError, match="outside"):
+        p.resident_at(7)

@@ -58,22 +58,6 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def write_oracle_trace(seq: np.ndarray, path: str) -> None:
-    """libCacheSim's oracleGeneral format: per request uint32 time, uint64 id,
-    uint32 size, int64 next access (-1: never)."""
-    T = seq.size
-    order = np.argsort(seq, kind="stable")
-    s = seq[order]
-    same = np.r_[s[1:] == s[:-1], False]
-    nxt = np.full(T, -1, np.int64)
-    nxt[order] = np.where(same, np.r_[order[1:], 0], -1)
-    rec = np.zeros(T, dtype=np.dtype([("ts", "<u4"), ("id", "<u8"), ("sz", "<u4"), ("nx", "<i8")]))
-    rec["ts"] = np.arange(T) + 1
-    rec["id"] = seq
-    rec["sz"] = 1
-    rec["nx"] = nxt
-    rec.tofile(path)
-
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     """One method on one trace, in this (child) process."""
@@ -111,9 +95,11 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     elif args.worker == "libcachesim":
         import libcachesim as lcs
 
+        from opt4torch.traces import save_oracle_general
+
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "trace.oracleGeneral")
-            write_oracle_trace(seq, path)
+            save_oracle_general(path, seq)
             base_rss = rss_mb()
             for _ in range(args.repeats):
                 reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)

@@ -74,22 +74,6 @@ def make_trace(kind: str, items: int, accesses: int, seed: int = 0) -> np.ndarra
     return traces.uniform(items, accesses, seed=seed)
 
 
-def write_oracle_trace(seq: np.ndarray, path: str) -> None:
-    """libCacheSim's oracleGeneral format: per request <u4 time, <u8 id,
-    <u4 size, <i8 next access time (-1: never); 24 bytes, packed."""
-    T = seq.size
-    order = np.argsort(seq, kind="stable")
-    s = seq[order]
-    same = np.r_[s[1:] == s[:-1], False]
-    nxt = np.full(T, -1, np.int64)
-    nxt[order] = np.where(same, np.r_[order[1:], 0] + 1, -1)
-    rec = np.zeros(T, dtype=np.dtype([("t", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")]))
-    rec["t"] = np.arange(T) + 1
-    rec["id"] = seq + 1
-    rec["size"] = 1
-    rec["next"] = nxt
-    rec.tofile(path)
-
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     """One policy of one library on one trace, in this (child) process."""
@@ -185,12 +169,14 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     mismatches = []
     started = time.perf_counter()
+    from opt4torch.traces import save_oracle_general
+
     with tempfile.TemporaryDirectory() as tmp:
         for kind in kinds:
             seq = make_trace(kind, items, accesses)
             paths = {"npy": os.path.join(tmp, f"{kind}.npy"), "oracle": os.path.join(tmp, f"{kind}.oracleGeneral")}
             np.save(paths["npy"], seq)
-            write_oracle_trace(seq, paths["oracle"])
+            save_oracle_general(paths["oracle"], seq)
             del seq
             results[kind] = {}
             for ours, theirs, same in PAIRS:

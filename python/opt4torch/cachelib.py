@@ -189,6 +189,19 @@ class _Follower:
             return True
         return False
 
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorate ``fn(..., index)``: the last positional argument is the
+        dataset index; ``wrapped.cache`` is this object."""
+        @functools.wraps(fn)
+        def cached(*args: Any, **kwargs: Any) -> Any:
+            return self._access(lambda: fn(*args, **kwargs), int(args[-1]))
+
+        cached.cache = self  # type: ignore[attr-defined]
+        return cached
+
+    def _access(self, load: Callable[[], Any], index: int) -> Any:
+        raise NotImplementedError
+
     def _lru_size(self) -> int:
         return self.maxsize
 
@@ -244,14 +257,6 @@ class OPTCacheDecorator(_Follower):
         self._seq = seq.tolist()
         self._store: dict[int, Any] = {}
         self._pid = os.getpid()
-
-    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def cached(*args: Any, **kwargs: Any) -> Any:
-            return self._access(lambda: fn(*args, **kwargs), int(args[-1]))
-
-        cached.cache = self  # type: ignore[attr-defined]
-        return cached
 
     def _access(self, load: Callable[[], Any], index: int) -> Any:
         with self._lock:
@@ -373,14 +378,6 @@ class SharedOPTCacheDecorator(_Follower):
         pool = _engine.pool_attach(name)
         self._local.pool = pool
         return pool
-
-    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def cached(*args: Any, **kwargs: Any) -> Any:
-            return self._access(lambda: fn(*args, **kwargs), int(args[-1]))
-
-        cached.cache = self  # type: ignore[attr-defined]
-        return cached
 
     def _access(self, load: Callable[[], Any], index: int) -> Any:
         with self._lock:

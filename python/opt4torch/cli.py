@@ -307,28 +307,13 @@ def _sweep_plan(args: argparse.Namespace) -> list[tuple[str, str, Any, dict[str,
 
 def _rows_for(seq: np.ndarray, items: int, label: tuple[str, str, Any], policies: Sequence[str],
               capacities: Sequence[int], seed: int, workers: int | None, bar: Any) -> list[dict[str, Any]]:
-    from ._plan import as_sequence
-    from .sim import SimJob, simulate_many
+    from .sim import sweep
 
-    arr, items = as_sequence(seq, items)
-    jobs = [SimJob(p, arr, items, c, seed) for p in policies for c in capacities]
-    results = simulate_many(jobs, workers=workers, on_done=lambda _job: bar.update(1))
+    rows = sweep(seq, policies, capacities, items=items, seed=seed, workers=workers,
+                 on_done=lambda _job: bar.update(1))
     pattern, param, value = label
-    rows = []
-    for job, r in zip(jobs, results):
-        rows.append({
-            "policy": job.policy,
-            "capacity": job.capacity,
-            "accesses": r["accesses"],
-            "hits": r["hits"],
-            "misses": r["misses"],
-            "hit_rate": r["hits"] / r["accesses"] if r["accesses"] else 0.0,
-            "pattern": pattern,
-            "param": param,
-            "value": value,
-            "items": items,
-            "seed": seed,
-        })
+    for row in rows:
+        row.update(pattern=pattern, param=param, value=value, items=items, seed=seed)
     return rows
 
 

@@ -97,11 +97,13 @@ def simulate_many(jobs: Sequence[SimJob], *, workers: int | None = None,
 
 
 def sweep(seq: Any, policies: Sequence[str], capacities: Sequence[int], *, items: int | None = None,
-          seed: int = 0, workers: int | None = None) -> list[dict[str, Any]]:
+          seed: int = 0, workers: int | None = None,
+          on_done: Callable[[SimJob], None] | None = None) -> list[dict[str, Any]]:
     """Every policy at every capacity over one sequence, on all cores.
 
     Rows (policy-major, then capacity in the order given) hold ``policy``,
     ``capacity``, ``accesses``, ``hits``, ``misses`` and ``hit_rate``.
+    ``on_done(job)`` is called as each replay finishes (a progress bar).
     """
     arr, items = as_sequence(seq, items)
     unknown = [p for p in policies if p not in POLICIES]
@@ -109,7 +111,7 @@ def sweep(seq: Any, policies: Sequence[str], capacities: Sequence[int], *, items
         raise ValueError(f"unknown policy {', '.join(unknown)}; known: {', '.join(POLICIES)}")
     jobs = [SimJob(p, arr, items, int(c), seed) for p in policies for c in capacities]
     rows = []
-    for job, r in zip(jobs, simulate_many(jobs, workers=workers)):
+    for job, r in zip(jobs, simulate_many(jobs, workers=workers, on_done=on_done)):
         rows.append({
             "policy": job.policy,
             "capacity": job.capacity,

@@ -2,7 +2,8 @@
 
 On disk a trace is either a text file with one id per line (blank lines and
 ``#`` comments allowed) or a ``.npy`` file holding a 1-D integer array. Both
-load into an int64 numpy array.
+load into an int64 numpy array. :func:`save_oracle_general` also exports a
+trace in libCacheSim's binary oracleGeneral format, to replay it there.
 
 The generators model the access patterns of training loops. Each returns an
 int64 array of ids in ``[0, items)`` and is a pure function of its arguments
@@ -44,6 +45,7 @@ __all__ = [
     "load_trace",
     "markov",
     "repeated_augmentation",
+    "save_oracle_general",
     "save_trace",
     "uniform",
     "weighted",
@@ -86,6 +88,35 @@ def save_trace(path: str | os.PathLike[str], seq: Any) -> None:
         np.save(path, arr, allow_pickle=False)
     else:
         np.savetxt(path, arr, fmt="%d")
+
+
+def save_oracle_general(path: str | os.PathLike[str], seq: Any) -> None:
+    """Write a trace in libCacheSim's oracleGeneral binary format, so that
+    libCacheSim (and its PyPI package) can replay it, Belady included.
+
+    Each request is 24 packed little-endian bytes: ``u4`` time (1, 2, ...),
+    ``u8`` object id (our id + 1, as libCacheSim's own traces count from 1),
+    ``u4`` size (1) and ``i8`` the time of the id's next request (-1: never).
+    """
+    seq = np.asarray(seq, dtype=np.int64)
+    if seq.ndim != 1:
+        raise InvalidInputError(f"a trace is one-dimensional, got shape {seq.shape}")
+    if seq.size and int(seq.min()) < 0:
+        raise InvalidInputError("trace ids must be non-negative")
+    if seq.size >= 2**32:
+        raise InvalidInputError("oracleGeneral holds at most 2**32 - 1 requests (its times are 32-bit)")
+    T = seq.size
+    order = np.argsort(seq, kind="stable")
+    s = seq[order]
+    same = np.r_[s[1:] == s[:-1], False]
+    nxt = np.full(T, -1, np.int64)
+    nxt[order] = np.where(same, np.r_[order[1:], 0] + 1, -1)
+    rec = np.zeros(T, dtype=np.dtype([("t", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")]))
+    rec["t"] = np.arange(T) + 1
+    rec["id"] = seq + 1
+    rec["size"] = 1
+    rec["next"] = nxt
+    rec.tofile(os.fspath(path))
 
 
 def _check(name: str, value: int, low: int = 1) -> int:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import opt4torch
 from opt4torch import reference
+from opt4torch.traces import save_oracle_general
 
 #: Policies whose rule is the same as libcachesim's (docs/policies.md), so the
 #: hit counts must be equal. libcachesim's Belady never bypasses: it is our
@@ -73,24 +74,6 @@ def test_longer_traces_equal_reference() -> None:
 # ---- libcachesim ----
 
 
-def write_oracle_general(seq: np.ndarray, path: str) -> None:
-    """libCacheSim's oracleGeneral binary trace: per request <u4 time, <u8
-    id, <u4 size, <i8 next access time (-1: never); 24 bytes, packed."""
-    seq = np.asarray(seq, dtype=np.int64)
-    T = seq.size
-    order = np.argsort(seq, kind="stable")
-    s = seq[order]
-    same = np.r_[s[1:] == s[:-1], False]
-    nxt = np.full(T, -1, np.int64)
-    nxt[order] = np.where(same, np.r_[order[1:], 0] + 1, -1)
-    rec = np.zeros(T, dtype=np.dtype([("t", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")]))
-    rec["t"] = np.arange(T) + 1
-    rec["id"] = seq + 1  # ids from 1, as in libCacheSim's own traces
-    rec["size"] = 1
-    rec["next"] = nxt
-    rec.tofile(path)
-
-
 def libcachesim_hits(name: str, path: str, capacity: int, accesses: int) -> int:
     lcs = pytest.importorskip("libcachesim")
     reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
@@ -104,7 +87,7 @@ def libcachesim_hits(name: str, path: str, capacity: int, accesses: int) -> int:
 def test_libcachesim_agrees(tmp_path_factory: pytest.TempPathFactory, trace: tuple[list[int], int, int]) -> None:
     seq, items, capacity = trace
     path = str(tmp_path_factory.mktemp("lcs") / "trace.bin")
-    write_oracle_general(np.array(seq), path)
+    save_oracle_general(path, np.array(seq))
     for ours, theirs in LIBCACHESIM_SAME.items():
         got = opt4torch.simulate(ours, seq, capacity, items=items)["hits"]
         assert got == libcachesim_hits(theirs, path, capacity, len(seq)), (ours, capacity)
@@ -116,7 +99,7 @@ def test_libcachesim_agrees_on_long_traces(tmp_path) -> None:
         (opt4torch.traces.zipf(5_000, 100_000, alpha=0.8, seed=5), 5_000),
         (opt4torch.traces.epoch_shuffle(4_000, 5, seed=6), 4_000),
     ):
-        write_oracle_general(seq, path)
+        save_oracle_general(path, seq)
         for capacity in (50, 500, 2_000):
             for ours, theirs in LIBCACHESIM_SAME.items():
                 got = opt4torch.simulate(ours, seq, capacity, items=items)["hits"]
@@ -124,9 +107,9 @@ def test_libcachesim_agrees_on_long_traces(tmp_path) -> None:
 
 
 def test_oracle_general_layout(tmp_path) -> None:
-    """The writer above, checked against the format by hand."""
+    """traces.save_oracle_general, checked against the format by hand."""
     path = tmp_path / "t.bin"
-    write_oracle_general(np.array([5, 7, 5]), str(path))
+    save_oracle_general(str(path), np.array([5, 7, 5]))
     raw = path.read_bytes()
     assert len(raw) == 3 * 24
     first = np.frombuffer(raw[:24], dtype=np.dtype([("t", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")]))

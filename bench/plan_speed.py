@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -34,6 +33,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _machine import machine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -113,34 +113,6 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     out["median_s"] = statistics.median(times)
     out["peak_rss_over_base_mb"] = max(0.0, peak_rss_mb() - base_rss)
     return out
-
-
-def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cores": os.cpu_count(),
-    }
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-        with open("/proc/meminfo") as f:
-            info["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
-    except (OSError, StopIteration):
-        pass
-    import numpy
-
-    import opt4torch
-
-    info["numpy"] = numpy.__version__
-    info["opt4torch"] = opt4torch.__version__
-    try:
-        from importlib.metadata import version
-
-        info["libcachesim"] = version("libcachesim")
-    except Exception:  # noqa: BLE001 - optional
-        pass
-    return info
 
 
 def main() -> None:

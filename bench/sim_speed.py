@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _machine import machine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -114,30 +114,6 @@ def child(method: str, policy: str, paths: dict[str, str], items: int, accesses:
         raise RuntimeError(f"{method} {policy} failed:\n{done.stderr}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
-
-
-def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cores": os.cpu_count(),
-        "load_average_at_start": os.getloadavg(),
-    }
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-        with open("/proc/meminfo") as f:
-            info["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
-    except (OSError, StopIteration):
-        pass
-    from importlib.metadata import version
-
-    for pkg in ("numpy", "opt4torchdataset", "libcachesim"):
-        try:
-            info[pkg] = version(pkg)
-        except Exception:  # noqa: BLE001 - informative only
-            pass
-    return info
 
 
 def main() -> None:

@@ -107,56 +107,36 @@ int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta, uint
   gen_rec *gr = (gen_rec *)(void *)(meta + mh->gens_off);
   list_ent *le = (list_ent *)(void *)(meta + mh->list_off);
   memcpy(seq, plan->seq, in->accesses * 4);
-  if (in->flags & OPT4_PLAN_SIZED) {
-    /* The plan already numbers generations and lists their pages; the slot
-     * map tracks each page's owner. */
-    for (uint64_t t = 0; t < in->accesses; t++) {
-      uint32_t op = plan->ops[t], kind = OPT4_OP_KIND(op), g = OPT4_OP_SLOT(op);
-      if (kind == OPT4_OP_BYPASS) {
-        rt[t] = OPT4_OP_BYPASS << 30;
-      } else if (kind == OPT4_OP_HIT) {
-        rt[t] = (OPT4_OP_HIT << 30) | g;
-        gr[g].reads++;
-        gr[g].last_read = (uint32_t)t;
-      } else {
-        gr[g].admit = (uint32_t)t;
-        gr[g].reads = 0;
-        gr[g].last_read = (uint32_t)t;
-        gr[g].npages = (uint32_t)(plan->gen_off[g + 1] - plan->gen_off[g]);
-        gr[g].list_off = plan->gen_off[g];
-        for (uint64_t i = plan->gen_off[g]; i < plan->gen_off[g + 1]; i++) {
-          le[i].page = plan->pages[i];
-          le[i].prev_gen = slot_gen[plan->pages[i]];
-          slot_gen[plan->pages[i]] = g;
-        }
-        rt[t] = (OPT4_OP_ADMIT << 30) | g;
-      }
-    }
-    opt4__free(slot_gen, (size_t)(slots ? slots : 1) * sizeof(uint32_t));
-    memcpy(mh->magic, META_MAGIC, 8);
-    return 0;
-  }
-  uint32_t g = 0;
+  /* A sized plan already numbers its generations (an op's low bits) and
+   * lists their pages; an item plan's op names a slot, its ADMITs are the
+   * generations in order, each of one page, and a HIT reads the generation
+   * in its slot. Either way, the slot map tracks each page's owner. */
+  const int sized = (in->flags & OPT4_PLAN_SIZED) != 0;
+  uint32_t next_gen = 0;
   for (uint64_t t = 0; t < in->accesses; t++) {
-    uint32_t op = plan->ops[t], kind = OPT4_OP_KIND(op), s = OPT4_OP_SLOT(op);
+    uint32_t op = plan->ops[t], kind = OPT4_OP_KIND(op), bits = OPT4_OP_SLOT(op);
     if (kind == OPT4_OP_BYPASS) {
       rt[t] = OPT4_OP_BYPASS << 30;
     } else if (kind == OPT4_OP_HIT) {
-      uint32_t hg = slot_gen[s];
-      rt[t] = (OPT4_OP_HIT << 30) | hg;
-      gr[hg].reads++;
-      gr[hg].last_read = (uint32_t)t;
+      uint32_t g = sized ? bits : slot_gen[bits];
+      rt[t] = (OPT4_OP_HIT << 30) | g;
+      gr[g].reads++;
+      gr[g].last_read = (uint32_t)t;
     } else {
+      uint32_t g = sized ? bits : next_gen++;
+      uint64_t off = sized ? plan->gen_off[g] : g, n = sized ? plan->gen_off[g + 1] - off : 1;
       gr[g].admit = (uint32_t)t;
       gr[g].reads = 0;
       gr[g].last_read = (uint32_t)t;
-      gr[g].npages = 1;
-      gr[g].list_off = g;
-      le[g].page = s;
-      le[g].prev_gen = slot_gen[s];
-      slot_gen[s] = g;
+      gr[g].npages = (uint32_t)n;
+      gr[g].list_off = off;
+      for (uint64_t i = 0; i < n; i++) {
+        uint32_t page = sized ? plan->pages[off + i] : bits;
+        le[off + i].page = page;
+        le[off + i].prev_gen = slot_gen[page];
+        slot_gen[page] = g;
+      }
       rt[t] = (OPT4_OP_ADMIT << 30) | g;
-      g++;
     }
   }
   opt4__free(slot_gen, (size_t)(slots ? slots : 1) * sizeof(uint32_t));

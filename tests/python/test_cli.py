@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -145,3 +146,8 @@ def test_demo_runs(tmp_path) -> None:
     assert r.returncode == 0, r.stderr
     assert "OPT" in r.stdout and "LRU" in r.stdout
     assert opt4torch.load_plan(tmp_path / "out" / "demo-shuffle.opt4").accesses == 6000
+    # The DataLoader part: the hits observed with worker processes are the plan's.
+    observed = re.search(r"hits observed\s+([\d,]+)", r.stdout)
+    promised = re.search(r"hits the plan promised\s+([\d,]+)\s+fallbacks 0, timeouts 0", r.stdout)
+    assert observed and promised, r.stdout
+    assert observed.group(1) == promised.group(1) != "0"

@@ -174,3 +174,14 @@ def test_captured_sampler() -> None:
     seq = traces.captured(sampler, 3, progress=False)
     again = RandomSampler(range(50), generator=torch.Generator().manual_seed(1))
     assert seq.tolist() == [i for _ in range(3) for i in again]
+
+
+def test_save_oracle_general_refuses_what_it_cannot_write(tmp_path) -> None:
+    path = tmp_path / "t.bin"
+    with pytest.raises(InvalidInputError, match="non-negative"):
+        traces.save_oracle_general(path, [3, -1])
+    with pytest.raises(InvalidInputError, match="one-dimensional"):
+        traces.save_oracle_general(path, [[1, 2], [3, 4]])
+    assert not path.exists()
+    traces.save_oracle_general(path, [])
+    assert path.read_bytes() == b""

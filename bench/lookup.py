@@ -6,9 +6,10 @@ in memory.
    with 16-byte items (the path's own overhead) and 4 KiB items, beside a
    bare memcpy of the same size.
 2. The Python batch path: CachedDataset.__getitems__ on batches of 256
-   positions that all HIT, 4 KiB bytes items (C read of the batch into one
-   bytearray, then decoding each record into a bytes object), per item; and
-   the binding's read_batch alone.
+   positions that all HIT, per item, for 4 KiB items of three kinds: bytes,
+   (bytes, label) pairs and float32 tensors. Beside it, the binding's
+   read_batch alone (the C read of the batch into one bytearray) and
+   read_batch followed by the Python codec's decode of each record.
 3. Memory: N worker processes attached to one pool, each reading every item,
    against N workers that each keep a private dict of the same items (the
    earlier design's per-worker caches). PSS (proportional set size) splits
@@ -48,19 +49,28 @@ def c_hit_path(build_dir: str) -> dict[str, Any]:
 
 
 class Blobs:
-    """Item i: 4 KiB of bytes that depend on i (a map-style dataset)."""
+    """Item i: a map-style dataset of ``size`` bytes that depend on i, as
+    ``bytes`` (kind "bytes"), as a labelled pair ``(bytes, i)`` ("pair"), or
+    as a float32 tensor ("tensor")."""
 
-    def __init__(self, n: int, size: int) -> None:
-        self.n, self.size = n, size
+    def __init__(self, n: int, size: int, kind: str = "bytes") -> None:
+        self.n, self.size, self.kind = n, size, kind
 
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int) -> bytes:
-        return bytes([i % 251]) * self.size
+    def __getitem__(self, i: int) -> Any:
+        blob = bytes([i % 251]) * self.size
+        if self.kind == "pair":
+            return blob, i
+        if self.kind == "tensor":
+            import torch
+
+            return torch.full((self.size // 4,), float(i))
+        return blob
 
 
-def make_cache(items: int, size: int, accesses: int) -> tuple[Any, Any, Any]:
+def make_cache(items: int, size: int, accesses: int, kind: str = "bytes") -> tuple[Any, Any, Any]:
     import opt4torch
     from opt4torch._codec import encode, encoded_size
     from opt4torch.data import CachedDataset, OPTCache
@@ -68,7 +78,7 @@ def make_cache(items: int, size: int, accesses: int) -> tuple[Any, Any, Any]:
     rng = np.random.default_rng(0)
     seq = np.concatenate([np.arange(items), rng.integers(0, items, accesses - items)])
     plan = opt4torch.plan(seq, items, items=items)
-    ds = Blobs(items, size)
+    ds = Blobs(items, size, kind)
     page = encoded_size(encode(ds[0]))
     cache = OPTCache(plan, page)
     cached = CachedDataset(ds, cache.name, plan.accesses, items)
@@ -76,25 +86,42 @@ def make_cache(items: int, size: int, accesses: int) -> tuple[Any, Any, Any]:
     return cache, cached, plan
 
 
+KINDS = ("bytes", "pair", "tensor")
+
+
 def python_batch_path(items: int, size: int, batch: int = 256, repeats: int = 7) -> dict[str, Any]:
-    cache, cached, plan = make_cache(items, size, items + batch * 200)
-    pool = cached._pool()
-    batches = [list(range(s, s + batch)) for s in range(items, plan.accesses, batch)]
-    getitems, raw = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for b in batches:
-            cached.__getitems__(b)
-        getitems.append((time.perf_counter() - t0) / (len(batches) * batch) * 1e9)
-        t0 = time.perf_counter()
-        for b in batches:
-            pool.read_batch(b)
-        raw.append((time.perf_counter() - t0) / (len(batches) * batch) * 1e9)
-    st = cache.stats()
-    cache.close()
-    assert st["fallbacks"] == 0
-    return {"batch": batch, "item_bytes": size, "getitems_ns_per_item": statistics.median(getitems),
-            "read_batch_ns_per_item": statistics.median(raw), "repeats": repeats}
+    """Per item kind, ns per item through __getitems__, through read_batch
+    alone (the C read of the batch into one buffer), and through read_batch
+    plus the Python codec's decode of every record (the batch path before the
+    binding decoded plain values itself), timed side by side."""
+    from opt4torch._codec import decode_at
+
+    out: dict[str, Any] = {"batch": batch, "item_bytes": size, "repeats": repeats}
+    for kind in KINDS:
+        cache, cached, plan = make_cache(items, size, items + batch * 200, kind)
+        pool = cached._pool()
+        batches = [list(range(s, s + batch)) for s in range(items, plan.accesses, batch)]
+        times: dict[str, list[float]] = {"getitems": [], "read_batch": [], "read_batch_codec": []}
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for b in batches:
+                cached.__getitems__(b)
+            times["getitems"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for b in batches:
+                pool.read_batch(b)
+            times["read_batch"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for b in batches:
+                data, entries = pool.read_batch(b)
+                [decode_at(data, e[2], e[3]) for e in entries]
+            times["read_batch_codec"].append(time.perf_counter() - t0)
+        st = cache.stats()
+        cache.close()
+        assert st["fallbacks"] == 0 and st["misses"] == items
+        per = len(batches) * batch
+        out[kind] = {f"{k}_ns_per_item": statistics.median(v) / per * 1e9 for k, v in times.items()}
+    return out
 
 
 def _smaps(pid: int) -> dict[str, int]:
@@ -190,9 +217,12 @@ def main() -> None:
           f"{c['hit_ns_item']:.1f} ns with {c['item_bytes']}-byte items (memcpy {c['memcpy_ns_item']:.1f}): "
           f"{c['hit_ns_item'] - c['memcpy_ns_item']:.1f} ns excluding the copy", file=sys.stderr)
     report["python_batch_path"] = py = python_batch_path(args.items, args.item_bytes)
-    print(f"Python batch path: {py['getitems_ns_per_item']:.0f} ns per {args.item_bytes}-byte item through "
-          f"__getitems__ (batches of {py['batch']}), {py['read_batch_ns_per_item']:.0f} ns through read_batch",
-          file=sys.stderr)
+    for kind in KINDS:
+        k = py[kind]
+        print(f"Python batch path, {kind} items of {args.item_bytes} bytes: {k['getitems_ns_per_item']:.0f} ns "
+              f"per item through __getitems__ (batches of {py['batch']}), {k['read_batch_ns_per_item']:.0f} ns "
+              f"through read_batch, {k['read_batch_codec_ns_per_item']:.0f} ns through read_batch and the "
+              "Python codec", file=sys.stderr)
     report["memory"] = mem = memory(args.workers, args.items, args.item_bytes)
     print(f"Memory, {args.workers} workers each reading {mem['cached_data_mib']:.0f} MiB of cached items: the shared "
           f"pool adds {mem['shared pool']['added_mib']:.0f} MiB in all (pool {mem['pool_mib']:.0f} MiB); private "

@@ -616,7 +616,13 @@ static uint64_t *positions_from(PyObject *seq_obj, Py_ssize_t *n_out) {
   }
   PyObject **items = PySequence_Fast_ITEMS(fast);
   for (Py_ssize_t i = 0; i < n; i++) {
-    pos[i] = PyLong_AsUnsignedLongLong(items[i]);
+    if (PyLong_CheckExact(items[i])) {
+      pos[i] = PyLong_AsUnsignedLongLong(items[i]);
+    } else { /* numpy integers, tensors of one element: anything with __index__ */
+      PyObject *v = PyNumber_Index(items[i]);
+      pos[i] = v == NULL ? (uint64_t)-1 : PyLong_AsUnsignedLongLong(v);
+      Py_XDECREF(v);
+    }
     if (pos[i] == (uint64_t)-1 && PyErr_Occurred()) {
       PyMem_Free(pos);
       Py_DECREF(fast);
@@ -633,89 +639,303 @@ static int cmp_u64(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* read_batch(positions) -> (data: bytearray, entries: list of (status, item, a, b))
- * status: 0 HIT (a = offset in data, b = length), 1 DEFER (a = position to
- * copy from), 2 LOAD (a = reason: 1 ADMIT, 2 BYPASS, 3 FALLBACK). */
-static PyObject *pool_read_batch(PoolObject *self, PyObject *arg) {
-  if (pool_enter(self) < 0) return NULL;
-  PyObject *data = NULL, *entries = NULL;
-  opt4_get_result *res = NULL;
-  uint64_t *offsets = NULL, *sorted = NULL;
+/* One batch of reads, as read_batch and get_batch share it: every position's
+ * result, and the HITs' records copied one after another into data. */
+typedef struct fetched {
+  PyObject *data; /* bytearray of the HITs' records */
+  opt4_get_result *res;
+  uint64_t *offsets; /* of each HIT's record in data */
+  uint64_t *pos;
+  Py_ssize_t n;
+} fetched;
+
+static void fetched_release(fetched *f) {
+  Py_CLEAR(f->data);
+  PyMem_Free(f->res);
+  PyMem_Free(f->offsets);
+  PyMem_Free(f->pos);
+  f->res = NULL;
+  f->offsets = NULL;
+  f->pos = NULL;
+}
+
+static int fetch_batch(PoolObject *self, PyObject *arg, fetched *f) {
+  memset(f, 0, sizeof *f);
+  uint64_t *sorted = NULL;
   Py_ssize_t n = 0;
-  uint64_t *pos = positions_from(arg, &n);
-  if (pos == NULL) goto leave;
-  res = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *res);
-  offsets = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *offsets);
+  f->pos = positions_from(arg, &n);
+  if (f->pos == NULL) return -1;
+  f->n = n;
+  f->res = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *f->res);
+  f->offsets = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *f->offsets);
   sorted = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *sorted);
-  if (res == NULL || offsets == NULL || sorted == NULL) {
+  if (f->res == NULL || f->offsets == NULL || sorted == NULL) {
     PyErr_NoMemory();
-    goto leave;
+    goto fail;
   }
-  memcpy(sorted, pos, (size_t)n * sizeof *pos);
+  memcpy(sorted, f->pos, (size_t)n * sizeof *f->pos);
   qsort(sorted, (size_t)n, sizeof *sorted, cmp_u64);
   uint64_t total = 0;
   for (Py_ssize_t i = 0; i < n; i++) {
     uint64_t space;
-    int rc = opt4_pool_space(self->pool, pos[i], &space);
+    int rc = opt4_pool_space(self->pool, f->pos[i], &space);
     if (rc != 0) {
       raise_code(rc, "read batch");
-      goto leave;
+      goto fail;
     }
     total += space;
   }
-  data = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total);
-  if (data == NULL) goto leave;
-  uint8_t *buf = (uint8_t *)PyByteArray_AS_STRING(data);
+  f->data = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total);
+  if (f->data == NULL) goto fail;
+  uint8_t *buf = (uint8_t *)PyByteArray_AS_STRING(f->data);
   int rc = 0;
   uint64_t used = 0;
   Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
-    rc = opt4_pool_get(self->pool, pos[i], sorted, (size_t)n, buf + used, total - used, &res[i]);
-    offsets[i] = used;
-    if (rc == 0 && res[i].status == OPT4_GET_HIT) used += res[i].len;
+    rc = opt4_pool_get(self->pool, f->pos[i], sorted, (size_t)n, buf + used, total - used, &f->res[i]);
+    f->offsets[i] = used;
+    if (rc == 0 && f->res[i].status == OPT4_GET_HIT) used += f->res[i].len;
   }
   Py_END_ALLOW_THREADS if (rc != 0) {
     raise_code(rc, "read batch");
-    goto leave;
+    goto fail;
   }
-  if (PyByteArray_Resize(data, (Py_ssize_t)used) < 0) goto leave;
-  entries = PyList_New(n);
+  if (PyByteArray_Resize(f->data, (Py_ssize_t)used) < 0) goto fail;
+  PyMem_Free(sorted);
+  return 0;
+fail:
+  PyMem_Free(sorted);
+  fetched_release(f);
+  return -1;
+}
+
+/* The entry of result i: (status, item, a, b) with status 0 HIT (a = offset
+ * in data, b = length), 1 DEFER (a = position to copy from), 2 LOAD (a =
+ * reason: 1 ADMIT, 2 BYPASS, 3 FALLBACK); led by i itself when indexed. */
+static PyObject *entry_of(const fetched *f, Py_ssize_t i, int indexed) {
+  const opt4_get_result *r = &f->res[i];
+  int status;
+  unsigned long long a, b = 0;
+  switch (r->status) {
+  case OPT4_GET_HIT:
+    status = 0;
+    a = f->offsets[i];
+    b = r->len;
+    break;
+  case OPT4_GET_DEFER:
+    status = 1;
+    a = r->defer_to;
+    break;
+  default: /* LOAD; TOO_SMALL cannot happen with space-sized buffers */
+    status = 2;
+    a = r->status == OPT4_GET_LOAD ? r->reason : OPT4_REASON_FALLBACK;
+    break;
+  }
+  if (indexed) return Py_BuildValue("(niIKK)", i, status, r->item, a, b);
+  return Py_BuildValue("(iIKK)", status, r->item, a, b);
+}
+
+/* read_batch(positions) -> (data: bytearray, entries: list of (status, item, a, b)) */
+static PyObject *pool_read_batch(PoolObject *self, PyObject *arg) {
+  if (pool_enter(self) < 0) return NULL;
+  fetched f;
+  PyObject *out = NULL, *entries = NULL;
+  if (fetch_batch(self, arg, &f) < 0) goto leave;
+  entries = PyList_New(f.n);
   if (entries == NULL) goto leave;
-  for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *e;
-    switch (res[i].status) {
-    case OPT4_GET_HIT:
-      e = Py_BuildValue("(iIKK)", 0, res[i].item, (unsigned long long)offsets[i],
-                        (unsigned long long)res[i].len);
-      break;
-    case OPT4_GET_DEFER:
-      e = Py_BuildValue("(iIKK)", 1, res[i].item, (unsigned long long)res[i].defer_to, 0ULL);
-      break;
-    default: /* LOAD; TOO_SMALL cannot happen with space-sized buffers */
-      e = Py_BuildValue("(iIKK)", 2, res[i].item,
-                        (unsigned long long)(res[i].status == OPT4_GET_LOAD ? res[i].reason
-                                                                          : OPT4_REASON_FALLBACK),
-                        0ULL);
-      break;
-    }
-    if (e == NULL) {
-      Py_CLEAR(entries);
-      goto leave;
-    }
+  for (Py_ssize_t i = 0; i < f.n; i++) {
+    PyObject *e = entry_of(&f, i, 0);
+    if (e == NULL) goto leave;
     PyList_SET_ITEM(entries, i, e);
   }
+  out = PyTuple_Pack(2, f.data, entries);
 leave:
   pool_leave(self);
-  PyMem_Free(pos);
-  PyMem_Free(res);
-  PyMem_Free(offsets);
-  PyMem_Free(sorted);
-  if (entries == NULL) {
-    Py_XDECREF(data);
-    return NULL;
+  Py_XDECREF(entries);
+  fetched_release(&f);
+  return out;
+}
+
+/* ---- records: the C side of python/opt4torch/_codec.py ----
+ *
+ * The hit path decodes the records of plain Python values here (bytes,
+ * bytearray, str, int, float, bool, None and tuples, lists and dicts of
+ * them), which is most of what a batch costs in Python. Anything else (arrays,
+ * tensors, PIL images, pickles, ints beyond 64 bits) and any record that does
+ * not parse cleanly is left to the Python codec, which owns the format and its
+ * error messages. Tags and layout must match _codec.py (tested against it). */
+
+enum {
+  REC_NONE, REC_TRUE, REC_FALSE, REC_INT, REC_BIGINT, REC_FLOAT, REC_STR, REC_BYTES, REC_BYTEARRAY,
+  REC_TUPLE, REC_LIST, REC_DICT
+};
+#define REC_FORMAT 1
+#define REC_MAX_DEPTH 32
+
+typedef struct rec_reader {
+  const uint8_t *p, *end;
+} rec_reader;
+
+static int rec_take(rec_reader *r, size_t n, const uint8_t **out) {
+  if ((size_t)(r->end - r->p) < n) return -1;
+  *out = r->p;
+  r->p += n;
+  return 0;
+}
+
+static int rec_u64(rec_reader *r, uint64_t *v) {
+  const uint8_t *b;
+  if (rec_take(r, 8, &b) < 0) return -1;
+  uint64_t x = 0;
+  for (int k = 7; k >= 0; k--) x = (x << 8) | b[k];
+  *v = x;
+  return 0;
+}
+
+static int rec_u32(rec_reader *r, uint32_t *v) {
+  const uint8_t *b;
+  if (rec_take(r, 4, &b) < 0) return -1;
+  *v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+  return 0;
+}
+
+/* A node as a new reference. NULL with no exception set: not decoded here
+ * (the Python codec takes the whole record); NULL with one set: an error. */
+static PyObject *rec_node(rec_reader *r, int depth) {
+  const uint8_t *b;
+  uint64_t n;
+  uint32_t count;
+  if (depth > REC_MAX_DEPTH || rec_take(r, 1, &b) < 0) return NULL;
+  switch (b[0]) {
+  case REC_NONE: Py_RETURN_NONE;
+  case REC_TRUE: Py_RETURN_TRUE;
+  case REC_FALSE: Py_RETURN_FALSE;
+  case REC_INT:
+    if (rec_u64(r, &n) < 0) return NULL;
+    return PyLong_FromLongLong((long long)n);
+  case REC_FLOAT: {
+    if (rec_u64(r, &n) < 0) return NULL;
+    double d;
+    memcpy(&d, &n, sizeof d);
+    return PyFloat_FromDouble(d);
   }
-  PyObject *out = PyTuple_Pack(2, data, entries);
-  Py_DECREF(data);
-  Py_DECREF(entries);
+  case REC_STR:
+    if (rec_u64(r, &n) < 0 || n > (uint64_t)(r->end - r->p)) return NULL;
+    rec_take(r, (size_t)n, &b);
+    return PyUnicode_DecodeUTF8((const char *)b, (Py_ssize_t)n, "surrogatepass");
+  case REC_BYTES:
+  case REC_BYTEARRAY: {
+    int tag = b[0];
+    uint64_t pad;
+    if (rec_u64(r, &n) < 0 || rec_u64(r, &pad) < 0 || pad > (uint64_t)(r->end - r->p)) return NULL;
+    r->p += pad;
+    if (n > (uint64_t)(r->end - r->p)) return NULL;
+    rec_take(r, (size_t)n, &b);
+    return tag == REC_BYTES ? PyBytes_FromStringAndSize((const char *)b, (Py_ssize_t)n)
+                            : PyByteArray_FromStringAndSize((const char *)b, (Py_ssize_t)n);
+  }
+  case REC_TUPLE:
+  case REC_LIST: {
+    int tag = b[0];
+    if (rec_u32(r, &count) < 0 || count > (uint64_t)(r->end - r->p)) return NULL;
+    PyObject *seq = tag == REC_TUPLE ? PyTuple_New(count) : PyList_New(count);
+    if (seq == NULL) return NULL;
+    for (uint32_t i = 0; i < count; i++) {
+      PyObject *x = rec_node(r, depth + 1);
+      if (x == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+      }
+      if (tag == REC_TUPLE)
+        PyTuple_SET_ITEM(seq, i, x);
+      else
+        PyList_SET_ITEM(seq, i, x);
+    }
+    return seq;
+  }
+  case REC_DICT: {
+    if (rec_u32(r, &count) < 0 || count > (uint64_t)(r->end - r->p)) return NULL;
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    for (uint32_t i = 0; i < count; i++) {
+      PyObject *k = rec_node(r, depth + 1);
+      PyObject *v = k == NULL ? NULL : rec_node(r, depth + 1);
+      if (v == NULL || PyDict_SetItem(d, k, v) < 0) {
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        Py_DECREF(d);
+        return NULL;
+      }
+      Py_DECREF(k);
+      Py_DECREF(v);
+    }
+    return d;
+  }
+  default: return NULL; /* arrays, tensors, images, pickles, big ints */
+  }
+}
+
+/* The object of a whole record, or NULL: with no exception set, the record
+ * is the Python codec's to decode. Only running out of memory is an error
+ * here; anything else that fails (a malformed string, an unhashable key) is
+ * left to the codec, which raises its own error for it. */
+static PyObject *rec_decode(const uint8_t *buf, size_t len) {
+  if (len < 4 || buf[0] != 'O' || buf[1] != '4' || buf[2] != REC_FORMAT) return NULL;
+  rec_reader r = {buf + 3, buf + len};
+  PyObject *obj = rec_node(&r, 0);
+  if (obj != NULL && r.p != r.end) Py_CLEAR(obj); /* trailing bytes */
+  if (obj == NULL && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_MemoryError)) PyErr_Clear();
+  return obj;
+}
+
+/* decode_record(buffer) -> (True, object) or (False, None) where the Python
+ * codec must decode it. For tests of the C decoder against the codec. */
+static PyObject *py_decode_record(PyObject *Py_UNUSED(m), PyObject *arg) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(arg, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+  PyObject *obj = rec_decode(view.buf, (size_t)view.len);
+  PyBuffer_Release(&view);
+  if (obj == NULL) return PyErr_Occurred() ? NULL : Py_BuildValue("(OO)", Py_False, Py_None);
+  PyObject *out = Py_BuildValue("(OO)", Py_True, obj);
+  Py_DECREF(obj);
+  return out;
+}
+
+/* get_batch(positions) -> (objects, data, rest): the batch with its HITs
+ * already decoded where the C decoder can (objects[i]); rest lists the other
+ * positions' entries as (i, status, item, a, b), in order (see entry_of),
+ * for the Python layer to load, store or decode from data. */
+static PyObject *pool_get_batch(PoolObject *self, PyObject *arg) {
+  if (pool_enter(self) < 0) return NULL;
+  fetched f;
+  PyObject *out = NULL, *objects = NULL, *rest = NULL;
+  if (fetch_batch(self, arg, &f) < 0) goto leave;
+  objects = PyList_New(f.n);
+  rest = PyList_New(0);
+  if (objects == NULL || rest == NULL) goto leave;
+  const uint8_t *buf = (const uint8_t *)PyByteArray_AS_STRING(f.data);
+  for (Py_ssize_t i = 0; i < f.n; i++) {
+    PyObject *obj = NULL;
+    if (f.res[i].status == OPT4_GET_HIT) {
+      obj = rec_decode(buf + f.offsets[i], f.res[i].len);
+      if (obj == NULL && PyErr_Occurred()) goto leave;
+    }
+    if (obj == NULL) {
+      PyObject *row = entry_of(&f, i, 1);
+      if (row == NULL || PyList_Append(rest, row) < 0) {
+        Py_XDECREF(row);
+        goto leave;
+      }
+      Py_DECREF(row);
+      obj = Py_NewRef(Py_None);
+    }
+    PyList_SET_ITEM(objects, i, obj);
+  }
+  out = PyTuple_Pack(3, objects, f.data, rest);
+leave:
+  pool_leave(self);
+  Py_XDECREF(objects);
+  Py_XDECREF(rest);
+  fetched_release(&f);
   return out;
 }
 
@@ -937,6 +1157,8 @@ static PyMethodDef pool_methods[] = {
      "occurrence_next(item) -> position of its next planned access, or None."},
     {"read_batch", (PyCFunction)pool_read_batch, METH_O,
      "read_batch(positions) -> (data, [(status, item, a, b)])"},
+    {"get_batch", (PyCFunction)pool_get_batch, METH_O,
+     "get_batch(positions) -> (objects, data, [(i, status, item, a, b)] not decoded in C)"},
     {"store_batch", (PyCFunction)pool_store_batch, METH_O,
      "store_batch([(position, parts or None)]) -> [1 stored | 0 not | -1 too large], in order"},
     {"note_reads", (PyCFunction)pool_note_reads, METH_O, "note_reads(positions) for DEFERs."},
@@ -1211,6 +1433,8 @@ static PyMethodDef module_methods[] = {
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate(policy, seq, items, capacity, seed=0) -> dict"},
     {"fingerprint", py_fingerprint, METH_VARARGS, "fingerprint(seq, items) -> int"},
+    {"decode_record", py_decode_record, METH_O,
+     "decode_record(buffer) -> (True, object) or (False, None): the C decoder of cache records"},
     {"policy_names", py_policy_names, METH_NOARGS, "Names of the simulator's policies."},
     {"mem_stats", py_mem_stats, METH_NOARGS, "Engine memory: current and peak bytes."},
     {"mem_peak_reset", py_mem_peak_reset, METH_NOARGS, "Reset the engine's peak counter."},

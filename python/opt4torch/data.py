@@ -285,25 +285,34 @@ class CachedDataset(tud.Dataset):
 
     def __getitems__(self, positions: Sequence[int]) -> list[Any]:
         pool = self._pool()
-        positions = [int(p) for p in positions]
-        data, entries = pool.read_batch(positions)
-        out: list[Any] = [None] * len(positions)
-        load_at = [i for i, e in enumerate(entries) if e[0] == 2]
-        loaded = self._load([entries[i][1] for i in load_at]) if load_at else []
-        for i, obj in zip(load_at, loaded):
-            out[i] = obj
+        # One call into C reads the batch and decodes the HITs of plain
+        # values; rest holds (i, status, item, a, b) for everything else.
+        out, data, rest = pool.get_batch(positions)
+        if rest:
+            self._finish_batch(pool, positions, out, data, rest)
+        if self.transform is not None:
+            out = [self.transform(x) for x in out]
+        return out
+
+    def _finish_batch(self, pool: Any, positions: Sequence[int], out: list[Any], data: bytearray,
+                      rest: list[tuple[int, int, int, int, int]]) -> None:
+        """Load, store and decode the positions the C side left in ``rest``."""
+        load_at = [e for e in rest if e[1] == 2]
+        loaded = self._load([e[2] for e in load_at]) if load_at else []
+        for e, obj in zip(load_at, loaded):
+            out[e[0]] = obj
         # Commit in position order: stores of ADMITs, notes of deferred reads
         # (a generation admitted and read in this batch may be evicted later
         # in it, and the eviction waits for those reads).
         commits: list[tuple[int, Any]] = []
         encoded: dict[int, list[Any]] = {}
-        for i, e in enumerate(entries):
-            if e[0] == 2 and e[2] == 1:  # LOAD for an ADMIT
+        for i, status, _, a, _ in rest:
+            if status == 2 and a == 1:  # LOAD for an ADMIT
                 parts = encode(out[i], self.allow_pickle)
-                encoded[positions[i]] = parts
-                commits.append((positions[i], parts))
-            elif e[0] == 1:  # DEFER: the same item, loaded earlier in this batch
-                commits.append((positions[i], None))
+                encoded[int(positions[i])] = parts
+                commits.append((int(positions[i]), parts))
+            elif status == 1:  # DEFER: the same item, loaded earlier in this batch
+                commits.append((int(positions[i]), None))
         if commits:
             results = pool.store_batch(commits)
             if -1 in results and not self._warned_size:
@@ -312,16 +321,13 @@ class CachedDataset(tud.Dataset):
                 warnings.warn(
                     f"an item of {max(sizes)} bytes does not fit its space in the cache "
                     f"({pool.info()['page_size']} bytes): it is loaded, not cached. Give the loader "
-                    "item_bytes= at least the largest item's size", RuntimeWarning, stacklevel=2)
-        for i, e in enumerate(entries):
-            if e[0] == 0:
-                out[i] = decode_at(data, e[2], e[3])
-            elif e[0] == 1:
+                    "item_bytes= at least the largest item's size", RuntimeWarning, stacklevel=3)
+        for i, status, _, a, b in rest:
+            if status == 0:  # a HIT the C decoder left to the codec (arrays, tensors, ...)
+                out[i] = decode_at(data, a, b)
+            elif status == 1:
                 # Decode its record again so each sample is its own object.
-                out[i] = decode(bytearray().join(encoded[e[2]]))
-        if self.transform is not None:
-            out = [self.transform(x) for x in out]
-        return out
+                out[i] = decode(bytearray().join(encoded[a]))
 
 
 # ---- the sampler side (runs in the main process) ----

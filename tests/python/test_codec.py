@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
+from opt4torch import _engine
 from opt4torch._codec import CodecError, decode, decode_at, encode, encoded_size
 
 
@@ -70,6 +71,18 @@ def test_numpy(arr) -> None:
         assert same(out, arr.copy(order="C"))
 
 
+def record_of(obj, allow_pickle=False) -> bytes:
+    return b"".join(bytes(memoryview(p).cast("B")) for p in encode(obj, allow_pickle))
+
+
+plain_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 63) - 1) | st.floats(allow_nan=True)
+    | st.text() | st.binary() | st.binary().map(bytearray),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=5) | st.integers(-(1 << 63), (1 << 63) - 1), inner, max_size=4),
+    max_leaves=20)
+
+
 @given(st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text() | st.binary(),
     lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
@@ -77,6 +90,44 @@ def test_numpy(arr) -> None:
     max_leaves=20))
 def test_python_values(obj) -> None:
     assert same(roundtrip(obj), obj)
+
+
+# The C decoder of the batch path (plain values only) against the codec.
+
+
+@given(plain_values)
+def test_c_decoder_equals_the_codec(obj) -> None:
+    record = record_of(obj)
+    handled, out = _engine.decode_record(record)
+    assert handled, "the C decoder declined a record of plain values"
+    assert same(out, decode(record)) and same(out, obj)
+
+
+def test_c_decoder_leaves_the_rest_to_the_codec() -> None:
+    for obj in (torch.arange(3), np.arange(3), (torch.zeros(2), 1), {"x": np.float32(1)}, 10**40,
+                [1, [2, [3, 10**30]]], Image.new("L", (2, 2))):
+        assert _engine.decode_record(record_of(obj)) == (False, None), obj
+    assert _engine.decode_record(record_of(Fraction(1, 3), allow_pickle=True)) == (False, None)
+    nested = 0
+    for _ in range(40):  # deeper than the C decoder goes: the codec's
+        nested = [nested]
+    assert _engine.decode_record(record_of(nested))[0] is False
+    assert same(decode(record_of(nested)), nested)
+
+
+@given(plain_values, st.data())
+def test_c_decoder_on_damaged_records(obj, data) -> None:
+    """Truncated or altered records: the C decoder declines them (so the codec
+    raises its error), or decodes exactly what the codec decodes."""
+    record = bytearray(record_of(obj))
+    cut = data.draw(st.integers(0, len(record)))
+    damaged = record[:cut]
+    for _ in range(data.draw(st.integers(0, 3))):
+        if damaged:
+            damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    handled, out = _engine.decode_record(bytes(damaged))
+    if handled:
+        assert same(out, decode(bytes(damaged)))
 
 
 def test_bytearray_and_big_int() -> None:

@@ -639,8 +639,15 @@ static int cmp_u64(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* Records sit at multiples of this in a batch's buffer: the codec aligns
+ * array payloads to 16 bytes within a record, and views of them (torch's
+ * complex128 kernels among others) need that alignment in memory too. */
+#define BATCH_ALIGN 16
+#define ALIGN_UP(x) (((x) + (BATCH_ALIGN - 1)) & ~(uint64_t)(BATCH_ALIGN - 1))
+
 /* One batch of reads, as read_batch and get_batch share it: every position's
- * result, and the HITs' records copied one after another into data. */
+ * result, and the HITs' records copied one after another into data, each at
+ * a 16-byte boundary of it. */
 typedef struct fetched {
   PyObject *data; /* bytearray of the HITs' records */
   opt4_get_result *res;
@@ -683,23 +690,26 @@ static int fetch_batch(PoolObject *self, PyObject *arg, fetched *f) {
       raise_code(rc, "read batch");
       goto fail;
     }
-    total += space;
+    total += ALIGN_UP(space);
   }
-  f->data = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total);
+  /* One spare block, so the records can start at an aligned address whatever
+   * the allocator gave. */
+  f->data = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(total + BATCH_ALIGN));
   if (f->data == NULL) goto fail;
   uint8_t *buf = (uint8_t *)PyByteArray_AS_STRING(f->data);
   int rc = 0;
-  uint64_t used = 0;
+  uint64_t used = ALIGN_UP((uintptr_t)buf) - (uintptr_t)buf;
+  total += used;
   Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
     rc = opt4_pool_get(self->pool, f->pos[i], sorted, (size_t)n, buf + used, total - used, &f->res[i]);
     f->offsets[i] = used;
-    if (rc == 0 && f->res[i].status == OPT4_GET_HIT) used += f->res[i].len;
+    if (rc == 0 && f->res[i].status == OPT4_GET_HIT) used = ALIGN_UP(used + f->res[i].len);
   }
   Py_END_ALLOW_THREADS if (rc != 0) {
     raise_code(rc, "read batch");
     goto fail;
   }
-  if (PyByteArray_Resize(f->data, (Py_ssize_t)used) < 0) goto fail;
+  /* Not shrunk: a resize may move the buffer and lose the alignment. */
   PyMem_Free(sorted);
   return 0;
 fail:
@@ -757,23 +767,47 @@ leave:
 
 /* ---- records: the C side of python/opt4torch/_codec.py ----
  *
- * The hit path decodes the records of plain Python values here (bytes,
- * bytearray, str, int, float, bool, None and tuples, lists and dicts of
- * them), which is most of what a batch costs in Python. Anything else (arrays,
- * tensors, PIL images, pickles, ints beyond 64 bits) and any record that does
- * not parse cleanly is left to the Python codec, which owns the format and its
- * error messages. Tags and layout must match _codec.py (tested against it). */
+ * The hit path decodes records here, in the call that reads them: plain
+ * values (bytes, bytearray, str, int, float, bool, None and tuples, lists and
+ * dicts) become objects at once; numpy arrays and tensors become requests
+ * (tag, dtype, shape, offset, scalar) that one call per batch to the codec's
+ * make_arrays turns into views of the batch buffer (it stacks records of one
+ * shape into a single strided view and splits it, far cheaper than one view
+ * at a time), and C puts each into its place. Anything else (PIL images,
+ * pickles, ints beyond 64 bits) and any record that does not parse cleanly is
+ * left to the Python codec, which owns the format and its error messages.
+ * Tags and layout must match _codec.py; tests compare the two. */
 
 enum {
   REC_NONE, REC_TRUE, REC_FALSE, REC_INT, REC_BIGINT, REC_FLOAT, REC_STR, REC_BYTES, REC_BYTEARRAY,
-  REC_TUPLE, REC_LIST, REC_DICT
+  REC_TUPLE, REC_LIST, REC_DICT, REC_NDARRAY, REC_TENSOR
 };
 #define REC_FORMAT 1
 #define REC_MAX_DEPTH 32
+#define REC_MAX_NDIM 64 /* numpy's limit */
+
+/* Bytes per element of each torch dtype code (_codec._TORCH_DTYPES). */
+static const uint8_t rec_tensor_itemsize[] = {4, 8, 2, 2, 1, 1, 2, 4, 8, 1, 8, 16, 2, 4, 8};
 
 typedef struct rec_reader {
   const uint8_t *p, *end;
 } rec_reader;
+
+/* Where an array goes once made: container[index] (tuple or list) or
+ * container[key] (dict). */
+typedef struct rec_slot {
+  PyObject *container; /* borrowed: owned by the record being built */
+  Py_ssize_t index;
+  PyObject *key; /* a strong reference, or NULL */
+} rec_slot;
+
+typedef struct rec_ctx {
+  const uint8_t *base; /* request offsets count from here */
+  PyObject *requests;  /* list of array requests, or NULL: records with arrays decline */
+  rec_slot *slots;     /* one per request */
+  size_t cap;
+  int in_key; /* decoding a dict key: an array there is no valid record */
+} rec_ctx;
 
 static int rec_take(rec_reader *r, size_t n, const uint8_t **out) {
   if ((size_t)(r->end - r->p) < n) return -1;
@@ -798,9 +832,124 @@ static int rec_u32(rec_reader *r, uint32_t *v) {
   return 0;
 }
 
-/* A node as a new reference. NULL with no exception set: not decoded here
- * (the Python codec takes the whole record); NULL with one set: an error. */
-static PyObject *rec_node(rec_reader *r, int depth) {
+/* The payload of an array: pad, then nbytes; its offset from base. */
+static int rec_payload(rec_reader *r, const uint8_t *base, uint64_t nbytes, uint64_t *offset) {
+  uint64_t pad;
+  if (rec_u64(r, &pad) < 0 || pad > (uint64_t)(r->end - r->p)) return -1;
+  r->p += pad;
+  if (nbytes > (uint64_t)(r->end - r->p)) return -1;
+  *offset = (uint64_t)(r->p - base);
+  r->p += nbytes;
+  return 0;
+}
+
+/* Shape (ndim u64s) as a tuple, and the byte count of its elements, bounded
+ * by what is left of the record. */
+static PyObject *rec_shape(rec_reader *r, unsigned ndim, uint64_t itemsize, uint64_t *nbytes) {
+  uint64_t dims[REC_MAX_NDIM];
+  int zero = 0;
+  if (ndim > REC_MAX_NDIM) return NULL;
+  for (unsigned k = 0; k < ndim; k++) {
+    if (rec_u64(r, &dims[k]) < 0 || dims[k] > (uint64_t)PY_SSIZE_T_MAX) return NULL;
+    zero |= dims[k] == 0;
+  }
+  uint64_t left = (uint64_t)(r->end - r->p), n = itemsize;
+  for (unsigned k = 0; k < ndim && !zero; k++) {
+    if (n > left / dims[k]) return NULL; /* more than the record holds */
+    n *= dims[k];
+  }
+  *nbytes = zero ? 0 : n;
+  PyObject *shape = PyTuple_New(ndim);
+  if (shape == NULL) return NULL;
+  for (unsigned k = 0; k < ndim; k++) {
+    PyObject *d = PyLong_FromUnsignedLongLong(dims[k]);
+    if (d == NULL) {
+      Py_DECREF(shape);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(shape, k, d);
+  }
+  return shape;
+}
+
+/* Bytes per element of a numpy dtype string as dtype.str writes it ("<f4",
+ * "|u1", "<U5", "|S3", "<M8[ns]"), or 0 for one this decoder leaves alone. */
+static uint64_t rec_dtype_itemsize(const uint8_t *s, size_t n) {
+  size_t i = 0;
+  if (i < n && (s[i] == '<' || s[i] == '>' || s[i] == '|' || s[i] == '=')) i++;
+  if (i >= n) return 0;
+  char kind = (char)s[i++];
+  if (strchr("biufcSUVmM", kind) == NULL || kind == '\0') return 0;
+  uint64_t size = 0;
+  size_t digits = 0;
+  for (; i < n && s[i] >= '0' && s[i] <= '9' && digits < 12; i++, digits++) size = size * 10 + (s[i] - '0');
+  if (digits == 0 || digits == 12) return 0;
+  if (i < n) { /* only a datetime unit may follow: "[ns]" */
+    if ((kind != 'm' && kind != 'M') || s[i] != '[' || s[n - 1] != ']') return 0;
+    for (size_t k = i + 1; k + 1 < n; k++)
+      if (!((s[k] >= 'a' && s[k] <= 'z') || (s[k] >= 'A' && s[k] <= 'Z') || (s[k] >= '0' && s[k] <= '9')))
+        return 0;
+  }
+  return kind == 'U' ? size * 4 : size;
+}
+
+/* An array node: a request for it, and its slot; Py_None stands in for it. */
+static PyObject *rec_array(rec_reader *r, rec_ctx *c, int tag, PyObject *container,
+                           Py_ssize_t index, PyObject *key) {
+  const uint8_t *b;
+  PyObject *dtype = NULL, *shape = NULL;
+  uint64_t itemsize, nbytes, offset;
+  int scalar = 0;
+  if (c->requests == NULL || c->in_key) return NULL;
+  if (tag == REC_NDARRAY) {
+    if (rec_take(r, 2, &b) < 0 || b[0] > 1) return NULL;
+    scalar = b[0];
+    size_t dtlen = b[1];
+    if (rec_take(r, dtlen, &b) < 0) return NULL;
+    itemsize = rec_dtype_itemsize(b, dtlen);
+    if (itemsize == 0) return NULL;
+    dtype = PyUnicode_DecodeASCII((const char *)b, (Py_ssize_t)dtlen, NULL);
+  } else {
+    if (rec_take(r, 1, &b) < 0 || b[0] >= sizeof rec_tensor_itemsize) return NULL;
+    itemsize = rec_tensor_itemsize[b[0]];
+    dtype = PyLong_FromLong(b[0]);
+  }
+  if (dtype == NULL || rec_take(r, 1, &b) < 0) goto decline;
+  shape = rec_shape(r, b[0], itemsize, &nbytes);
+  if (shape == NULL || rec_payload(r, c->base, nbytes, &offset) < 0) goto decline;
+  size_t n = (size_t)PyList_GET_SIZE(c->requests);
+  if (n == c->cap) {
+    size_t cap = c->cap ? 2 * c->cap : 64;
+    rec_slot *slots = PyMem_Realloc(c->slots, cap * sizeof *slots);
+    if (slots == NULL) {
+      PyErr_NoMemory();
+      goto decline;
+    }
+    c->slots = slots;
+    c->cap = cap;
+  }
+  PyObject *req = Py_BuildValue("(iOOKi)", tag, dtype, shape, (unsigned long long)offset, scalar);
+  if (req == NULL || PyList_Append(c->requests, req) < 0) {
+    Py_XDECREF(req);
+    goto decline;
+  }
+  Py_DECREF(req);
+  Py_XINCREF(key);
+  c->slots[n] = (rec_slot){container, index, key};
+  Py_DECREF(dtype);
+  Py_DECREF(shape);
+  Py_RETURN_NONE;
+decline:
+  Py_XDECREF(dtype);
+  Py_XDECREF(shape);
+  return NULL;
+}
+
+/* A node as a new reference, bound for container[index] or container[key].
+ * NULL with no exception set: the record is the Python codec's to decode;
+ * NULL with one set: an error. */
+static PyObject *rec_node(rec_reader *r, rec_ctx *c, int depth, PyObject *container,
+                          Py_ssize_t index, PyObject *key) {
   const uint8_t *b;
   uint64_t n;
   uint32_t count;
@@ -825,11 +974,9 @@ static PyObject *rec_node(rec_reader *r, int depth) {
   case REC_BYTES:
   case REC_BYTEARRAY: {
     int tag = b[0];
-    uint64_t pad;
-    if (rec_u64(r, &n) < 0 || rec_u64(r, &pad) < 0 || pad > (uint64_t)(r->end - r->p)) return NULL;
-    r->p += pad;
-    if (n > (uint64_t)(r->end - r->p)) return NULL;
-    rec_take(r, (size_t)n, &b);
+    uint64_t offset;
+    if (rec_u64(r, &n) < 0 || rec_payload(r, r->p, n, &offset) < 0) return NULL;
+    b = r->p - n;
     return tag == REC_BYTES ? PyBytes_FromStringAndSize((const char *)b, (Py_ssize_t)n)
                             : PyByteArray_FromStringAndSize((const char *)b, (Py_ssize_t)n);
   }
@@ -840,7 +987,7 @@ static PyObject *rec_node(rec_reader *r, int depth) {
     PyObject *seq = tag == REC_TUPLE ? PyTuple_New(count) : PyList_New(count);
     if (seq == NULL) return NULL;
     for (uint32_t i = 0; i < count; i++) {
-      PyObject *x = rec_node(r, depth + 1);
+      PyObject *x = rec_node(r, c, depth + 1, seq, (Py_ssize_t)i, NULL);
       if (x == NULL) {
         Py_DECREF(seq);
         return NULL;
@@ -857,8 +1004,10 @@ static PyObject *rec_node(rec_reader *r, int depth) {
     PyObject *d = PyDict_New();
     if (d == NULL) return NULL;
     for (uint32_t i = 0; i < count; i++) {
-      PyObject *k = rec_node(r, depth + 1);
-      PyObject *v = k == NULL ? NULL : rec_node(r, depth + 1);
+      c->in_key++;
+      PyObject *k = rec_node(r, c, depth + 1, NULL, 0, NULL);
+      c->in_key--;
+      PyObject *v = k == NULL ? NULL : rec_node(r, c, depth + 1, d, 0, k);
       if (v == NULL || PyDict_SetItem(d, k, v) < 0) {
         Py_XDECREF(k);
         Py_XDECREF(v);
@@ -870,69 +1019,146 @@ static PyObject *rec_node(rec_reader *r, int depth) {
     }
     return d;
   }
-  default: return NULL; /* arrays, tensors, images, pickles, big ints */
+  case REC_NDARRAY:
+  case REC_TENSOR: return rec_array(r, c, b[0], container, index, key);
+  default: return NULL; /* PIL images, pickles, big ints */
   }
 }
 
-/* The object of a whole record, or NULL: with no exception set, the record
- * is the Python codec's to decode. Only running out of memory is an error
- * here; anything else that fails (a malformed string, an unhashable key) is
- * left to the codec, which raises its own error for it. */
-static PyObject *rec_decode(const uint8_t *buf, size_t len) {
-  if (len < 4 || buf[0] != 'O' || buf[1] != '4' || buf[2] != REC_FORMAT) return NULL;
-  rec_reader r = {buf + 3, buf + len};
-  PyObject *obj = rec_node(&r, 0);
-  if (obj != NULL && r.p != r.end) Py_CLEAR(obj); /* trailing bytes */
-  if (obj == NULL && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_MemoryError)) PyErr_Clear();
-  return obj;
+/* Drop the requests and slots from n on (a record that declined). */
+static void rec_truncate(rec_ctx *c, size_t n) {
+  if (c->requests == NULL) return;
+  size_t have = (size_t)PyList_GET_SIZE(c->requests);
+  for (size_t k = n; k < have; k++) Py_CLEAR(c->slots[k].key);
+  if (have > n) PyList_SetSlice(c->requests, (Py_ssize_t)n, (Py_ssize_t)have, NULL);
 }
 
-/* decode_record(buffer) -> (True, object) or (False, None) where the Python
- * codec must decode it. For tests of the C decoder against the codec. */
-static PyObject *py_decode_record(PyObject *Py_UNUSED(m), PyObject *arg) {
+static void rec_ctx_release(rec_ctx *c) {
+  rec_truncate(c, 0);
+  Py_CLEAR(c->requests);
+  PyMem_Free(c->slots);
+  c->slots = NULL;
+  c->cap = 0;
+}
+
+/* The record at buf[0:len] decoded into holder[index] (a list). Returns 1
+ * when decoded, 0 when the record is the Python codec's (holder[index] is
+ * then None), -1 on error (only running out of memory, or the list
+ * operations failing, is one; whatever else fails, a malformed string or an
+ * unhashable key, is left to the codec, which raises its own error). */
+static int rec_decode_into(rec_ctx *c, const uint8_t *buf, size_t len, PyObject *holder,
+                           Py_ssize_t index) {
+  if (len < 4 || buf[0] != 'O' || buf[1] != '4' || buf[2] != REC_FORMAT) return 0;
+  size_t mark = c->requests ? (size_t)PyList_GET_SIZE(c->requests) : 0;
+  rec_reader r = {buf + 3, buf + len};
+  PyObject *obj = rec_node(&r, c, 0, holder, index, NULL);
+  if (obj != NULL && r.p != r.end) Py_CLEAR(obj); /* trailing bytes */
+  if (obj == NULL) {
+    rec_truncate(c, mark);
+    if (!PyErr_Occurred()) return 0;
+    if (!PyErr_ExceptionMatches(PyExc_MemoryError)) {
+      PyErr_Clear();
+      return 0;
+    }
+    return -1;
+  }
+  PyList_SetItem(holder, index, obj); /* steals obj; drops the None there */
+  return 1;
+}
+
+/* Make the requested arrays with make_arrays(data, requests) and put each in
+ * its slot. */
+static int rec_place_arrays(rec_ctx *c, PyObject *make_arrays, PyObject *data) {
+  Py_ssize_t n = c->requests ? PyList_GET_SIZE(c->requests) : 0;
+  if (n == 0) return 0;
+  PyObject *arrays = PyObject_CallFunctionObjArgs(make_arrays, data, c->requests, NULL);
+  if (arrays == NULL) return -1;
+  if (!PyList_CheckExact(arrays) || PyList_GET_SIZE(arrays) != n) {
+    Py_DECREF(arrays);
+    PyErr_SetString(PyExc_TypeError, "make_arrays must return a list with one array per request");
+    return -1;
+  }
+  int rc = 0;
+  for (Py_ssize_t k = 0; k < n && rc == 0; k++) {
+    PyObject *a = PyList_GET_ITEM(arrays, k), *box = c->slots[k].container;
+    Py_INCREF(a);
+    if (PyTuple_CheckExact(box)) { /* ours alone until returned: filled in place */
+      PyObject *old = PyTuple_GET_ITEM(box, c->slots[k].index);
+      PyTuple_SET_ITEM(box, c->slots[k].index, a);
+      Py_DECREF(old);
+    } else if (PyList_CheckExact(box)) {
+      rc = PyList_SetItem(box, c->slots[k].index, a);
+    } else {
+      rc = PyDict_SetItem(box, c->slots[k].key, a);
+      Py_DECREF(a);
+    }
+  }
+  Py_DECREF(arrays);
+  return rc;
+}
+
+/* decode_record(buffer, make_arrays=None) -> (True, object) or (False, None)
+ * where the Python codec must decode it. For tests of the C decoder against
+ * the codec; arrays are views of buffer. */
+static PyObject *py_decode_record(PyObject *Py_UNUSED(m), PyObject *args) {
+  PyObject *data, *make_arrays = Py_None, *out = NULL;
+  if (!PyArg_ParseTuple(args, "O|O", &data, &make_arrays)) return NULL;
   Py_buffer view;
-  if (PyObject_GetBuffer(arg, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-  PyObject *obj = rec_decode(view.buf, (size_t)view.len);
+  if (PyObject_GetBuffer(data, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+  rec_ctx c = {view.buf, make_arrays == Py_None ? NULL : PyList_New(0), NULL, 0, 0};
+  PyObject *holder = PyList_New(1);
+  if (holder == NULL || (make_arrays != Py_None && c.requests == NULL)) goto done;
+  PyList_SET_ITEM(holder, 0, Py_NewRef(Py_None));
+  int rc = rec_decode_into(&c, view.buf, (size_t)view.len, holder, 0);
+  if (rc < 0 || (rc == 1 && rec_place_arrays(&c, make_arrays, data) < 0)) goto done;
+  out = Py_BuildValue("(OO)", rc ? Py_True : Py_False, PyList_GET_ITEM(holder, 0));
+done:
+  rec_ctx_release(&c);
+  Py_XDECREF(holder);
   PyBuffer_Release(&view);
-  if (obj == NULL) return PyErr_Occurred() ? NULL : Py_BuildValue("(OO)", Py_False, Py_None);
-  PyObject *out = Py_BuildValue("(OO)", Py_True, obj);
-  Py_DECREF(obj);
   return out;
 }
 
-/* get_batch(positions) -> (objects, data, rest): the batch with its HITs
- * already decoded where the C decoder can (objects[i]); rest lists the other
- * positions' entries as (i, status, item, a, b), in order (see entry_of),
- * for the Python layer to load, store or decode from data. */
-static PyObject *pool_get_batch(PoolObject *self, PyObject *arg) {
+/* get_batch(positions, make_arrays=None) -> (objects, data, rest): the batch
+ * with its HITs decoded where the C decoder can (objects[i]); arrays made by
+ * make_arrays(data, requests) when given. rest lists the other positions'
+ * entries as (i, status, item, a, b), in order (see entry_of), for the Python
+ * layer to load, store or decode from data. */
+static PyObject *pool_get_batch(PoolObject *self, PyObject *args) {
+  PyObject *positions, *make_arrays = Py_None;
+  if (!PyArg_ParseTuple(args, "O|O:get_batch", &positions, &make_arrays)) return NULL;
   if (pool_enter(self) < 0) return NULL;
   fetched f;
+  rec_ctx c = {NULL, NULL, NULL, 0, 0};
   PyObject *out = NULL, *objects = NULL, *rest = NULL;
-  if (fetch_batch(self, arg, &f) < 0) goto leave;
+  if (fetch_batch(self, positions, &f) < 0) goto leave;
   objects = PyList_New(f.n);
   rest = PyList_New(0);
-  if (objects == NULL || rest == NULL) goto leave;
+  c.requests = make_arrays == Py_None ? NULL : PyList_New(0);
+  if (objects == NULL || rest == NULL || (make_arrays != Py_None && c.requests == NULL)) goto leave;
   const uint8_t *buf = (const uint8_t *)PyByteArray_AS_STRING(f.data);
+  c.base = buf;
+  for (Py_ssize_t i = 0; i < f.n; i++) PyList_SET_ITEM(objects, i, Py_NewRef(Py_None));
   for (Py_ssize_t i = 0; i < f.n; i++) {
-    PyObject *obj = NULL;
+    int rc = 0;
     if (f.res[i].status == OPT4_GET_HIT) {
-      obj = rec_decode(buf + f.offsets[i], f.res[i].len);
-      if (obj == NULL && PyErr_Occurred()) goto leave;
+      rc = rec_decode_into(&c, buf + f.offsets[i], f.res[i].len, objects, i);
+      if (rc < 0) goto leave;
     }
-    if (obj == NULL) {
+    if (rc == 0) {
       PyObject *row = entry_of(&f, i, 1);
       if (row == NULL || PyList_Append(rest, row) < 0) {
         Py_XDECREF(row);
         goto leave;
       }
       Py_DECREF(row);
-      obj = Py_NewRef(Py_None);
     }
-    PyList_SET_ITEM(objects, i, obj);
   }
+  if (rec_place_arrays(&c, make_arrays, f.data) < 0) goto leave;
   out = PyTuple_Pack(3, objects, f.data, rest);
 leave:
   pool_leave(self);
+  rec_ctx_release(&c);
   Py_XDECREF(objects);
   Py_XDECREF(rest);
   fetched_release(&f);
@@ -1157,8 +1383,8 @@ static PyMethodDef pool_methods[] = {
      "occurrence_next(item) -> position of its next planned access, or None."},
     {"read_batch", (PyCFunction)pool_read_batch, METH_O,
      "read_batch(positions) -> (data, [(status, item, a, b)])"},
-    {"get_batch", (PyCFunction)pool_get_batch, METH_O,
-     "get_batch(positions) -> (objects, data, [(i, status, item, a, b)] not decoded in C)"},
+    {"get_batch", (PyCFunction)pool_get_batch, METH_VARARGS,
+     "get_batch(positions, make_arrays=None) -> (objects, data, [(i, status, item, a, b)] left)"},
     {"store_batch", (PyCFunction)pool_store_batch, METH_O,
      "store_batch([(position, parts or None)]) -> [1 stored | 0 not | -1 too large], in order"},
     {"note_reads", (PyCFunction)pool_note_reads, METH_O, "note_reads(positions) for DEFERs."},
@@ -1433,8 +1659,8 @@ static PyMethodDef module_methods[] = {
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate(policy, seq, items, capacity, seed=0) -> dict"},
     {"fingerprint", py_fingerprint, METH_VARARGS, "fingerprint(seq, items) -> int"},
-    {"decode_record", py_decode_record, METH_O,
-     "decode_record(buffer) -> (True, object) or (False, None): the C decoder of cache records"},
+    {"decode_record", py_decode_record, METH_VARARGS,
+     "decode_record(buffer, make_arrays=None) -> (True, object) or (False, None): the C decoder"},
     {"policy_names", py_policy_names, METH_NOARGS, "Names of the simulator's policies."},
     {"mem_stats", py_mem_stats, METH_NOARGS, "Engine memory: current and peak bytes."},
     {"mem_peak_reset", py_mem_peak_reset, METH_NOARGS, "Reset the engine's peak counter."},

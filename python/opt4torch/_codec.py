@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["encode", "decode", "decode_at", "encoded_size", "CodecError"]
+__all__ = ["encode", "decode", "decode_at", "encoded_size", "make_arrays", "CodecError"]
 
 MAGIC = b"O4"
 FORMAT = 1
@@ -168,7 +168,8 @@ def _ndarray(w: _Writer, arr: np.ndarray, scalar: bool = False) -> None:
     dt = arr.dtype.str.encode()
     w.raw(_U8.pack(T_NDARRAY) + _U8.pack(1 if scalar else 0) + _U8.pack(len(dt)) + dt)
     _shape(w, arr.shape)
-    w.payload(memoryview(arr).cast("B") if arr.size else b"", arr.nbytes)
+    # A byte view: memoryview cannot export every dtype (datetime64 is one).
+    w.payload(memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b"", arr.nbytes)
 
 
 _SHAPE_STRUCTS: dict[int, struct.Struct] = {}
@@ -373,6 +374,90 @@ def _numpy_dtypes() -> list[Any]:
     return _NP_DTYPES
 
 
+def _tensor_at(buf: Any, code: int, shape: tuple[int, ...], n: int, pos: int) -> Any:
+    """A tensor of n elements of dtype code, a view of buf from pos."""
+    import torch
+
+    np_dtype = _numpy_dtypes()[code]
+    if np_dtype is not None and n:
+        # numpy's view plus from_numpy costs less than torch.frombuffer.
+        return torch.from_numpy(np.frombuffer(buf, dtype=np_dtype, count=n, offset=pos).reshape(shape))
+    _, by_code = _torch_dtype_tables()
+    if n == 0:
+        return torch.empty(shape, dtype=by_code[code])
+    return torch.frombuffer(buf, dtype=by_code[code], count=n, offset=pos).view(shape)
+
+
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _dtype(s: str) -> np.dtype:
+    dt = _DTYPES.get(s)
+    if dt is None:
+        dt = _DTYPES[s] = np.dtype(s)
+    return dt
+
+
+def make_arrays(buf: Any, requests: list[tuple[int, Any, tuple[int, ...], int, int]]) -> list[Any]:
+    """The arrays and tensors the binding's decoder asks for, as views of buf.
+
+    A request is ``(tag, dtype, shape, offset, scalar)``: a numpy array
+    (``T_NDARRAY``, dtype its ``dtype.str``; a numpy scalar when scalar is 1)
+    or a tensor (``T_TENSOR``, dtype its code) whose elements start at
+    ``buf[offset]``. Requests of one kind, dtype and shape whose offsets are
+    evenly spaced (a batch of same-shaped samples) become one strided view,
+    split along its first axis: one numpy and one torch call for the lot
+    instead of a few per sample."""
+    out: list[Any] = [None] * len(requests)
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for j, r in enumerate(requests):
+        key = (r[0], r[1], r[2], r[4])
+        g = groups.get(key)
+        if g is None:
+            groups[key] = [j]
+        else:
+            g.append(j)
+    for (tag, dt, shape, scalar), idx in groups.items():
+        offsets = [requests[j][3] for j in idx]
+        n = 1
+        for d in shape:
+            n *= d
+        if tag == T_TENSOR:
+            np_dtype = _numpy_dtypes()[dt]
+            itemsize = _itemsizes()[dt]
+        else:
+            np_dtype = _dtype(dt)
+            itemsize = np_dtype.itemsize
+        nbytes = n * itemsize
+        stride = offsets[1] - offsets[0] if len(offsets) > 1 else nbytes
+        # (Rows of a stacked numpy array of 0-d arrays would be scalars.)
+        if (np_dtype is None or n == 0 or scalar or len(idx) < 2 or stride < nbytes or stride % itemsize
+                or (tag == T_NDARRAY and not shape)
+                or any(b - a != stride for a, b in zip(offsets, offsets[1:]))):
+            for j, off in zip(idx, offsets):
+                if tag == T_TENSOR:
+                    out[j] = _tensor_at(buf, dt, shape, n, off)
+                else:
+                    arr = np.frombuffer(buf, dtype=np_dtype, count=n, offset=off).reshape(shape)
+                    out[j] = arr[()] if scalar else arr
+            continue
+        strides = [itemsize] * (len(shape) + 1)
+        for k in range(len(shape) - 1, 0, -1):
+            strides[k] = strides[k + 1] * shape[k]
+        strides[0] = stride
+        stacked = np.ndarray((len(idx), *shape), dtype=np_dtype, buffer=buf, offset=offsets[0],
+                             strides=strides)
+        if tag == T_TENSOR:
+            import torch
+
+            views = torch.from_numpy(stacked).unbind(0)
+        else:
+            views = list(stacked)
+        for j, v in zip(idx, views):
+            out[j] = v
+    return out
+
+
 def decode_at(buf: Any, offset: int, length: int) -> Any:
     """The object of the record at ``buf[offset:offset + length]``. Arrays,
     tensors and bytearrays are views of ``buf`` when it is writable (a
@@ -401,18 +486,7 @@ def decode_at(buf: Any, offset: int, length: int) -> Any:
         nbytes = n * _itemsizes()[code]
         if pos + nbytes != end:
             raise CodecError("a cache record's tensor does not fill it")
-        np_dtype = _numpy_dtypes()[code]
-        if np_dtype is not None and n:
-            # numpy's view plus from_numpy costs less than torch.frombuffer.
-            import torch
-
-            return torch.from_numpy(np.frombuffer(buf, dtype=np_dtype, count=n, offset=pos).reshape(shape))
-        _, by_code = _torch_dtype_tables()
-        import torch
-
-        if n == 0:
-            return torch.empty(shape, dtype=by_code[code])
-        return torch.frombuffer(buf, dtype=by_code[code], count=n, offset=pos).view(shape)
+        return _tensor_at(buf, code, shape, n, pos)
     if tag == T_BYTES or tag == T_BYTEARRAY:
         n, pad = _TOP_BYTES.unpack_from(buf, pos)
         pos += 16 + pad

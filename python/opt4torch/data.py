@@ -35,7 +35,7 @@ import torch
 import torch.utils.data as tud
 
 from . import _engine
-from ._codec import decode, decode_at, encode, encoded_size
+from ._codec import decode, decode_at, encode, encoded_size, make_arrays
 from ._plan import Plan, plan as build_plan
 from .capture import capture_epochs
 
@@ -285,9 +285,10 @@ class CachedDataset(tud.Dataset):
 
     def __getitems__(self, positions: Sequence[int]) -> list[Any]:
         pool = self._pool()
-        # One call into C reads the batch and decodes the HITs of plain
-        # values; rest holds (i, status, item, a, b) for everything else.
-        out, data, rest = pool.get_batch(positions)
+        # One call into C reads the batch and decodes its HITs (arrays and
+        # tensors through make_arrays, as views of data); rest holds
+        # (i, status, item, a, b) for everything else.
+        out, data, rest = pool.get_batch(positions, make_arrays)
         if rest:
             self._finish_batch(pool, positions, out, data, rest)
         if self.transform is not None:
@@ -323,7 +324,7 @@ class CachedDataset(tud.Dataset):
                     f"({pool.info()['page_size']} bytes): it is loaded, not cached. Give the loader "
                     "item_bytes= at least the largest item's size", RuntimeWarning, stacklevel=3)
         for i, status, _, a, b in rest:
-            if status == 0:  # a HIT the C decoder left to the codec (arrays, tensors, ...)
+            if status == 0:  # a HIT the C decoder left to the codec (PIL images, pickles, ...)
                 out[i] = decode_at(data, a, b)
             elif status == 1:
                 # Decode its record again so each sample is its own object.

@@ -88,3 +88,19 @@ class Blobs(Dataset):
 
     def opt4_item_bytes(self, i: int) -> int:
         return self.sizes[i] + 64  # the tuple and the int around the bytes
+
+
+class Unaligned(Dataset):
+    """Records of uneven length (a name that grows with i) around complex128
+    tensors and float64 arrays, whose views need 16-byte alignment."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, str, np.ndarray, int]:
+        rng = np.random.default_rng(i)
+        z = torch.from_numpy(rng.standard_normal(6)).view(torch.complex128)
+        return z, "x" * (i % 11), rng.standard_normal((2, 2)), i

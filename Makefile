@@ -2,7 +2,7 @@
 # the first target that needs it creates .venv with the pinned dependencies.
 #
 #   make demo    capture a seeded sampler, plan, compare OPT with LRU/FIFO
-#   make test    every test: C (plain, ASan+UBSan, TSan), fuzz smoke, Python
+#   make test    every test: C (plain, ASan+UBSan, TSan), the binding under ASan+UBSan, fuzz smoke, Python
 #   make bench   the benchmarks (writes bench/results/*.json)
 
 PYTHON ?= python3
@@ -15,7 +15,7 @@ JOBS   ?= 2
 # the checked-in corpus is replayed either way).
 FUZZ_SECONDS ?= 60
 
-.PHONY: all demo install test test-c test-asan test-tsan test-fuzz test-python bench clean
+.PHONY: all demo install test test-c test-asan test-asan-binding test-tsan test-fuzz test-python bench clean
 
 all: test
 
@@ -32,7 +32,7 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/opt4torch demo
 
-test: install test-c test-asan test-tsan test-fuzz test-python
+test: install test-c test-asan test-asan-binding test-tsan test-fuzz test-python
 	@echo "all tests passed"
 
 define ctest_build
@@ -48,6 +48,22 @@ test-c: $(STAMP)
 
 test-asan: $(STAMP)
 	$(call ctest_build,asan,-DCMAKE_BUILD_TYPE=Debug -DOPT4_SANITIZE=address$(comma)undefined,)
+
+# The binding (binding/_engine.c: the record decoder, the batch calls) under
+# ASan+UBSan: a sanitized build of the package in build/asan-binding, driven
+# by the Python tests that exercise it (spawned workers are left to
+# test-python: they would only repeat the forked ones, slower).
+ASAN_BINDING := build/asan-binding
+test-asan-binding: $(STAMP)
+	@mkdir -p $(ASAN_BINDING)
+	$(PIP) install --quiet --no-build-isolation --no-deps --upgrade --target $(ASAN_BINDING)/site \
+	    -C cmake.define.OPT4_SANITIZE=address,undefined -C cmake.build-type=Debug \
+	    -C build-dir=$(ASAN_BINDING)/build . > $(ASAN_BINDING).log 2>&1 || { cat $(ASAN_BINDING).log; exit 1; }
+	@rm -f $(ASAN_BINDING).log
+	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
+	    ASAN_OPTIONS=detect_leaks=0 PYTHONPATH=$(ASAN_BINDING)/site \
+	    $(PY) -m pytest -q -p no:cacheprovider tests/python/test_codec.py tests/python/test_dataloader.py \
+	    tests/python/test_cachelib.py tests/python/test_sized.py -k "not spawn and not forkserver"
 
 # ThreadSanitizer runs the concurrent tests (label "concurrent").
 test-tsan: $(STAMP)

@@ -769,14 +769,16 @@ leave:
  *
  * The hit path decodes records here, in the call that reads them: plain
  * values (bytes, bytearray, str, int, float, bool, None and tuples, lists and
- * dicts) become objects at once; numpy arrays and tensors become requests
- * (tag, dtype, shape, offset, scalar) that one call per batch to the codec's
- * make_arrays turns into views of the batch buffer (it stacks records of one
- * shape into a single strided view and splits it, far cheaper than one view
- * at a time), and C puts each into its place. Anything else (PIL images,
- * pickles, ints beyond 64 bits) and any record that does not parse cleanly is
- * left to the Python codec, which owns the format and its error messages.
- * Tags and layout must match _codec.py; tests compare the two. */
+ * dicts) become objects at once. Numpy arrays and tensors are collected as
+ * runs: arrays with the same header (kind, dtype, shape) at evenly spaced
+ * offsets, which is what a batch of same-shaped samples gives. One call per
+ * batch to the codec's make_arrays(data, runs) turns each run into views of
+ * the batch buffer (one strided view, split, for a run of many: far cheaper
+ * than a view per sample), and C puts each array into its place. Anything
+ * else (PIL images, pickles, ints beyond 64 bits) and any record that does
+ * not parse cleanly is left to the Python codec, which owns the format and
+ * its error messages. Tags and layout must match _codec.py; tests compare
+ * the two. */
 
 enum {
   REC_NONE, REC_TRUE, REC_FALSE, REC_INT, REC_BIGINT, REC_FLOAT, REC_STR, REC_BYTES, REC_BYTEARRAY,
@@ -793,20 +795,33 @@ typedef struct rec_reader {
   const uint8_t *p, *end;
 } rec_reader;
 
+/* Arrays whose headers are byte-equal, at offset + j * stride for j < count. */
+typedef struct rec_run {
+  const uint8_t *hdr; /* the node from its tag to the end of its shape */
+  size_t hdr_len;
+  int tag, scalar;
+  PyObject *dtype, *shape; /* strong references */
+  uint64_t offset, stride;
+  size_t count;
+} rec_run;
+
 /* Where an array goes once made: container[index] (tuple or list) or
  * container[key] (dict). */
 typedef struct rec_slot {
   PyObject *container; /* borrowed: owned by the record being built */
   Py_ssize_t index;
   PyObject *key; /* a strong reference, or NULL */
+  size_t run;
 } rec_slot;
 
 typedef struct rec_ctx {
-  const uint8_t *base; /* request offsets count from here */
-  PyObject *requests;  /* list of array requests, or NULL: records with arrays decline */
-  rec_slot *slots;     /* one per request */
-  size_t cap;
-  int in_key; /* decoding a dict key: an array there is no valid record */
+  const uint8_t *base; /* run offsets count from here */
+  int arrays;          /* whether arrays are decoded here (else records with them decline) */
+  int in_key;          /* decoding a dict key: an array there is no valid record */
+  rec_slot *slots;
+  size_t nslots, slots_cap;
+  rec_run *runs;
+  size_t nruns, runs_cap;
 } rec_ctx;
 
 static int rec_take(rec_reader *r, size_t n, const uint8_t **out) {
@@ -843,33 +858,22 @@ static int rec_payload(rec_reader *r, const uint8_t *base, uint64_t nbytes, uint
   return 0;
 }
 
-/* Shape (ndim u64s) as a tuple, and the byte count of its elements, bounded
- * by what is left of the record. */
-static PyObject *rec_shape(rec_reader *r, unsigned ndim, uint64_t itemsize, uint64_t *nbytes) {
-  uint64_t dims[REC_MAX_NDIM];
+/* A shape of ndim u64s, and the byte count of its elements, bounded by what
+ * is left of the record. */
+static int rec_dims(rec_reader *r, unsigned ndim, uint64_t itemsize, uint64_t *dims, uint64_t *nbytes) {
   int zero = 0;
-  if (ndim > REC_MAX_NDIM) return NULL;
+  if (ndim > REC_MAX_NDIM) return -1;
   for (unsigned k = 0; k < ndim; k++) {
-    if (rec_u64(r, &dims[k]) < 0 || dims[k] > (uint64_t)PY_SSIZE_T_MAX) return NULL;
+    if (rec_u64(r, &dims[k]) < 0 || dims[k] > (uint64_t)PY_SSIZE_T_MAX) return -1;
     zero |= dims[k] == 0;
   }
   uint64_t left = (uint64_t)(r->end - r->p), n = itemsize;
   for (unsigned k = 0; k < ndim && !zero; k++) {
-    if (n > left / dims[k]) return NULL; /* more than the record holds */
+    if (n > left / dims[k]) return -1; /* more than the record holds */
     n *= dims[k];
   }
   *nbytes = zero ? 0 : n;
-  PyObject *shape = PyTuple_New(ndim);
-  if (shape == NULL) return NULL;
-  for (unsigned k = 0; k < ndim; k++) {
-    PyObject *d = PyLong_FromUnsignedLongLong(dims[k]);
-    if (d == NULL) {
-      Py_DECREF(shape);
-      return NULL;
-    }
-    PyTuple_SET_ITEM(shape, k, d);
-  }
-  return shape;
+  return 0;
 }
 
 /* Bytes per element of a numpy dtype string as dtype.str writes it ("<f4",
@@ -879,7 +883,7 @@ static uint64_t rec_dtype_itemsize(const uint8_t *s, size_t n) {
   if (i < n && (s[i] == '<' || s[i] == '>' || s[i] == '|' || s[i] == '=')) i++;
   if (i >= n) return 0;
   char kind = (char)s[i++];
-  if (strchr("biufcSUVmM", kind) == NULL || kind == '\0') return 0;
+  if (kind == '\0' || strchr("biufcSUVmM", kind) == NULL) return 0;
   uint64_t size = 0;
   size_t digits = 0;
   for (; i < n && s[i] >= '0' && s[i] <= '9' && digits < 12; i++, digits++) size = size * 10 + (s[i] - '0');
@@ -893,56 +897,78 @@ static uint64_t rec_dtype_itemsize(const uint8_t *s, size_t n) {
   return kind == 'U' ? size * 4 : size;
 }
 
-/* An array node: a request for it, and its slot; Py_None stands in for it. */
+static int rec_grow(void **items, size_t *cap, size_t need, size_t size) {
+  if (need <= *cap) return 0;
+  size_t n = *cap ? 2 * *cap : 64;
+  void *p = PyMem_Realloc(*items, n * size);
+  if (p == NULL) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  *items = p;
+  *cap = n;
+  return 0;
+}
+
+/* A new run for the array whose header is hdr[0:hdr_len]. */
+static int rec_new_run(rec_ctx *c, const uint8_t *hdr, size_t hdr_len, int tag, int scalar,
+                       const uint8_t *dt, size_t dtlen, unsigned ndim, const uint64_t *dims,
+                       uint64_t offset) {
+  if (rec_grow((void **)&c->runs, &c->runs_cap, c->nruns + 1, sizeof *c->runs) < 0) return -1;
+  PyObject *dtype = tag == REC_NDARRAY ? PyUnicode_DecodeASCII((const char *)dt, (Py_ssize_t)dtlen, NULL)
+                                       : PyLong_FromLong(dt[0]);
+  PyObject *shape = dtype == NULL ? NULL : PyTuple_New(ndim);
+  for (unsigned k = 0; shape != NULL && k < ndim; k++) {
+    PyObject *d = PyLong_FromUnsignedLongLong(dims[k]);
+    if (d == NULL) Py_CLEAR(shape);
+    else PyTuple_SET_ITEM(shape, k, d);
+  }
+  if (shape == NULL) {
+    Py_XDECREF(dtype);
+    return -1;
+  }
+  c->runs[c->nruns++] = (rec_run){hdr, hdr_len, tag, scalar, dtype, shape, offset, 0, 1};
+  return 0;
+}
+
+/* An array node (its tag read): it joins the last run or starts one, and
+ * gets a slot; Py_None stands in for it until make_arrays has made it. */
 static PyObject *rec_array(rec_reader *r, rec_ctx *c, int tag, PyObject *container,
                            Py_ssize_t index, PyObject *key) {
-  const uint8_t *b;
-  PyObject *dtype = NULL, *shape = NULL;
-  uint64_t itemsize, nbytes, offset;
+  const uint8_t *hdr = r->p - 1, *b, *dt;
+  uint64_t itemsize, nbytes, offset, dims[REC_MAX_NDIM];
+  size_t dtlen = 1;
   int scalar = 0;
-  if (c->requests == NULL || c->in_key) return NULL;
+  if (!c->arrays || c->in_key) return NULL;
   if (tag == REC_NDARRAY) {
     if (rec_take(r, 2, &b) < 0 || b[0] > 1) return NULL;
     scalar = b[0];
-    size_t dtlen = b[1];
-    if (rec_take(r, dtlen, &b) < 0) return NULL;
-    itemsize = rec_dtype_itemsize(b, dtlen);
+    dtlen = b[1];
+    if (rec_take(r, dtlen, &dt) < 0) return NULL;
+    itemsize = rec_dtype_itemsize(dt, dtlen);
     if (itemsize == 0) return NULL;
-    dtype = PyUnicode_DecodeASCII((const char *)b, (Py_ssize_t)dtlen, NULL);
   } else {
-    if (rec_take(r, 1, &b) < 0 || b[0] >= sizeof rec_tensor_itemsize) return NULL;
-    itemsize = rec_tensor_itemsize[b[0]];
-    dtype = PyLong_FromLong(b[0]);
+    if (rec_take(r, 1, &dt) < 0 || dt[0] >= sizeof rec_tensor_itemsize) return NULL;
+    itemsize = rec_tensor_itemsize[dt[0]];
   }
-  if (dtype == NULL || rec_take(r, 1, &b) < 0) goto decline;
-  shape = rec_shape(r, b[0], itemsize, &nbytes);
-  if (shape == NULL || rec_payload(r, c->base, nbytes, &offset) < 0) goto decline;
-  size_t n = (size_t)PyList_GET_SIZE(c->requests);
-  if (n == c->cap) {
-    size_t cap = c->cap ? 2 * c->cap : 64;
-    rec_slot *slots = PyMem_Realloc(c->slots, cap * sizeof *slots);
-    if (slots == NULL) {
-      PyErr_NoMemory();
-      goto decline;
-    }
-    c->slots = slots;
-    c->cap = cap;
+  if (rec_take(r, 1, &b) < 0) return NULL;
+  unsigned ndim = b[0];
+  if (rec_dims(r, ndim, itemsize, dims, &nbytes) < 0) return NULL;
+  size_t hdr_len = (size_t)(r->p - hdr);
+  if (rec_payload(r, c->base, nbytes, &offset) < 0) return NULL;
+  if (rec_grow((void **)&c->slots, &c->slots_cap, c->nslots + 1, sizeof *c->slots) < 0) return NULL;
+  rec_run *last = c->nruns ? &c->runs[c->nruns - 1] : NULL;
+  uint64_t last_end = last ? last->offset + (last->count - 1) * last->stride : 0;
+  if (last != NULL && last->hdr_len == hdr_len && memcmp(last->hdr, hdr, hdr_len) == 0 &&
+      offset > last_end && (last->count == 1 || offset - last_end == last->stride)) {
+    last->stride = offset - last->offset - (last->count - 1) * last->stride;
+    last->count++;
+  } else if (rec_new_run(c, hdr, hdr_len, tag, scalar, dt, dtlen, ndim, dims, offset) < 0) {
+    return NULL;
   }
-  PyObject *req = Py_BuildValue("(iOOKi)", tag, dtype, shape, (unsigned long long)offset, scalar);
-  if (req == NULL || PyList_Append(c->requests, req) < 0) {
-    Py_XDECREF(req);
-    goto decline;
-  }
-  Py_DECREF(req);
   Py_XINCREF(key);
-  c->slots[n] = (rec_slot){container, index, key};
-  Py_DECREF(dtype);
-  Py_DECREF(shape);
+  c->slots[c->nslots++] = (rec_slot){container, index, key, c->nruns - 1};
   Py_RETURN_NONE;
-decline:
-  Py_XDECREF(dtype);
-  Py_XDECREF(shape);
-  return NULL;
 }
 
 /* A node as a new reference, bound for container[index] or container[key].
@@ -1025,20 +1051,28 @@ static PyObject *rec_node(rec_reader *r, rec_ctx *c, int depth, PyObject *contai
   }
 }
 
-/* Drop the requests and slots from n on (a record that declined). */
+/* Drop the slots from n on, and their share of the runs (a record that
+ * declined). */
 static void rec_truncate(rec_ctx *c, size_t n) {
-  if (c->requests == NULL) return;
-  size_t have = (size_t)PyList_GET_SIZE(c->requests);
-  for (size_t k = n; k < have; k++) Py_CLEAR(c->slots[k].key);
-  if (have > n) PyList_SetSlice(c->requests, (Py_ssize_t)n, (Py_ssize_t)have, NULL);
+  while (c->nslots > n) {
+    rec_slot *sl = &c->slots[--c->nslots];
+    Py_CLEAR(sl->key);
+    rec_run *run = &c->runs[sl->run];
+    if (--run->count == 0) { /* the last run: slots and runs grow together */
+      Py_CLEAR(run->dtype);
+      Py_CLEAR(run->shape);
+      c->nruns--;
+    }
+  }
 }
 
 static void rec_ctx_release(rec_ctx *c) {
   rec_truncate(c, 0);
-  Py_CLEAR(c->requests);
   PyMem_Free(c->slots);
+  PyMem_Free(c->runs);
   c->slots = NULL;
-  c->cap = 0;
+  c->runs = NULL;
+  c->slots_cap = c->runs_cap = 0;
 }
 
 /* The record at buf[0:len] decoded into holder[index] (a list). Returns 1
@@ -1049,7 +1083,7 @@ static void rec_ctx_release(rec_ctx *c) {
 static int rec_decode_into(rec_ctx *c, const uint8_t *buf, size_t len, PyObject *holder,
                            Py_ssize_t index) {
   if (len < 4 || buf[0] != 'O' || buf[1] != '4' || buf[2] != REC_FORMAT) return 0;
-  size_t mark = c->requests ? (size_t)PyList_GET_SIZE(c->requests) : 0;
+  size_t mark = c->nslots;
   rec_reader r = {buf + 3, buf + len};
   PyObject *obj = rec_node(&r, c, 0, holder, index, NULL);
   if (obj != NULL && r.p != r.end) Py_CLEAR(obj); /* trailing bytes */
@@ -1066,21 +1100,34 @@ static int rec_decode_into(rec_ctx *c, const uint8_t *buf, size_t len, PyObject 
   return 1;
 }
 
-/* Make the requested arrays with make_arrays(data, requests) and put each in
- * its slot. */
+/* Make the arrays with make_arrays(data, runs), runs as (tag, dtype, shape,
+ * offset, scalar, count, stride), and put each in its slot. */
 static int rec_place_arrays(rec_ctx *c, PyObject *make_arrays, PyObject *data) {
-  Py_ssize_t n = c->requests ? PyList_GET_SIZE(c->requests) : 0;
-  if (n == 0) return 0;
-  PyObject *arrays = PyObject_CallFunctionObjArgs(make_arrays, data, c->requests, NULL);
+  if (c->nslots == 0) return 0;
+  PyObject *runs = PyList_New((Py_ssize_t)c->nruns);
+  if (runs == NULL) return -1;
+  for (size_t k = 0; k < c->nruns; k++) {
+    const rec_run *run = &c->runs[k];
+    PyObject *t = Py_BuildValue("(iOOKinK)", run->tag, run->dtype, run->shape,
+                                (unsigned long long)run->offset, run->scalar, (Py_ssize_t)run->count,
+                                (unsigned long long)run->stride);
+    if (t == NULL) {
+      Py_DECREF(runs);
+      return -1;
+    }
+    PyList_SET_ITEM(runs, (Py_ssize_t)k, t);
+  }
+  PyObject *arrays = PyObject_CallFunctionObjArgs(make_arrays, data, runs, NULL);
+  Py_DECREF(runs);
   if (arrays == NULL) return -1;
-  if (!PyList_CheckExact(arrays) || PyList_GET_SIZE(arrays) != n) {
+  if (!PyList_CheckExact(arrays) || PyList_GET_SIZE(arrays) != (Py_ssize_t)c->nslots) {
     Py_DECREF(arrays);
-    PyErr_SetString(PyExc_TypeError, "make_arrays must return a list with one array per request");
+    PyErr_SetString(PyExc_TypeError, "make_arrays must return a list with count arrays per run");
     return -1;
   }
   int rc = 0;
-  for (Py_ssize_t k = 0; k < n && rc == 0; k++) {
-    PyObject *a = PyList_GET_ITEM(arrays, k), *box = c->slots[k].container;
+  for (size_t k = 0; k < c->nslots && rc == 0; k++) {
+    PyObject *a = PyList_GET_ITEM(arrays, (Py_ssize_t)k), *box = c->slots[k].container;
     Py_INCREF(a);
     if (PyTuple_CheckExact(box)) { /* ours alone until returned: filled in place */
       PyObject *old = PyTuple_GET_ITEM(box, c->slots[k].index);
@@ -1097,31 +1144,56 @@ static int rec_place_arrays(rec_ctx *c, PyObject *make_arrays, PyObject *data) {
   return rc;
 }
 
-/* decode_record(buffer, make_arrays=None) -> (True, object) or (False, None)
- * where the Python codec must decode it. For tests of the C decoder against
- * the codec; arrays are views of buffer. */
-static PyObject *py_decode_record(PyObject *Py_UNUSED(m), PyObject *args) {
-  PyObject *data, *make_arrays = Py_None, *out = NULL;
-  if (!PyArg_ParseTuple(args, "O|O", &data, &make_arrays)) return NULL;
+/* decode_records(buffer, spans, make_arrays=None) -> [(True, object) or
+ * (False, None) where the Python codec must decode it], one per (offset,
+ * length) span of buffer, decoded as a batch is (arrays are views of
+ * buffer). For tests of the C decoder against the codec. */
+static PyObject *py_decode_records(PyObject *Py_UNUSED(m), PyObject *args) {
+  PyObject *data, *spans, *make_arrays = Py_None, *out = NULL, *holder = NULL, *fast = NULL;
+  if (!PyArg_ParseTuple(args, "OO|O", &data, &spans, &make_arrays)) return NULL;
   Py_buffer view;
   if (PyObject_GetBuffer(data, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-  rec_ctx c = {view.buf, make_arrays == Py_None ? NULL : PyList_New(0), NULL, 0, 0};
-  PyObject *holder = PyList_New(1);
-  if (holder == NULL || (make_arrays != Py_None && c.requests == NULL)) goto done;
-  PyList_SET_ITEM(holder, 0, Py_NewRef(Py_None));
-  int rc = rec_decode_into(&c, view.buf, (size_t)view.len, holder, 0);
-  if (rc < 0 || (rc == 1 && rec_place_arrays(&c, make_arrays, data) < 0)) goto done;
-  out = Py_BuildValue("(OO)", rc ? Py_True : Py_False, PyList_GET_ITEM(holder, 0));
+  rec_ctx c = {.base = view.buf, .arrays = make_arrays != Py_None};
+  fast = PySequence_Fast(spans, "spans must be a sequence of (offset, length)");
+  if (fast == NULL) goto done;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  holder = PyList_New(n);
+  int *handled = PyMem_Calloc((size_t)(n ? n : 1), sizeof *handled);
+  if (holder == NULL || handled == NULL) {
+    PyMem_Free(handled);
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(holder, i, Py_NewRef(Py_None));
+  for (Py_ssize_t i = 0; i < n; i++) {
+    Py_ssize_t off, len;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "nn", &off, &len)) goto fail;
+    if (off < 0 || len < 0 || off > view.len || len > view.len - off) {
+      PyErr_SetString(PyExc_ValueError, "a span is outside the buffer");
+      goto fail;
+    }
+    handled[i] = rec_decode_into(&c, (const uint8_t *)view.buf + off, (size_t)len, holder, i);
+    if (handled[i] < 0) goto fail;
+  }
+  if (rec_place_arrays(&c, make_arrays, data) < 0) goto fail;
+  out = PyList_New(n);
+  for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+    PyObject *t = Py_BuildValue("(OO)", handled[i] ? Py_True : Py_False, PyList_GET_ITEM(holder, i));
+    if (t == NULL) Py_CLEAR(out);
+    else PyList_SET_ITEM(out, i, t);
+  }
+fail:
+  PyMem_Free(handled);
 done:
   rec_ctx_release(&c);
   Py_XDECREF(holder);
+  Py_XDECREF(fast);
   PyBuffer_Release(&view);
   return out;
 }
 
 /* get_batch(positions, make_arrays=None) -> (objects, data, rest): the batch
  * with its HITs decoded where the C decoder can (objects[i]); arrays made by
- * make_arrays(data, requests) when given. rest lists the other positions'
+ * make_arrays(data, runs) when given. rest lists the other positions'
  * entries as (i, status, item, a, b), in order (see entry_of), for the Python
  * layer to load, store or decode from data. */
 static PyObject *pool_get_batch(PoolObject *self, PyObject *args) {
@@ -1129,13 +1201,12 @@ static PyObject *pool_get_batch(PoolObject *self, PyObject *args) {
   if (!PyArg_ParseTuple(args, "O|O:get_batch", &positions, &make_arrays)) return NULL;
   if (pool_enter(self) < 0) return NULL;
   fetched f;
-  rec_ctx c = {NULL, NULL, NULL, 0, 0};
+  rec_ctx c = {.arrays = make_arrays != Py_None};
   PyObject *out = NULL, *objects = NULL, *rest = NULL;
   if (fetch_batch(self, positions, &f) < 0) goto leave;
   objects = PyList_New(f.n);
   rest = PyList_New(0);
-  c.requests = make_arrays == Py_None ? NULL : PyList_New(0);
-  if (objects == NULL || rest == NULL || (make_arrays != Py_None && c.requests == NULL)) goto leave;
+  if (objects == NULL || rest == NULL) goto leave;
   const uint8_t *buf = (const uint8_t *)PyByteArray_AS_STRING(f.data);
   c.base = buf;
   for (Py_ssize_t i = 0; i < f.n; i++) PyList_SET_ITEM(objects, i, Py_NewRef(Py_None));
@@ -1659,8 +1730,9 @@ static PyMethodDef module_methods[] = {
     {"simulate", (PyCFunction)(void (*)(void))py_simulate, METH_VARARGS | METH_KEYWORDS,
      "simulate(policy, seq, items, capacity, seed=0) -> dict"},
     {"fingerprint", py_fingerprint, METH_VARARGS, "fingerprint(seq, items) -> int"},
-    {"decode_record", py_decode_record, METH_VARARGS,
-     "decode_record(buffer, make_arrays=None) -> (True, object) or (False, None): the C decoder"},
+    {"decode_records", py_decode_records, METH_VARARGS,
+     "decode_records(buffer, spans, make_arrays=None) -> [(True, object) or (False, None)]: "
+     "the C decoder on records at (offset, length) spans of buffer"},
     {"policy_names", py_policy_names, METH_NOARGS, "Names of the simulator's policies."},
     {"mem_stats", py_mem_stats, METH_NOARGS, "Engine memory: current and peak bytes."},
     {"mem_peak_reset", py_mem_peak_reset, METH_NOARGS, "Reset the engine's peak counter."},

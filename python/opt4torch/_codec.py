@@ -398,27 +398,19 @@ def _dtype(s: str) -> np.dtype:
     return dt
 
 
-def make_arrays(buf: Any, requests: list[tuple[int, Any, tuple[int, ...], int, int]]) -> list[Any]:
+def make_arrays(buf: Any, runs: list[tuple[int, Any, tuple[int, ...], int, int, int, int]]) -> list[Any]:
     """The arrays and tensors the binding's decoder asks for, as views of buf.
 
-    A request is ``(tag, dtype, shape, offset, scalar)``: a numpy array
-    (``T_NDARRAY``, dtype its ``dtype.str``; a numpy scalar when scalar is 1)
-    or a tensor (``T_TENSOR``, dtype its code) whose elements start at
-    ``buf[offset]``. Requests of one kind, dtype and shape whose offsets are
-    evenly spaced (a batch of same-shaped samples) become one strided view,
-    split along its first axis: one numpy and one torch call for the lot
-    instead of a few per sample."""
-    out: list[Any] = [None] * len(requests)
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for j, r in enumerate(requests):
-        key = (r[0], r[1], r[2], r[4])
-        g = groups.get(key)
-        if g is None:
-            groups[key] = [j]
-        else:
-            g.append(j)
-    for (tag, dt, shape, scalar), idx in groups.items():
-        offsets = [requests[j][3] for j in idx]
+    A run is ``(tag, dtype, shape, offset, scalar, count, stride)``: ``count``
+    numpy arrays (``T_NDARRAY``, dtype its ``dtype.str``; numpy scalars when
+    scalar is 1) or tensors (``T_TENSOR``, dtype its code) of one shape, whose
+    elements start at ``buf[offset + j * stride]``. A run of several becomes
+    one strided view split along its first axis (a batch of same-shaped
+    samples: one numpy and one torch call for the lot instead of a few per
+    sample); anything else, one view at a time. Returns the arrays in order,
+    ``count`` per run."""
+    out: list[Any] = []
+    for tag, dt, shape, offset, scalar, count, stride in runs:
         n = 1
         for d in shape:
             n *= d
@@ -428,33 +420,28 @@ def make_arrays(buf: Any, requests: list[tuple[int, Any, tuple[int, ...], int, i
         else:
             np_dtype = _dtype(dt)
             itemsize = np_dtype.itemsize
-        nbytes = n * itemsize
-        stride = offsets[1] - offsets[0] if len(offsets) > 1 else nbytes
         # (Rows of a stacked numpy array of 0-d arrays would be scalars.)
-        if (np_dtype is None or n == 0 or scalar or len(idx) < 2 or stride < nbytes or stride % itemsize
-                or (tag == T_NDARRAY and not shape)
-                or any(b - a != stride for a, b in zip(offsets, offsets[1:]))):
-            for j, off in zip(idx, offsets):
+        if (count < 2 or np_dtype is None or n == 0 or scalar or stride < n * itemsize or stride % itemsize
+                or (tag == T_NDARRAY and not shape)):
+            for j in range(count):
+                off = offset + j * stride
                 if tag == T_TENSOR:
-                    out[j] = _tensor_at(buf, dt, shape, n, off)
+                    out.append(_tensor_at(buf, dt, shape, n, off))
                 else:
                     arr = np.frombuffer(buf, dtype=np_dtype, count=n, offset=off).reshape(shape)
-                    out[j] = arr[()] if scalar else arr
+                    out.append(arr[()] if scalar else arr)
             continue
         strides = [itemsize] * (len(shape) + 1)
         for k in range(len(shape) - 1, 0, -1):
             strides[k] = strides[k + 1] * shape[k]
         strides[0] = stride
-        stacked = np.ndarray((len(idx), *shape), dtype=np_dtype, buffer=buf, offset=offsets[0],
-                             strides=strides)
+        stacked = np.ndarray((count, *shape), dtype=np_dtype, buffer=buf, offset=offset, strides=strides)
         if tag == T_TENSOR:
             import torch
 
-            views = torch.from_numpy(stacked).unbind(0)
+            out.extend(torch.from_numpy(stacked).unbind(0))
         else:
-            views = list(stacked)
-        for j, v in zip(idx, views):
-            out[j] = v
+            out.extend(stacked)
     return out
 
 

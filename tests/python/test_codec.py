@@ -94,25 +94,32 @@ def test_python_values(obj) -> None:
     assert same(roundtrip(obj), obj)
 
 
-# The C decoder of the batch path (plain values only) against the codec.
+# The C decoder of the batch path against the codec.
+
+
+def c_decode(record: bytes, arrays=make_arrays):
+    """The C decoder on one record in a buffer of its own (a bytearray, as
+    the pool gives it): (True, object) or (False, None) when it declines."""
+    return _engine.decode_records(bytearray(record), [(0, len(record))], arrays)[0]
+
 
 
 @given(plain_values)
 def test_c_decoder_equals_the_codec(obj) -> None:
     record = record_of(obj)
-    handled, out = _engine.decode_record(record)
+    handled, out = c_decode(record, None)
     assert handled, "the C decoder declined a record of plain values"
     assert same(out, decode(record)) and same(out, obj)
 
 
 def test_c_decoder_leaves_the_rest_to_the_codec() -> None:
     for obj in (10**40, [1, [2, [3, 10**30]]], Image.new("L", (2, 2)), (np.zeros(2), Image.new("L", (1, 1)))):
-        assert _engine.decode_record(bytearray(record_of(obj)), make_arrays) == (False, None), obj
-    assert _engine.decode_record(record_of(Fraction(1, 3), allow_pickle=True)) == (False, None)
+        assert c_decode(record_of(obj)) == (False, None), obj
+    assert c_decode(record_of(Fraction(1, 3), allow_pickle=True)) == (False, None)
     nested = 0
     for _ in range(40):  # deeper than the C decoder goes: the codec's
         nested = [nested]
-    assert _engine.decode_record(record_of(nested))[0] is False
+    assert c_decode(record_of(nested))[0] is False
     assert same(decode(record_of(nested)), nested)
 
 
@@ -150,11 +157,6 @@ values_with_arrays = st.recursive(
     max_leaves=12)
 
 
-def c_decode(record: bytes):
-    """The C decoder on a batch buffer (a bytearray, as the pool gives it)."""
-    return _engine.decode_record(bytearray(record), make_arrays)
-
-
 @given(values_with_arrays)
 def test_c_decoder_with_arrays_equals_the_codec(obj) -> None:
     record = record_of(obj)
@@ -164,35 +166,41 @@ def test_c_decoder_with_arrays_equals_the_codec(obj) -> None:
 
 
 @given(st.lists(values_with_arrays, min_size=1, max_size=6), st.data())
-def test_make_arrays_views_a_batch(objs, data) -> None:
-    """Records side by side in one buffer, as a batch: same-shaped arrays at
-    even spacing come from one strided view; the rest one by one. Either way
-    each equals the codec's decode, and is a view of the buffer."""
+def test_c_decoder_on_a_batch(objs, data) -> None:
+    """Records side by side in one buffer, as the pool lays out a batch (each
+    at a 16-byte boundary): same-shaped arrays at even spacing are made as one
+    strided view, the rest one by one. Either way each sample equals the
+    codec's decode, and its arrays are aligned views of the buffer."""
     repeat = data.draw(st.integers(1, 4))
     records = [record_of(o) for o in objs for _ in range(repeat)]
-    # Laid out as the pool lays out a batch: each record at a 16-byte boundary.
     padded = [r + bytes(-len(r) % 16) for r in records]
     buf = bytearray(b"".join(padded))
-    assert np.frombuffer(buf, dtype="u1").ctypes.data % 16 == 0
-    offsets = np.cumsum([0] + [len(r) for r in padded])
-    for k, rec in enumerate(records):
-        handled, out = _engine.decode_record(memoryview(buf)[offsets[k]:offsets[k] + len(rec)], make_arrays)
-        assert handled and same(out, decode(bytearray(rec)))
-    requests, expect = [], []
-    for k, rec in enumerate(records):
-        obj = decode_at(buf, int(offsets[k]), len(rec))
-        for leaf in _leaves(obj):
-            if isinstance(leaf, (np.ndarray, torch.Tensor)) and leaf.nbytes:
-                requests.append(_request_of(leaf, buf))
-                expect.append(leaf)
-    got = make_arrays(buf, requests)
-    assert len(got) == len(expect)
     base = np.frombuffer(buf, dtype="u1").ctypes.data
-    for g, e, req in zip(got, expect, requests):
-        assert same(g, e)
-        # A view of buf, right where the request points, and aligned there.
-        addr = g.data_ptr() if isinstance(g, torch.Tensor) else g.ctypes.data
-        assert addr == base + req[3] and addr % 16 == 0
+    assert base % 16 == 0
+    offsets = np.cumsum([0] + [len(r) for r in padded])
+    spans = [(int(offsets[k]), len(r)) for k, r in enumerate(records)]
+    got = _engine.decode_records(buf, spans, make_arrays)
+    for (handled, out), rec in zip(got, records):
+        assert handled and same(out, decode(bytearray(rec)))
+        for leaf in _leaves(out):
+            if isinstance(leaf, torch.Tensor) and leaf.numel():
+                assert base <= leaf.data_ptr() < base + len(buf) and leaf.data_ptr() % 16 == 0
+            elif isinstance(leaf, np.ndarray) and leaf.size:
+                assert base <= leaf.ctypes.data < base + len(buf) and leaf.ctypes.data % 16 == 0
+
+
+def test_make_arrays_stacks_runs() -> None:
+    """A run of same-shaped tensors is one strided view, split: the samples
+    share the buffer's storage, each at its own offset."""
+    buf = bytearray(64 * 8)
+    np.frombuffer(buf, dtype="<f4")[:] = np.arange(128)
+    got = make_arrays(buf, [(13, 0, (2, 2), 16, 0, 4, 64), (12, "<f4", (3,), 0, 0, 1, 0)])
+    assert len(got) == 5
+    for j in range(4):
+        assert torch.equal(got[j], torch.arange(4 + 16 * j, 8 + 16 * j, dtype=torch.float32).reshape(2, 2))
+        assert got[j].data_ptr() == np.frombuffer(buf, dtype="u1").ctypes.data + 16 + 64 * j
+    assert got[0].untyped_storage().data_ptr() == got[3].untyped_storage().data_ptr()
+    assert np.array_equal(got[4], [0, 1, 2])
 
 
 def _leaves(obj):
@@ -206,18 +214,10 @@ def _leaves(obj):
         yield obj
 
 
-def _request_of(leaf, buf):
-    base = np.frombuffer(buf, dtype="u1").ctypes.data
-    if isinstance(leaf, torch.Tensor):
-        code = TENSOR_DTYPES.index(leaf.dtype)
-        return (13, code, tuple(leaf.shape), leaf.data_ptr() - base, 0)
-    return (12, leaf.dtype.str, leaf.shape, leaf.ctypes.data - base, 0)
-
-
 def test_c_decoder_leaves_records_with_arrays_without_make_arrays() -> None:
     for obj in (torch.arange(3), (np.arange(2), 1)):
         record = record_of(obj)
-        assert _engine.decode_record(bytearray(record)) == (False, None)
+        assert c_decode(record, None) == (False, None)
         assert c_decode(record)[0] is True
 
 

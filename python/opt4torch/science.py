@@ -35,7 +35,7 @@ from . import reference, theory
 from ._plan import plan as build_plan
 from .sim import POLICIES as C_POLICIES
 from .sim import simulate as c_simulate
-from .traces import epoch_shuffle, uniform
+from .traces import epoch_shuffle, markov, uniform
 
 __all__ = [
     "zipf_trace",
@@ -996,6 +996,103 @@ def fig_speedup(report: Report) -> None:
 
 
 # ---------------------------------------------------------------------------
+# figure 9: sequential runs with random jumps (the Markov trace)
+# ---------------------------------------------------------------------------
+
+
+def fig_markov(report: Report) -> None:
+    """Hit rate against the mean run length 1/p of the Markov trace, from
+    uniform access (p = 1, section 2) to a cyclic scan (p = 0, an epoch
+    shuffle with a fixed order, section 3.1), at C/N = 0.2."""
+    plt = _plt()
+    n = 1000 if report.quick else 4000
+    c = 0.2
+    cap = int(round(c * n))
+    epochs = 40
+    accesses = epochs * n
+    seed = report.seed_for(9)
+    runs = [1, 3, 10, 30, 100, 300, 1000, 3000, 10000, 30000, 100000]
+    runs = [r for r in runs if r <= 25 * n]
+    pols = ["opt", "static-first", "lru", "fifo", "random", "lfu", "sieve"]
+    sim: dict[str, list[float]] = {q: [] for q in pols}
+    rows = []
+    for k, run in enumerate(runs):
+        jump = 1.0 / run
+        s = seed + k
+        seq = markov(n, accesses, jump=jump, seed=s)
+        row: dict[str, Any] = {"mean_run": run, "jump": jump, "items": n, "capacity": cap,
+                               "accesses": accesses, "seed": s}
+        for q in pols:
+            row[f"sim_{q}"] = hits(q, seq, cap, n, seed=s) / accesses
+            sim[q].append(row[f"sim_{q}"])
+        rows.append(row)
+        # Every access is uniform on its own (P^t = (1-p)^t S^t + (1-(1-p)^t) U),
+        # so a fixed set of C ids is hit C/N of the time; the static cache's
+        # set is fixed after its fill. Its hits come in runs, so the noise
+        # allowance counts blocks of min(1/p, N) accesses.
+        # Checked where runs are short enough for that to be tight; longer
+        # runs are a few dozen runs per trace (and p = 0 is checked exactly).
+        if run <= n // 100:
+            block = min(run, n)
+            tol = 4 * math.sqrt(c * (1 - c) * block / accesses) + 2 * block / accesses
+            report.add(Check("markov", f"N={n}, C/N={c}, mean run {run}", "static-first", "hit rate",
+                             "exact expectation", c, row["sim_static-first"], tol, s))
+    # The two ends, exactly: p = 1 is uniform access (section 2.1); p = 0 is
+    # a cyclic scan, an epoch shuffle with a fixed order (section 3.1).
+    s_irm, s_scan = seed + 100, seed + 101
+    irm = markov(n, accesses, jump=1.0, seed=s_irm)
+    scan = markov(n, accesses, jump=0.0, seed=s_scan)
+    online = theory.online_uniform_expected_hits(n, cap, accesses)
+    for q in ("lru", "fifo"):
+        h = hits(q, irm, cap, n)
+        report.add(Check("markov", f"N={n}, C/N={c}, p=1 (uniform)", q, "hits", "exact expectation", online,
+                         h, 4 * math.sqrt(online), s_irm))
+    exact = theory.opt_epoch_shuffle_hits(n, cap, epochs)
+    for q in ("opt", "static-first"):
+        report.add(Check("markov", f"N={n}, C/N={c}, p=0 (cyclic scan)", q, "hits", "exact", exact,
+                         hits(q, scan, cap, n), 0, s_scan))
+    for q in ("lru", "fifo"):
+        report.add(Check("markov", f"N={n}, C/N={c}, p=0 (cyclic scan)", q, "hits", "exact", 0,
+                         hits(q, scan, cap, n), 0, s_scan))
+    _write_csv(os.path.join(report.out, "markov.csv"), rows)
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    opt_irm = theory.opt_uniform_hit_rate(n, cap)
+    ax.axhline(c, color="#7f7f7f", lw=1, ls="--", label="every online policy at p = 1, static at all p: C/N")
+    ax.axhline(opt_irm, color="#d62728", lw=1, ls="--", label="OPT at p = 1 (uniform, section 2.2)")
+    ax.axhline(0, color="#1f77b4", lw=1, ls=":", label="LRU, FIFO at p = 0 (scan): 0")
+    ax.axvline(cap, color="black", lw=0.6, ls="-.")
+    ax.axvline(n, color="black", lw=0.6, ls="-.")
+    ax.text(cap, 0.3, " 1/p = C", fontsize=7)
+    ax.text(n, 0.3, " 1/p = N", fontsize=7)
+    for q in pols:
+        st = dict(STYLE[q])
+        label = st.pop("label") + " (sim)"
+        ax.plot(runs, sim[q], markerfacecolor="none", markersize=5, lw=0.8, label=label, **st)
+    ax.set_xscale("log")
+    ax.set_xlabel("mean run length 1/p (accesses between random jumps)")
+    ax.set_ylabel("hit rate")
+    ax.set_title(f"Markov trace: runs with random jumps (N={n:,}, C/N={c})")
+    ax.set_ylim(-0.02, 0.9)
+    ax.legend(fontsize=6.5, loc="upper center", ncol=2)
+    best_online = [max(sim[q][i] for q in pols if q != "opt") for i in range(len(runs))]
+    gain = [sim["opt"][i] / best_online[i] if best_online[i] > 0 else math.nan for i in range(len(runs))]
+    ax2.plot(runs, gain, color="#d62728", marker="o", markerfacecolor="none", label="OPT / best other policy")
+    ax2.plot(runs, [sim["opt"][i] / sim["lru"][i] if sim["lru"][i] > 0 else math.nan for i in range(len(runs))],
+             color="#1f77b4", marker="s", markerfacecolor="none", label="OPT / LRU (none where LRU has no hits)")
+    ax2.set_xscale("log")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("mean run length 1/p")
+    ax2.set_ylabel("hit-rate ratio")
+    ax2.set_title("OPT's edge over LRU, and over the best other policy")
+    ax2.legend(fontsize=7)
+    for row, g in zip(rows, gain):
+        row["opt_over_best_other"] = g
+    _write_csv(os.path.join(report.out, "markov.csv"), rows)
+    _save(fig, report, "markov.png")
+
+
+# ---------------------------------------------------------------------------
 # the command
 # ---------------------------------------------------------------------------
 
@@ -1011,6 +1108,7 @@ FIGURES: list[tuple[str, Callable[[Report], None]]] = [
     ("repeated_aug", table_repeated_aug),
     ("opt_gap", table_opt_gap),
     ("speedup", fig_speedup),
+    ("markov", fig_markov),
 ]
 
 

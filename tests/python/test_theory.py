@@ -509,3 +509,38 @@ def test_science_static_caches_equal_the_simulator(seq: list[int], capacity: int
         return
     assert science.static_first_hits(seq, capacity) == opt4torch.simulate("static", seq, capacity, items=41)["hits"]
     assert science.static_top_hits(seq, capacity) == opt4torch.simulate("freq", seq, capacity, items=41)["hits"]
+
+
+# ---- the Markov trace (docs/why-opt.md, section 3.5) ----
+
+
+@pytest.mark.parametrize("p", [0.0, 0.05, 0.3, 1.0])
+def test_markov_transition_powers(p: float) -> None:
+    """P = (1-p) S + p U gives P^t = (1-p)^t S^t + (1 - (1-p)^t) U: after the
+    first jump the chain is uniform, and every access is uniform on its own."""
+    n = 7
+    shift = np.roll(np.eye(n), 1, axis=1)  # x -> x + 1 (mod n)
+    unif = np.full((n, n), 1.0 / n)
+    step = (1 - p) * shift + p * unif
+    power = np.eye(n)
+    for t in range(1, 12):
+        power = power @ step
+        want = (1 - p) ** t * np.linalg.matrix_power(shift, t) + (1 - (1 - p) ** t) * unif
+        assert np.allclose(power, want)
+        assert np.allclose(np.full(n, 1.0 / n) @ power, 1.0 / n)
+
+
+def test_markov_scan_is_an_epoch_shuffle() -> None:
+    """p = 0 is a cyclic scan from a random start: a fixed-order epoch
+    shuffle, so OPT = static = C (E - 1) exactly, and LRU and FIFO get none."""
+    from opt4torch.traces import markov
+
+    n, cap, epochs = 300, 70, 5
+    seq = markov(n, n * epochs, jump=0.0, seed=4)
+    for e in range(epochs):
+        assert sorted(seq[e * n:(e + 1) * n].tolist()) == list(range(n))
+    exact = theory.opt_epoch_shuffle_hits(n, cap, epochs)
+    assert opt4torch.simulate("opt", seq, cap, items=n)["hits"] == exact
+    assert opt4torch.simulate("static", seq, cap, items=n)["hits"] == exact
+    assert opt4torch.simulate("lru", seq, cap, items=n)["hits"] == 0
+    assert opt4torch.simulate("fifo", seq, cap, items=n)["hits"] == 0

@@ -354,6 +354,7 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         self.batched = batched
         self._next_epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches to skip)
+        self._resume_floor: int | None = None  # the node's, when ranks share the pool
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -370,6 +371,7 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         """Make the next iteration start mid-epoch; returns its first position."""
         self.set_epoch(epoch)
         self._resume = (int(epoch), int(batches_done))
+        self._resume_floor = None
         if batches_done >= len(self.starts[epoch]):
             return self.floors[epoch + 1] if epoch + 1 < len(self.floors) else self.cache.plan.accesses
         return int(self.starts[epoch][batches_done])
@@ -396,7 +398,14 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         # This runs at the first next(): by then torch has finished the
         # previous epoch's outstanding batches, so positions before the floor
         # that never ran never will.
-        self.cache.set_floor(self.floors[e] if skip == 0 else self.resume_floor(e, skip))
+        if skip == 0:
+            self.cache.set_floor(self.floors[e])
+        else:
+            # Resuming: nothing below this rank's next batch will run (for a
+            # pool shared across ranks, below the node's earliest next batch).
+            floor = self.resume_floor(e, skip) if self._resume_floor is None else self._resume_floor
+            self.cache.set_floor(floor)
+        self._resume_floor = None
         for start, n in zip(self.starts[e][skip:].tolist(), self.batches[e][skip:].tolist()):
             if self.batched:
                 yield list(range(start, start + n))
@@ -659,6 +668,9 @@ class DataLoader(tud.DataLoader):
             if rank != 0:
                 self.cache = OPTCache.attach(name[0], plan, pool_page or plan.page_size)
         self.shared_across_ranks = share_across_ranks
+        self._group = (group, rank, world) if group is not None else None
+        #: The global position the last load_state_dict() resumed at.
+        self.resumed_at: int | None = None
         cached = CachedDataset(dataset, self.cache.name, plan.accesses, n_items, transform=transform,
                                allow_pickle=allow_pickle)
         self._positions = PositionBatchSampler(starts, own, floors, self.cache, batched=batched)
@@ -748,17 +760,36 @@ class DataLoader(tud.DataLoader):
 
     def load_state_dict(self, state: dict[str, Any], *, warm: bool = True) -> None:
         """Resume mid-epoch at the exact batch; warm the pool with the items
-        the plan holds there (loaded now, so the first batches hit)."""
-        if self.shared_across_ranks:
-            raise NotImplementedError("resuming a pool shared across ranks is not supported yet: build "
-                                      "the loaders with share_across_ranks=False to resume mid-epoch")
+        the plan holds there (loaded now, so the first batches hit).
+
+        With ``share_across_ranks=True`` every rank of the node must call it
+        (it is collective, like the constructor), with the state it saved at
+        the same training step: the node resumes at its earliest next batch,
+        and local rank 0 warms the one pool for all of them."""
         if state.get("fingerprint") != self.cache.plan.fingerprint:
             raise ValueError("this state was saved by a loader with another plan (sampler, seed, "
                              "epochs or dataset differ): it cannot resume here")
         start = self._positions.resume(int(state["epoch"]), int(state["batches_done"]))
-        self.cache.set_floor(start)
-        if warm:
-            self._warm(start)
+        if self._group is None:
+            self.cache.set_floor(start)
+            if warm:
+                self._warm(start)
+        else:
+            # Ranks sharing the pool: a collective call. The node resumes at
+            # its earliest next batch (in lockstep, rank 0's); local rank 0
+            # warms the pool for everyone, and nobody reads before it has.
+            import torch.distributed as dist
+
+            group, rank, world = self._group
+            starts: list[Any] = [None] * world
+            dist.all_gather_object(starts, start, group=group)
+            start = min(starts)
+            self._positions._resume_floor = start
+            self.cache.set_floor(start)
+            if warm and rank == 0:
+                self._warm(start)
+            dist.barrier(group=group)
+        self.resumed_at = start
 
     def _warm(self, position: int) -> int:
         owner = _engine.pool_attach(self.cache.name)

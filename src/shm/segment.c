@@ -477,6 +477,27 @@ static int read_owner(const char *name, uint32_t *pid, uint64_t *start, uint64_t
   return 0;
 }
 
+/* A pool's header is written last, after its segments are sized and its
+ * metadata built, which takes a while for a large plan. Until then the
+ * creator is known only by its name (/opt4-<uid>-<pid>-<hex>): a pool being
+ * created by a live process must not look stale to another process's sweep
+ * (two ranks of one node start together). Returns the creator's pid, or 0. */
+static pid_t creator_pid(const char *name) {
+  const char *p = strchr(name + 6, '-'); /* past "/opt4-" and the uid */
+  if (p == NULL) return 0;
+  char *end;
+  long pid = strtol(p + 1, &end, 10);
+  return (*end == '-' && pid > 0 && pid <= INT32_MAX) ? (pid_t)pid : 0;
+}
+
+/* Whether a pool without a readable header may still be in creation. (A
+ * creator that died and whose pid was reused keeps its half-made pool until
+ * that pid ends too: the safe side.) */
+static int maybe_in_creation(const char *name) {
+  pid_t pid = creator_pid(name);
+  return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
 int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx) {
   opt4__clear_detail();
   if (visit == NULL) return opt4__fail(OPT4_EINVAL, "visit is NULL");
@@ -497,9 +518,14 @@ int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx) {
     uint32_t pid = 0;
     uint64_t start = 0, bytes = 0;
     int alive = 0;
-    if (read_owner(name, &pid, &start, &bytes) == 0) alive = opt4__proc_alive((pid_t)pid, start);
-    /* A segment whose header cannot be read is a pool that died while being
-     * created (or is foreign): reported as not alive. */
+    if (read_owner(name, &pid, &start, &bytes) == 0) {
+      alive = opt4__proc_alive((pid_t)pid, start);
+    } else if (maybe_in_creation(name)) { /* no header yet, its creator lives */
+      pid = (uint32_t)creator_pid(name);
+      alive = 1;
+    }
+    /* Otherwise a segment whose header cannot be read is a pool that died
+     * while being created (or is foreign): reported as not alive. */
     if ((rc = visit(ctx, name, pid, alive, bytes)) != 0) break;
   }
   closedir(d);
@@ -513,8 +539,15 @@ int opt4_pool_remove(const char *name, int force) {
     return opt4__fail(OPT4_EINVAL, "\"%s\" is not an opt4 pool name", name ? name : "(null)");
   uint32_t pid;
   uint64_t start, bytes;
-  if (!force && read_owner(name, &pid, &start, &bytes) == 0 && opt4__proc_alive((pid_t)pid, start))
-    return opt4__fail(OPT4_EPOOL, "pool %s belongs to a live process (pid %u); it is not "
-                      "stale", name, pid);
+  if (!force) {
+    if (read_owner(name, &pid, &start, &bytes) == 0) {
+      if (opt4__proc_alive((pid_t)pid, start))
+        return opt4__fail(OPT4_EPOOL, "pool %s belongs to a live process (pid %u); it is not "
+                          "stale", name, pid);
+    } else if (maybe_in_creation(name)) {
+      return opt4__fail(OPT4_EPOOL, "pool %s is being created by a live process (pid %d); it is "
+                        "not stale", name, (int)creator_pid(name));
+    }
+  }
   return unlink_pair(name);
 }

@@ -2,7 +2,9 @@
  * gives exactly its hits with byte-exact items, and every error is clean. */
 #include "pool_util.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -252,6 +254,41 @@ static void test_stale_cleanup(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* A pool still being created (segment there, header not yet written) by a
+ * live process is not stale, whoever sweeps; once its creator is dead, it is.
+ * (Two ranks of a node start together: one's sweep met the other's pool in
+ * creation and removed it.) */
+static void test_pool_in_creation_is_not_stale(void) {
+  char name[64];
+  snprintf(name, sizeof name, "/opt4-%u-%d-00000000feedf00d", (unsigned)getuid(), (int)getpid());
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT(fd >= 0);
+  ASSERT(ftruncate(fd, 4096) == 0); /* sized, all zeros: no magic yet */
+  close(fd);
+  seen_ctx c = {name, 0, 0};
+  ASSERT_OK(opt4_pool_list(visit, &c));
+  ASSERT(c.found && c.alive);
+  ASSERT_ERR(opt4_pool_remove(name, 0), OPT4_EPOOL);
+  ASSERT(strstr(opt4_errdetail(), "being created") != NULL);
+  ASSERT_OK(opt4_pool_remove(name, 1)); /* force */
+
+  /* The same from a creator that has died: stale. */
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  int status;
+  ASSERT(waitpid(child, &status, 0) == child);
+  snprintf(name, sizeof name, "/opt4-%u-%d-00000000feedf00d", (unsigned)getuid(), (int)child);
+  fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT(fd >= 0);
+  ASSERT(ftruncate(fd, 4096) == 0);
+  close(fd);
+  seen_ctx d = {name, 0, 1};
+  ASSERT_OK(opt4_pool_list(visit, &d));
+  ASSERT(d.found && !d.alive);
+  ASSERT_OK(opt4_pool_remove(name, 0));
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 /* Resuming at p in a fresh pool: warm it with the generations live at p,
  * then the rest of the plan runs with exactly the plan's hits after p. */
 static void test_resume_warm(void) {
@@ -386,6 +423,7 @@ int main(void) {
   RUN(test_errors);
   RUN(test_floor);
   RUN(test_stale_cleanup);
+  RUN(test_pool_in_creation_is_not_stale);
   RUN(test_resume_warm);
   RUN(test_occurrences_and_skip);
   RUN(test_sized_pool);

@@ -26,6 +26,8 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=120, help="total across the node's ranks")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--resume-after", type=int, default=-1,
+                    help="stop after this many batches of epoch 1, save the state, and resume in a new loader")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dist.init_process_group("gloo")
@@ -33,19 +35,57 @@ def main() -> None:
     ds = Checked(args.items)
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, seed=11)
     per_rank = args.capacity if args.shared else args.capacity // world
-    loader = opt4torch.DataLoader(ds, batch_size=16, sampler=sampler, num_workers=args.workers,
-                                  cache_items=per_rank, epochs=args.epochs, share_across_ranks=args.shared,
-                                  multiprocessing_context="fork" if args.workers else None, wait_timeout=60)
+
+    def make() -> opt4torch.DataLoader:
+        return opt4torch.DataLoader(ds, batch_size=16, sampler=sampler, num_workers=args.workers,
+                                    cache_items=per_rank, epochs=args.epochs, share_across_ranks=args.shared,
+                                    multiprocessing_context="fork" if args.workers else None, wait_timeout=60)
+
+    loader = make()
     bad = 0
     steps = 0
-    for _ in range(args.epochs):
-        for x, y in loader:
+    seen: list[int] = []
+
+    def run(batches) -> None:
+        nonlocal bad, steps
+        for x, y in batches:
             bad += sum(not torch.equal(row, expected_tensor(i)) for row, i in zip(x, y.tolist()))
+            seen.extend(y.tolist())
             dist.all_reduce(torch.ones(1))  # lockstep, as gradient synchronisation would
             steps += 1
+
+    mine: dict = {"rank": rank}
+    if args.resume_after >= 0:
+        # Epoch 0, then part of epoch 1; save, drop the loader (and its pool),
+        # and go on in a new one from the saved state.
+        run(loader)
+        it = iter(loader)
+        run(next(it) for _ in range(args.resume_after))
+        state = loader.state_dict()
+        del it
+        dist.barrier()
+        loader.cache.close()
+        dist.barrier()
+        loader = make()
+        loader.load_state_dict(state)
+        seen.clear()
+        for _ in range(1, args.epochs):
+            run(loader)
+        # What the uninterrupted run reads from there on, by the sampler itself.
+        want = []
+        for e in range(1, args.epochs):
+            sampler.set_epoch(e)
+            want.extend(list(sampler)[16 * args.resume_after if e == 1 else 0:])
+        kinds = loader.cache.plan.kinds
+        mine.update({"resumed_at": loader.resumed_at, "order_ok": seen == want,
+                     "plan_hits_after": int((kinds[loader.resumed_at:] == opt4torch.HIT).sum())})
+    else:
+        for _ in range(args.epochs):
+            run(loader)
+    dist.barrier()  # every rank done: the shared pool's counters are final
     st = loader.cache.stats()
-    mine = {"rank": rank, "bad": bad, "steps": steps, "stats": st, "plan_hits": loader.cache.plan.hits,
-            "plan_accesses": loader.cache.plan.accesses}
+    mine.update({"bad": bad, "steps": steps, "stats": st, "plan_hits": loader.cache.plan.hits,
+                 "plan_accesses": loader.cache.plan.accesses})
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine)
     dist.barrier()

@@ -603,10 +603,17 @@ static PyObject *pool_clock_next(PoolObject *self, PyObject *Py_UNUSED(ignored))
   return PyLong_FromUnsignedLongLong(t);
 }
 
-/* Positions from any sequence of ints into a malloc'd array. */
+/* Positions from any sequence of ints into a malloc'd array. (A tuple of
+ * them: a list could change under us while __index__ runs.) */
 static uint64_t *positions_from(PyObject *seq_obj, Py_ssize_t *n_out) {
-  PyObject *fast = PySequence_Fast(seq_obj, "positions must be a sequence of ints");
-  if (fast == NULL) return NULL;
+  PyObject *fast = PyTuple_CheckExact(seq_obj) ? Py_NewRef(seq_obj) : PySequence_Tuple(seq_obj);
+  if (fast == NULL) {
+    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+      PyErr_Clear();
+      PyErr_SetString(PyExc_TypeError, "positions must be a sequence of ints");
+    }
+    return NULL;
+  }
   Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
   uint64_t *pos = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
   if (pos == NULL) {
@@ -1034,7 +1041,9 @@ static PyObject *rec_node(rec_reader *r, rec_ctx *c, int depth, PyObject *contai
       PyObject *k = rec_node(r, c, depth + 1, NULL, 0, NULL);
       c->in_key--;
       PyObject *v = k == NULL ? NULL : rec_node(r, c, depth + 1, d, 0, k);
-      if (v == NULL || PyDict_SetItem(d, k, v) < 0) {
+      /* A repeated key (only a damaged record has one) would replace a value
+       * whose arrays still have slots: the codec's to decode. */
+      if (v == NULL || PyDict_SetItem(d, k, v) < 0 || PyDict_GET_SIZE(d) != (Py_ssize_t)i + 1) {
         Py_XDECREF(k);
         Py_XDECREF(v);
         Py_DECREF(d);
@@ -1133,6 +1142,9 @@ static int rec_place_arrays(rec_ctx *c, PyObject *make_arrays, PyObject *data) {
       PyObject *old = PyTuple_GET_ITEM(box, c->slots[k].index);
       PyTuple_SET_ITEM(box, c->slots[k].index, a);
       Py_DECREF(old);
+      /* A collection during make_arrays may have untracked the tuple while
+       * it held only None; what it holds now can be part of a cycle. */
+      if (!PyObject_GC_IsTracked(box) && PyObject_GC_IsTracked(a)) PyObject_GC_Track(box);
     } else if (PyList_CheckExact(box)) {
       rc = PyList_SetItem(box, c->slots[k].index, a);
     } else {

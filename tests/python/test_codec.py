@@ -292,3 +292,43 @@ def test_damaged_records() -> None:
         decode(record + b"\0")
     # A pickle inside a record is only ever one the cache wrote itself.
     assert pickle.loads(pickle.dumps(1)) == 1
+
+
+# Found in review of the C decoder: each of these crashed or leaked.
+
+
+def test_c_decoder_declines_repeated_dict_keys() -> None:
+    """A damaged dict with a repeated key: the second value replaces the
+    first, whose array still had a slot. C declines it; the codec decodes."""
+    r = bytearray(record_of({None: [np.arange(3, dtype=np.int32)]}))
+    assert r[3] == 11  # T_DICT at the top
+    r[4:8] = (2).to_bytes(4, "little")
+    r += bytes([0, 0])  # a second entry: None -> None
+    assert c_decode(bytes(r)) == (False, None)
+    assert decode(bytearray(r)) == {None: None}
+    r2 = bytearray(record_of({None: np.arange(2)}))
+    r2[4:8] = (2).to_bytes(4, "little")
+    r2 += bytes([0, 0])
+    assert c_decode(bytes(r2)) == (False, None)
+
+
+def test_c_decoder_tuples_stay_tracked_by_the_gc() -> None:
+    """A collection while make_arrays runs may untrack a tuple that holds
+    only placeholders; once it holds a tensor it must be tracked again, or a
+    cycle through it is never collected."""
+    import gc
+    import weakref
+
+    def collecting(data, runs):
+        out = make_arrays(data, runs)
+        gc.collect()
+        return out
+
+    record = record_of((torch.arange(3.0), 1))
+    (ok, t), = _engine.decode_records(bytearray(record), [(0, len(record))], collecting)
+    assert ok and gc.is_tracked(t)
+    t[0].cycle = t
+    ref = weakref.ref(t[0])
+    del t
+    gc.collect()
+    assert ref() is None

@@ -172,6 +172,35 @@ def test_batches_hand_out_aligned_views(workers: int) -> None:
         loader.cache.close()
 
 
+def test_positions_that_change_while_read() -> None:
+    """Positions are read from a snapshot: a list that an __index__ changes
+    under the call (found in review: it crashed) cannot make it read freed
+    memory."""
+    plan = opt4torch.plan(np.array([0, 1, 2, 3, 0, 1, 2, 3]), 4, items=4)
+    from opt4torch.data import OPTCache
+
+    cache = OPTCache(plan, 4096)
+    try:
+        pool = _engine.pool_attach(cache.name)
+        positions: list = []
+
+        class Shifty:
+            def __index__(self) -> int:
+                positions.clear()
+                positions.extend(object() for _ in range(1000))
+                return 0
+
+        positions[:] = [Shifty(), 1, 2, 3]
+        _, entries = pool.read_batch(positions)
+        assert len(entries) == 4 and len(positions) == 1000
+        positions[:] = [Shifty(), 1, 2, 3]
+        objects, _, _ = pool.get_batch(positions, None)
+        assert len(objects) == 4 and len(positions) == 1000
+        pool.close()
+    finally:
+        cache.close()
+
+
 def test_break_mid_epoch_costs_no_timeouts() -> None:
     ds = Checked(200)
     loader = opt4torch.DataLoader(ds, batch_size=8, shuffle=True, seed=4, num_workers=2, cache_items=60,

@@ -353,8 +353,8 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         self.cache = cache
         self.batched = batched
         self._next_epoch = 0
-        self._resume: tuple[int, int] | None = None  # (epoch, batches to skip)
-        self._resume_floor: int | None = None  # the node's, when ranks share the pool
+        # (epoch, batches to skip, the floor to set: the first position that runs)
+        self._resume: tuple[int, int, int] | None = None
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -368,13 +368,21 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         self._next_epoch = int(epoch)
 
     def resume(self, epoch: int, batches_done: int) -> int:
-        """Make the next iteration start mid-epoch; returns its first position."""
+        """Make the next iteration start mid-epoch; returns its first position,
+        which becomes the floor (see :meth:`resume_floor` to lower it)."""
         self.set_epoch(epoch)
-        self._resume = (int(epoch), int(batches_done))
-        self._resume_floor = None
         if batches_done >= len(self.starts[epoch]):
-            return self.floors[epoch + 1] if epoch + 1 < len(self.floors) else self.cache.plan.accesses
-        return int(self.starts[epoch][batches_done])
+            start = self.floors[epoch + 1] if epoch + 1 < len(self.floors) else self.cache.plan.accesses
+        else:
+            start = int(self.starts[epoch][batches_done])
+        self._resume = (int(epoch), int(batches_done), start)
+        return start
+
+    def resume_floor(self, floor: int) -> None:
+        """Resume with this floor instead: a node's ranks sharing one pool
+        resume at the earliest next batch among them."""
+        assert self._resume is not None
+        self._resume = (*self._resume[:2], int(floor))
 
     def __iter__(self) -> Iterator[Any]:
         # torch may create an iterator and drop it unused (its multi-process
@@ -390,30 +398,21 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
                 "build it with a larger epochs= to train longer"
             )
         self._next_epoch = e + 1
-        skip = 0
+        skip, floor = 0, self.floors[e]
         if self._resume is not None and self._resume[0] == e:
-            skip = self._resume[1]
+            _, skip, floor = self._resume
         self._resume = None
         self.epoch = e
         # This runs at the first next(): by then torch has finished the
         # previous epoch's outstanding batches, so positions before the floor
         # that never ran never will.
-        if skip == 0:
-            self.cache.set_floor(self.floors[e])
-        else:
-            # Resuming: nothing below this rank's next batch will run (for a
-            # pool shared across ranks, below the node's earliest next batch).
-            floor = self.resume_floor(e, skip) if self._resume_floor is None else self._resume_floor
-            self.cache.set_floor(floor)
-        self._resume_floor = None
+        # (Resuming: nothing below the resumed position will run.)
+        self.cache.set_floor(floor)
         for start, n in zip(self.starts[e][skip:].tolist(), self.batches[e][skip:].tolist()):
             if self.batched:
                 yield list(range(start, start + n))
             else:
                 yield from range(start, start + n)
-
-    def resume_floor(self, epoch: int, skip: int) -> int:
-        return int(self.starts[epoch][skip]) if skip < len(self.starts[epoch]) else self.floors[epoch]
 
 
 class _CountingIter:
@@ -784,7 +783,7 @@ class DataLoader(tud.DataLoader):
             starts: list[Any] = [None] * world
             dist.all_gather_object(starts, start, group=group)
             start = min(starts)
-            self._positions._resume_floor = start
+            self._positions.resume_floor(start)
             self.cache.set_floor(start)
             if warm and rank == 0:
                 self._warm(start)

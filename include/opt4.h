@@ -391,7 +391,15 @@ typedef struct opt4_pool_opts {
    * is stale. 0: the creator. A worker that creates the pool lazily for its
    * main process names the main process here. */
   uint32_t owner_pid;
-  uint32_t reserved;
+  /* Prefetching BYPASSes: slots of a staging ring in the pool, where a
+   * prefetcher puts the BYPASS items it loads ahead until their consumers
+   * copy them out (0: none, and BYPASSes are never prefetched). ADMITs need
+   * no staging: they are prefetched into their own pages. */
+  uint32_t staging_slots;
+  /* Bytes per staging slot (rounded up to 4096). 0: the page size for item
+   * plans, the largest item for sized plans. A larger BYPASS item is left to
+   * its consumer. */
+  uint64_t staging_slot_bytes;
 } opt4_pool_opts;
 
 /* Also build the occurrence index (4 bytes per access and 12 per item more),
@@ -449,6 +457,11 @@ typedef struct opt4_pool_stats {
   uint64_t timeouts;       /* waits that hit the time limit */
   uint64_t waits;          /* accesses that had to wait at all */
   uint64_t wait_ns;        /* total time spent waiting */
+  uint64_t prefetched;     /* misses served from what a prefetcher loaded */
+  uint64_t prefetch_stored;  /* items prefetchers stored (pool or staging) */
+  uint64_t prefetch_dropped; /* items prefetchers loaded but gave up (wasted) */
+  uint64_t stalls;         /* misses whose consumer waited for a prefetch */
+  uint64_t stall_ns;       /* total time of those waits */
 } opt4_pool_stats;
 int opt4_pool_stats_get(const opt4_pool *pool, opt4_pool_stats *out);
 
@@ -466,6 +479,8 @@ int opt4_pool_item(const opt4_pool *pool, uint64_t t, uint32_t *item,
 #define OPT4_REASON_ADMIT 1
 #define OPT4_REASON_BYPASS 2
 #define OPT4_REASON_FALLBACK 3
+/* For OPT4_GET_HIT at an ADMIT or BYPASS: a prefetcher loaded it. */
+#define OPT4_REASON_PREFETCHED 4
 
 typedef struct opt4_get_result {
   uint32_t status;  /* OPT4_GET_* */
@@ -537,6 +552,50 @@ int opt4_pool_set_floor(opt4_pool *pool, uint64_t floor);
 /* The compatibility clock: a shared counter that hands out positions in
  * arrival order (the earlier design's global clock). */
 int opt4_pool_clock_next(opt4_pool *pool, uint64_t *t);
+
+/* Prefetching: clairvoyant loading ahead of the consumers.
+ *
+ * Any number of prefetchers (threads, each with its own handle, in any
+ * process attached to the pool) follow the plan ahead of the consumers: a
+ * prefetcher claims the next miss (an ADMIT, or a BYPASS when the pool has
+ * staging slots) within `lookahead` positions of the furthest position any
+ * consumer has asked for, loads its item, and stores it: an ADMIT into its
+ * own pages (after the items it replaces have had their planned reads), a
+ * BYPASS into a staging slot. The consumer at that position then copies it
+ * out (OPT4_GET_HIT with reason OPT4_REASON_PREFETCHED) instead of loading.
+ * Every miss is loaded exactly once, by a prefetcher or by its consumer,
+ * whichever claims it first. A consumer that finds its miss still in a
+ * prefetcher's hands waits for it (a stall, counted), bounded by the pool's
+ * timeout; then, or if the prefetcher died, it loads the item itself.
+ * docs/prefetch.md has the protocol. */
+typedef struct opt4_prefetch_job {
+  uint64_t t;     /* the position claimed */
+  uint32_t item;  /* its item id */
+  uint32_t kind;  /* OPT4_OP_ADMIT or OPT4_OP_BYPASS */
+  uint64_t space; /* the most bytes it may take once stored */
+} opt4_prefetch_job;
+
+#define OPT4_PREFETCH_CLAIMED 0 /* job holds a claimed miss: load it, then store or release */
+#define OPT4_PREFETCH_IDLE 1    /* nothing to claim in the window now: try again later */
+#define OPT4_PREFETCH_END 2     /* every miss of the plan is claimed or past */
+
+/* Claim the next miss within lookahead positions of the consumers' progress.
+ * *status gets OPT4_PREFETCH_*. Thread-safe (one handle per thread). */
+int opt4_pool_prefetch_claim(opt4_pool *pool, uint64_t lookahead, opt4_prefetch_job *job,
+                             int *status);
+
+/* Hand over the item loaded for claimed position t (the bytes of parts). May
+ * wait, bounded, for the items it replaces to be read, or for its staging
+ * slot. *stored is 1 if its consumer will find it, 0 if the prefetcher gave
+ * it up (the consumer loads it; counted as dropped). OPT4_EITEMSIZE if it
+ * does not fit its space (given up too); OPT4_EINVAL if t is not claimed by
+ * this handle. */
+int opt4_pool_prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts,
+                             size_t n_parts, int *stored);
+
+/* Give up claimed position t without storing (the load failed): its
+ * consumer loads it. */
+int opt4_pool_prefetch_release(opt4_pool *pool, uint64_t t);
 
 /* Pools of this user: visit each segment name with whether its owner is
  * alive. Stale pools (owner dead) can be removed with opt4_pool_remove(). */

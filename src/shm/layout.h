@@ -5,10 +5,13 @@
  *
  * Main segment "/opt4-<uid>-<run>":
  *   pool_header (4 KiB) | proc_rec[max_procs] | page_state[pages] |
- *   failed-generation bitmap | payload pages (4 KiB aligned)
+ *   failed-generation bitmap | occurrence counters | claims of generations |
+ *   claims of bypasses | staging slot lengths | payload pages (4 KiB
+ *   aligned) | staging slots
  * Meta segment "/opt4-<uid>-<run>.meta" (written once by the owner, then
  * read-only):
- *   meta_header | seq[T] | rt[T] | gen_rec[G] | list_ent[L]
+ *   meta_header | seq[T] | rt[T] | gen_rec[G] | list_ent[L] | bpos[B] |
+ *   occurrence index
  */
 #ifndef OPT4_SHM_LAYOUT_H
 #define OPT4_SHM_LAYOUT_H
@@ -23,7 +26,7 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free");
 
 #define POOL_MAGIC "OPT4POOL"
 #define META_MAGIC "OPT4META"
-#define POOL_LAYOUT 1u
+#define POOL_LAYOUT 2u
 #define POOL_HEADER_SIZE 4096u
 #define POOL_NAME_MAX 64
 
@@ -50,8 +53,28 @@ enum {
   C_TIMEOUTS,
   C_WAITS,
   C_WAIT_NS,
+  C_PF_SERVED,   /* misses served from what a prefetcher loaded */
+  C_PF_STORED,   /* items a prefetcher stored (pool or staging) */
+  C_PF_DROPPED,  /* items a prefetcher loaded but could not hand over */
+  C_PF_STALLS,   /* misses whose consumer waited for an in-flight prefetch */
+  C_PF_STALL_NS, /* the time those waits took */
   C_COUNT
 };
+_Static_assert(C_COUNT <= 16, "the counters must fit their two cache lines");
+
+/* Claims: who loads a miss (an ADMIT's generation, or a BYPASS when the pool
+ * stages them). One uint32 each: the state in the low 4 bits and, while a
+ * prefetcher loads, its record + 1 above them. */
+#define CL_OPEN 0u      /* nobody yet */
+#define CL_LOADING 1u   /* a prefetcher is loading it */
+#define CL_STORING 2u   /* a prefetcher is writing it (short) */
+#define CL_READY 3u     /* prefetched: in its pages, or in its staging slot */
+#define CL_SELF 4u      /* its consumer loads it (and, for an ADMIT, stores it) */
+#define CL_ABANDONED 5u /* its consumer stopped waiting and loaded it itself */
+#define CL_READING 6u   /* BYPASS: its consumer is copying it out of staging */
+#define CL_DONE 7u      /* BYPASS: finished with; its staging slot is free */
+#define CL_STATE(c) ((c)&15u)
+#define CL_OWNER(c) ((c) >> 4) /* record + 1 of the loading prefetcher */
 
 typedef struct pool_header {
   char magic[8];
@@ -82,6 +105,16 @@ typedef struct pool_header {
   _Atomic uint32_t attached;
   uint32_t reserved1;
   _Atomic uint64_t retired[C_COUNT];
+  /* Prefetching (docs/prefetch.md). */
+  uint64_t bypasses;           /* B: BYPASS positions in the plan */
+  uint64_t gclaim_off;         /* _Atomic uint32_t[generations] */
+  uint64_t bclaim_off;         /* _Atomic uint32_t[B], 0 without staging */
+  uint64_t slot_len_off;       /* slot_state[staging_slots] */
+  uint64_t staging_off;        /* staging_slots slots after the payload */
+  uint64_t staging_slots;      /* 0: BYPASSes are never prefetched */
+  uint64_t staging_slot_bytes; /* a multiple of 4096 */
+  _Atomic uint64_t head;       /* consumers' furthest position, rounded down */
+  _Atomic uint64_t pf_cursor;  /* the next position prefetchers consider */
 } pool_header;
 _Static_assert(sizeof(pool_header) <= POOL_HEADER_SIZE, "pool header too large");
 
@@ -98,6 +131,14 @@ typedef struct proc_rec {
   uint8_t pad2[128 - 8 * C_COUNT];
 } proc_rec;
 _Static_assert(sizeof(proc_rec) == 192, "proc_rec must be three cache lines");
+
+/* A staging slot: whose turn it is (the BYPASS ordinal that may write it
+ * next: slot s serves ordinals s, s + slots, s + 2 slots, ... in order) and
+ * the length of what it holds. */
+typedef struct slot_state {
+  _Atomic uint64_t turn;
+  _Atomic uint64_t len;
+} slot_state;
 
 typedef struct page_state {
   _Atomic uint64_t word;  /* PS_WORD(generation, state) */
@@ -118,6 +159,7 @@ typedef struct meta_header {
   uint64_t list_len;
   uint64_t seq_off, rt_off, gens_off, list_off;
   uint64_t occ_start_off, occ_pos_off; /* occurrence index (0: none) */
+  uint64_t bypasses, bpos_off;         /* position of each BYPASS, in order */
 } meta_header;
 
 /* One generation: an ADMIT and the HITs that read what it stored. */
@@ -135,7 +177,8 @@ typedef struct list_ent {
   uint32_t prev_gen; /* NO_GEN: first use of the page */
 } list_ent;
 
-/* rt[t]: the plan's kind in the top 2 bits, the generation in the low 30. */
+/* rt[t]: the plan's kind in the top 2 bits, and in the low 30 the generation
+ * (HIT, ADMIT) or the BYPASS's ordinal among the plan's BYPASSes. */
 #define RT_KIND(v) ((v) >> 30)
 #define RT_GEN(v) ((v)&0x3FFFFFFFu)
 #define RT_MAX_GENS 0x3FFFFFFFu
@@ -159,6 +202,11 @@ struct opt4_pool {
   const uint64_t *occ_start; /* items + 1 */
   const uint32_t *occ_pos;   /* positions grouped by item, in order */
   _Atomic uint32_t *occ_count;
+  _Atomic uint32_t *gclaim;
+  _Atomic uint32_t *bclaim; /* NULL without staging */
+  slot_state *slots;
+  uint8_t *staging;
+  const uint32_t *bpos;
   int owner;
   int unlinked;
   /* This process's record; re-registered after fork (see fork_gen). */

@@ -50,6 +50,9 @@ int opt4__meta_size(const opt4_plan *plan, int occurrences, uint64_t *size, uint
   if (in->admits > RT_MAX_GENS)
     return opt4__fail(OPT4_ETOOBIG, "the plan has %llu admissions; the pool supports %u",
                       (unsigned long long)in->admits, RT_MAX_GENS);
+  if (in->bypasses > RT_MAX_GENS)
+    return opt4__fail(OPT4_ETOOBIG, "the plan has %llu bypasses; the pool supports %u",
+                      (unsigned long long)in->bypasses, RT_MAX_GENS);
   *gens = in->admits;
   /* One page per generation in item-capacity plans; a list in sized ones. */
   *list_len = (in->flags & OPT4_PLAN_SIZED) ? plan->pages_len : in->admits;
@@ -58,6 +61,7 @@ int opt4__meta_size(const opt4_plan *plan, int occurrences, uint64_t *size, uint
   off = align8(off + in->accesses * 4); /* rt */
   off = align8(off + *gens * sizeof(gen_rec));
   off = align8(off + *list_len * sizeof(list_ent));
+  off = align8(off + in->bypasses * 4); /* bpos */
   if (occurrences) {
     off = align8(off + (in->items + 1) * 8);
     off = align8(off + in->accesses * 4);
@@ -88,10 +92,12 @@ int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta, uint
   mh->rt_off = align8(mh->seq_off + in->accesses * 4);
   mh->gens_off = align8(mh->rt_off + in->accesses * 4);
   mh->list_off = align8(mh->gens_off + gens * sizeof(gen_rec));
+  mh->bypasses = in->bypasses;
+  mh->bpos_off = align8(mh->list_off + list_len * sizeof(list_ent));
   if (occurrences) {
     /* Positions grouped by item (a counting sort), so the k-th request for
      * an item finds its k-th planned position. */
-    mh->occ_start_off = align8(mh->list_off + list_len * sizeof(list_ent));
+    mh->occ_start_off = align8(mh->bpos_off + in->bypasses * 4);
     mh->occ_pos_off = align8(mh->occ_start_off + (in->items + 1) * 8);
     uint64_t *start = (uint64_t *)(void *)(meta + mh->occ_start_off);
     uint32_t *pos = (uint32_t *)(void *)(meta + mh->occ_pos_off);
@@ -106,6 +112,8 @@ int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta, uint
   uint32_t *rt = (uint32_t *)(void *)(meta + mh->rt_off);
   gen_rec *gr = (gen_rec *)(void *)(meta + mh->gens_off);
   list_ent *le = (list_ent *)(void *)(meta + mh->list_off);
+  uint32_t *bpos = (uint32_t *)(void *)(meta + mh->bpos_off);
+  uint32_t next_bypass = 0;
   memcpy(seq, plan->seq, in->accesses * 4);
   /* A sized plan already numbers its generations (an op's low bits) and
    * lists their pages; an item plan's op names a slot, its ADMITs are the
@@ -116,7 +124,8 @@ int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta, uint
   for (uint64_t t = 0; t < in->accesses; t++) {
     uint32_t op = plan->ops[t], kind = OPT4_OP_KIND(op), bits = OPT4_OP_SLOT(op);
     if (kind == OPT4_OP_BYPASS) {
-      rt[t] = OPT4_OP_BYPASS << 30;
+      bpos[next_bypass] = (uint32_t)t;
+      rt[t] = (OPT4_OP_BYPASS << 30) | next_bypass++;
     } else if (kind == OPT4_OP_HIT) {
       uint32_t g = sized ? bits : slot_gen[bits];
       rt[t] = (OPT4_OP_HIT << 30) | g;
@@ -242,43 +251,27 @@ static void count_read(page_state *ps, uint32_t g) {
   }
 }
 
-int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t batch_len,
-                  void *dst, size_t dst_cap, opt4_get_result *res) {
-  if (pool == NULL || res == NULL || (dst == NULL && dst_cap > 0))
-    return opt4__fail(OPT4_EINVAL, "pool, dst or res is NULL");
-  if (t >= pool->h->accesses)
-    return opt4__fail(OPT4_ERANGE, "position %llu is past the plan's %llu accesses",
-                      (unsigned long long)t, (unsigned long long)pool->h->accesses);
-  int rc = opt4__pool_register(pool);
-  if (rc != 0) return rc;
-  memset(res, 0, sizeof *res);
-  const uint32_t v = pool->rt[t];
-  res->item = pool->seq[t];
-  switch (RT_KIND(v)) {
-  case OPT4_OP_BYPASS:
-    res->status = OPT4_GET_LOAD;
-    res->reason = OPT4_REASON_BYPASS;
-    count(pool, C_BYPASSES, 1);
-    return 0;
-  case OPT4_OP_ADMIT:
-    res->status = OPT4_GET_LOAD;
-    res->reason = OPT4_REASON_ADMIT;
-    count(pool, C_ADMITS, 1);
-    return 0;
-  default: break;
+/* Consumers' progress, for the prefetchers' window: the furthest position
+ * asked for, rounded down to a multiple of 32 so that a CAS on this shared
+ * line is needed once per 32 positions, not per access. */
+static inline void advance_head(opt4_pool *pool, uint64_t t) {
+  uint64_t want = t & ~(uint64_t)31;
+  uint64_t cur = atomic_load_explicit(&pool->h->head, memory_order_relaxed);
+  while (want > cur && !atomic_compare_exchange_weak_explicit(&pool->h->head, &cur, want,
+                                                              memory_order_relaxed,
+                                                              memory_order_relaxed)) {
   }
-  const uint32_t g = RT_GEN(v);
+}
+
+/* Copy generation g out of its pages into dst (the HIT path, also taken by an
+ * ADMIT that a prefetcher stored). Returns OPT4_GET_HIT, OPT4_GET_TOO_SMALL
+ * (res->len set) or OPT4_GET_LOAD (fallback, counted). */
+static uint32_t read_gen(opt4_pool *pool, uint32_t g, void *dst, size_t dst_cap, waiter *w,
+                         uint64_t *len_out) {
   const gen_rec *gen = &pool->gens[g];
-  if (batch != NULL && gen->admit != t && in_batch(batch, batch_len, gen->admit)) {
-    res->status = OPT4_GET_DEFER;
-    res->defer_to = gen->admit;
-    count(pool, C_DEFERRED, 1);
-    return 0;
-  }
   proc_rec *me = my_rec(pool);
   const uint64_t page_size = pool->h->page_size;
   uint64_t len = 0, copied = 0;
-  waiter w = {0, 0};
   for (uint32_t i = 0; i < gen->npages; i++) {
     const list_ent *ent = &pool->list[gen->list_off + i];
     page_state *ps = &pool->states[ent->page];
@@ -296,11 +289,11 @@ int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t bat
        * cannot help. */
       if ((tag == g && st == PS_FAILED) || gen_failed(pool, g) ||
           (st != PS_EMPTY && tag != NO_GEN && tag > g) || gen->admit < floor_now(pool))
-        goto fallback;
-      if (wait_is_slow(&w) && tag == g && st == PS_WRITING) recover_dead_writer(pool, ps, word);
-      if (wait_step(pool, &w)) {
+        return OPT4_GET_LOAD;
+      if (wait_is_slow(w) && tag == g && st == PS_WRITING) recover_dead_writer(pool, ps, word);
+      if (wait_step(pool, w)) {
         count(pool, C_TIMEOUTS, 1);
-        goto fallback;
+        return OPT4_GET_LOAD;
       }
     }
     /* Pinned: the bytes of page ent->page belong to g until we clear. */
@@ -308,10 +301,8 @@ int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t bat
       len = atomic_load_explicit(&ps->len, memory_order_relaxed);
       if (len > dst_cap) {
         atomic_store_explicit(&me->hazard, 0, memory_order_release);
-        wait_done(pool, &w);
-        res->status = OPT4_GET_TOO_SMALL;
-        res->len = len;
-        return 0;
+        *len_out = len;
+        return OPT4_GET_TOO_SMALL;
       }
     }
     uint64_t chunk = len - copied < page_size ? len - copied : page_size;
@@ -320,14 +311,173 @@ int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t bat
     count_read(ps, g);
     atomic_store_explicit(&me->hazard, 0, memory_order_release);
   }
+  *len_out = len;
+  return OPT4_GET_HIT;
+}
+
+/* Whether the prefetcher that holds claim c has died (its record's process
+ * is gone): then nobody will finish its load. */
+static int claimer_dead(opt4_pool *pool, uint32_t c) {
+  uint32_t rec = CL_OWNER(c);
+  if (rec == 0 || rec > pool->h->max_procs) return 0;
+  proc_rec *r = &pool->procs[rec - 1];
+  uint32_t pid = atomic_load(&r->pid);
+  return pid == 0 || !opt4__proc_alive((pid_t)pid, atomic_load(&r->start));
+}
+
+/* A consumer's claim on a miss (claims[k]): returns the state it found
+ * settled: CL_SELF (load it yourself), CL_READY (prefetched), or
+ * CL_ABANDONED (waited too long for a prefetcher: load, never store). A
+ * claim in flight is waited for, bounded, and counted as a stall. */
+static uint32_t claim_miss(opt4_pool *pool, _Atomic uint32_t *claim) {
+  uint32_t c = atomic_load_explicit(claim, memory_order_acquire);
+  if (CL_STATE(c) == CL_OPEN &&
+      atomic_compare_exchange_strong_explicit(claim, &c, CL_SELF, memory_order_acq_rel,
+                                              memory_order_acquire))
+    return CL_SELF;
+  waiter w = {0, 0};
+  uint32_t got;
+  for (;;) {
+    uint32_t st = CL_STATE(c);
+    if (st == CL_OPEN) {
+      if (atomic_compare_exchange_strong(claim, &c, CL_SELF)) {
+        got = CL_SELF;
+        break;
+      }
+      continue;
+    }
+    if (st == CL_READY || st == CL_SELF || st == CL_ABANDONED || st == CL_DONE ||
+        st == CL_READING) {
+      /* SELF/ABANDONED/DONE/READING here: this position was served before
+       * (a retry): load. READY: take it. */
+      got = st == CL_READY ? CL_READY : CL_ABANDONED;
+      break;
+    }
+    /* LOADING or STORING: a prefetcher has it in hand. */
+    int timed_out = wait_step(pool, &w);
+    if (timed_out || (wait_is_slow(&w) && claimer_dead(pool, c))) {
+      /* The owner's record stays in the word, so that whoever needs the
+       * claim settled can tell a dead owner from a slow one. */
+      if (atomic_compare_exchange_strong(claim, &c, (c & ~15u) | CL_ABANDONED)) {
+        if (timed_out) count(pool, C_TIMEOUTS, 1);
+        got = CL_ABANDONED;
+        break;
+      }
+      continue; /* it moved on: look again */
+    }
+    c = atomic_load_explicit(claim, memory_order_acquire);
+  }
+  if (w.spins) {
+    count(pool, C_PF_STALLS, 1);
+    count(pool, C_PF_STALL_NS, opt4__now_ns() - w.start);
+  }
+  return got;
+}
+
+int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t batch_len,
+                  void *dst, size_t dst_cap, opt4_get_result *res) {
+  if (pool == NULL || res == NULL || (dst == NULL && dst_cap > 0))
+    return opt4__fail(OPT4_EINVAL, "pool, dst or res is NULL");
+  if (t >= pool->h->accesses)
+    return opt4__fail(OPT4_ERANGE, "position %llu is past the plan's %llu accesses",
+                      (unsigned long long)t, (unsigned long long)pool->h->accesses);
+  int rc = opt4__pool_register(pool);
+  if (rc != 0) return rc;
+  memset(res, 0, sizeof *res);
+  advance_head(pool, t);
+  const uint32_t v = pool->rt[t];
+  res->item = pool->seq[t];
+  const uint32_t g = RT_GEN(v);
+  waiter w = {0, 0};
+  uint64_t len = 0;
+  uint32_t st;
+  switch (RT_KIND(v)) {
+  case OPT4_OP_BYPASS:
+    if (pool->bclaim != NULL) {
+      uint32_t got = claim_miss(pool, &pool->bclaim[g]);
+      if (got == CL_READY) {
+        /* Ours alone from READING until DONE: no prefetcher writes the slot
+         * while its claim is READING. */
+        uint32_t c = CL_READY;
+        if (atomic_compare_exchange_strong(&pool->bclaim[g], &c, CL_READING)) {
+          uint64_t slot = g % pool->h->staging_slots;
+          len = atomic_load_explicit(&pool->slots[slot].len, memory_order_relaxed);
+          if (len > dst_cap) {
+            atomic_store_explicit(&pool->bclaim[g], CL_READY, memory_order_release);
+            res->status = OPT4_GET_TOO_SMALL;
+            res->len = len;
+            return 0;
+          }
+          memcpy(dst, pool->staging + slot * pool->h->staging_slot_bytes, len);
+          atomic_store_explicit(&pool->bclaim[g], CL_DONE, memory_order_release);
+          count(pool, C_PF_SERVED, 1);
+          res->status = OPT4_GET_HIT;
+          res->reason = OPT4_REASON_PREFETCHED;
+          res->len = len;
+          return 0;
+        }
+      }
+    }
+    res->status = OPT4_GET_LOAD;
+    res->reason = OPT4_REASON_BYPASS;
+    count(pool, C_BYPASSES, 1);
+    return 0;
+  case OPT4_OP_ADMIT: {
+    uint32_t got = claim_miss(pool, &pool->gclaim[g]);
+    if (got == CL_SELF) {
+      res->status = OPT4_GET_LOAD;
+      res->reason = OPT4_REASON_ADMIT;
+      count(pool, C_ADMITS, 1);
+      return 0;
+    }
+    if (got == CL_READY) {
+      st = read_gen(pool, g, dst, dst_cap, &w, &len);
+      wait_done(pool, &w);
+      if (st == OPT4_GET_HIT) {
+        count(pool, C_PF_SERVED, 1);
+        res->status = OPT4_GET_HIT;
+        res->reason = OPT4_REASON_PREFETCHED;
+        res->len = len;
+        return 0;
+      }
+      if (st == OPT4_GET_TOO_SMALL) {
+        res->status = st;
+        res->len = len;
+        return 0;
+      }
+    }
+    /* Abandoned, or stored and then lost: load, and leave the store to the
+     * prefetcher that holds it. */
+    count(pool, C_FALLBACKS, 1);
+    res->status = OPT4_GET_LOAD;
+    res->reason = OPT4_REASON_FALLBACK;
+    return 0;
+  }
+  default: break;
+  }
+  const gen_rec *gen = &pool->gens[g];
+  /* A HIT on an item this caller loads itself earlier in the same batch is
+   * served from that copy. (One a prefetcher stored is read from the pool.) */
+  if (batch != NULL && gen->admit != t && in_batch(batch, batch_len, gen->admit) &&
+      CL_STATE(atomic_load_explicit(&pool->gclaim[g], memory_order_acquire)) == CL_SELF) {
+    res->status = OPT4_GET_DEFER;
+    res->defer_to = gen->admit;
+    count(pool, C_DEFERRED, 1);
+    return 0;
+  }
+  st = read_gen(pool, g, dst, dst_cap, &w, &len);
   wait_done(pool, &w);
-  count(pool, C_HITS, 1);
-  res->status = OPT4_GET_HIT;
-  res->len = len;
-  return 0;
-fallback:
-  atomic_store_explicit(&me->hazard, 0, memory_order_release);
-  wait_done(pool, &w);
+  if (st == OPT4_GET_HIT) {
+    count(pool, C_HITS, 1);
+    res->status = OPT4_GET_HIT;
+    res->len = len;
+    return 0;
+  }
+  if (st == OPT4_GET_TOO_SMALL) {
+    res->status = st;
+    res->len = len;
+    return 0;
+  }
   count(pool, C_FALLBACKS, 1);
   res->status = OPT4_GET_LOAD;
   res->reason = OPT4_REASON_FALLBACK;
@@ -363,7 +513,9 @@ static int may_take(const opt4_pool *pool, page_state *ps, uint64_t w, uint32_t 
   if (tag != prev && prev != NO_GEN && !gen_failed(pool, prev) && pool->gens[prev].admit >= floor)
     return 0; /* the predecessor is still to come */
   uint64_t r = atomic_load_explicit(&ps->reads, memory_order_acquire);
-  if (PS_GEN(r) == tag && (uint32_t)r >= pool->gens[tag].reads) return 1;
+  /* The plan's reads, plus one: the ADMIT's own consumer, who may read it
+   * from the pool when a prefetcher stored it. */
+  if (PS_GEN(r) == tag && (uint32_t)r >= pool->gens[tag].reads + 1u) return 1;
   return pool->gens[tag].last_read < floor;
 }
 
@@ -480,19 +632,26 @@ abandon:
 
 int opt4_pool_put(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
                   int *stored) {
-  return put_impl(pool, t, parts, n_parts, 0, stored);
+  /* The caller has the item in hand: its own read is done. */
+  return put_impl(pool, t, parts, n_parts, 1, stored);
 }
 
 int opt4_pool_warm(opt4_pool *pool, uint64_t admit, const opt4_iovec *parts, size_t n_parts,
                    uint32_t reads_before, int *stored) {
-  return put_impl(pool, admit, parts, n_parts, reads_before, stored);
+  if (reads_before == UINT32_MAX) return opt4__fail(OPT4_EINVAL, "reads_before is out of range");
+  int rc = put_impl(pool, admit, parts, n_parts, reads_before + 1, stored);
+  if (rc == 0) atomic_store(&pool->gclaim[RT_GEN(pool->rt[admit])], CL_SELF);
+  return rc;
 }
 
 int opt4_pool_space(const opt4_pool *pool, uint64_t t, uint64_t *bytes) {
   if (pool == NULL || bytes == NULL) return opt4__fail(OPT4_EINVAL, "pool or bytes is NULL");
   if (t >= pool->h->accesses) return opt4__fail(OPT4_ERANGE, "position past the plan");
   uint32_t v = pool->rt[t];
-  *bytes = RT_KIND(v) == OPT4_OP_BYPASS ? 0 : (uint64_t)pool->gens[RT_GEN(v)].npages * pool->h->page_size;
+  if (RT_KIND(v) == OPT4_OP_BYPASS)
+    *bytes = pool->bclaim != NULL ? pool->h->staging_slot_bytes : 0;
+  else
+    *bytes = (uint64_t)pool->gens[RT_GEN(v)].npages * pool->h->page_size;
   return 0;
 }
 
@@ -532,8 +691,32 @@ int opt4_pool_skip(opt4_pool *pool, uint64_t t) {
   if (rc != 0) return rc;
   uint32_t v = pool->rt[t];
   if (RT_KIND(v) == OPT4_OP_ADMIT) {
-    mark_failed(pool, RT_GEN(v));
-    count(pool, C_STORE_FAILED, 1);
+    const uint32_t g = RT_GEN(v);
+    _Atomic uint32_t *claim = &pool->gclaim[g];
+    uint32_t c = atomic_load(claim);
+    for (;;) {
+      uint32_t st = CL_STATE(c);
+      if (st == CL_OPEN || st == CL_SELF) {
+        if (!atomic_compare_exchange_strong(claim, &c, CL_SELF)) continue;
+        mark_failed(pool, g);
+        count(pool, C_STORE_FAILED, 1);
+      } else if (st == CL_READY) { /* prefetched: its own read is all it owes */
+        const gen_rec *gen = &pool->gens[g];
+        for (uint32_t i = 0; i < gen->npages; i++)
+          count_read(&pool->states[pool->list[gen->list_off + i].page], g);
+      } else if (st == CL_LOADING || st == CL_STORING) {
+        if (!atomic_compare_exchange_strong(claim, &c, (c & ~15u) | CL_ABANDONED)) continue;
+      }
+      break;
+    }
+  } else if (RT_KIND(v) == OPT4_OP_BYPASS && pool->bclaim != NULL) {
+    _Atomic uint32_t *claim = &pool->bclaim[RT_GEN(v)];
+    uint32_t c = atomic_load(claim);
+    while ((CL_STATE(c) == CL_OPEN || CL_STATE(c) == CL_READY) &&
+           !atomic_compare_exchange_weak(claim, &c, CL_DONE)) {
+    }
+    if (CL_STATE(c) == CL_LOADING || CL_STATE(c) == CL_STORING)
+      atomic_compare_exchange_strong(claim, &c, (c & ~15u) | CL_ABANDONED);
   } else if (RT_KIND(v) == OPT4_OP_HIT) {
     const gen_rec *gen = &pool->gens[RT_GEN(v)];
     for (uint32_t i = 0; i < gen->npages; i++)
@@ -598,5 +781,275 @@ int opt4_pool_stats_get(const opt4_pool *pool, opt4_pool_stats *out) {
   out->timeouts = sum[C_TIMEOUTS];
   out->waits = sum[C_WAITS];
   out->wait_ns = sum[C_WAIT_NS];
+  out->prefetched = sum[C_PF_SERVED];
+  out->prefetch_stored = sum[C_PF_STORED];
+  out->prefetch_dropped = sum[C_PF_DROPPED];
+  out->stalls = sum[C_PF_STALLS];
+  out->stall_ns = sum[C_PF_STALL_NS];
   return 0;
+}
+
+/* ---- prefetching ----
+ *
+ * A prefetcher (any thread of any process, with its own handle) follows the
+ * plan ahead of the consumers: it claims the next miss in the window
+ * [cursor, head + lookahead), loads it, and hands it over. Each miss has a
+ * claim word; whoever moves it from OPEN first loads the item, so it is
+ * loaded exactly once: by its consumer (SELF) or by a prefetcher (LOADING).
+ *
+ * An ADMIT goes into its own pages, by the writer protocol above, once the
+ * generations it replaces have had their planned reads. Its consumer then
+ * reads it like a HIT, and that read is the "+1" every generation owes (see
+ * may_take). A BYPASS goes into staging slot (ordinal % slots), once the
+ * BYPASS that used the slot before is DONE (copied out) or SELF (never
+ * staged); its consumer moves the claim READY -> READING -> DONE around the
+ * copy, so a slot is never written while it is read.
+ *
+ * A consumer that finds a claim LOADING waits for it (a stall, counted),
+ * bounded: on timeout, or when the claim's owner has died, it marks the
+ * claim ABANDONED and loads the item itself. The prefetcher then still
+ * stores an ADMIT (its readers benefit) with the consumer's read counted,
+ * and lets an abandoned BYPASS go.
+ */
+
+static _Atomic uint32_t *claim_of(opt4_pool *pool, uint32_t v) {
+  if (RT_KIND(v) == OPT4_OP_ADMIT) return &pool->gclaim[RT_GEN(v)];
+  if (RT_KIND(v) == OPT4_OP_BYPASS && pool->bclaim != NULL) return &pool->bclaim[RT_GEN(v)];
+  return NULL;
+}
+
+int opt4_pool_prefetch_claim(opt4_pool *pool, uint64_t lookahead, opt4_prefetch_job *job,
+                             int *status) {
+  if (pool == NULL || job == NULL || status == NULL)
+    return opt4__fail(OPT4_EINVAL, "pool, job or status is NULL");
+  int rc = opt4__pool_register(pool);
+  if (rc != 0) return rc;
+  pool_header *h = pool->h;
+  const uint64_t T = h->accesses;
+  const uint32_t mine = ((pool->rec + 1u) << 4) | CL_LOADING;
+  memset(job, 0, sizeof *job);
+  /* Bounded work per call: a caller that gets IDLE comes back later. */
+  for (int round = 0; round < 64; round++) {
+    uint64_t c = atomic_load_explicit(&h->pf_cursor, memory_order_acquire);
+    uint64_t f = floor_now(pool);
+    if (c < f) {
+      atomic_compare_exchange_strong(&h->pf_cursor, &c, f);
+      continue;
+    }
+    if (c >= T) {
+      *status = OPT4_PREFETCH_END;
+      return 0;
+    }
+    uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
+    uint64_t limit = head + lookahead;
+    if (limit > T || limit < head) limit = T;
+    if (c >= limit) break;
+    uint64_t stop = limit - c > 4096 ? c + 4096 : limit, t = c;
+    _Atomic uint32_t *claim = NULL;
+    for (; t < stop; t++) {
+      uint32_t v = pool->rt[t];
+      claim = claim_of(pool, v);
+      if (claim != NULL) break;
+    }
+    if (t == stop) { /* only HITs here: move past them */
+      atomic_compare_exchange_strong(&h->pf_cursor, &c, t);
+      continue;
+    }
+    if (!atomic_compare_exchange_strong(&h->pf_cursor, &c, t + 1)) continue;
+    uint32_t open = CL_OPEN;
+    if (!atomic_compare_exchange_strong(claim, &open, mine)) continue; /* its consumer has it */
+    uint32_t v = pool->rt[t];
+    job->t = t;
+    job->item = pool->seq[t];
+    job->kind = RT_KIND(v);
+    job->space = RT_KIND(v) == OPT4_OP_ADMIT
+                     ? (uint64_t)pool->gens[RT_GEN(v)].npages * h->page_size
+                     : h->staging_slot_bytes;
+    *status = OPT4_PREFETCH_CLAIMED;
+    return 0;
+  }
+  *status = OPT4_PREFETCH_IDLE;
+  return 0;
+}
+
+/* The claim at t held by this handle, or NULL (with the error set). */
+static _Atomic uint32_t *my_claim(opt4_pool *pool, uint64_t t, uint32_t *v_out) {
+  if (t >= pool->h->accesses) {
+    opt4__fail(OPT4_ERANGE, "position %llu is past the plan", (unsigned long long)t);
+    return NULL;
+  }
+  uint32_t v = pool->rt[t];
+  _Atomic uint32_t *claim = claim_of(pool, v);
+  uint32_t c = claim != NULL ? atomic_load(claim) : 0;
+  if (claim == NULL || CL_OWNER(c) != pool->rec + 1u ||
+      (CL_STATE(c) != CL_LOADING && CL_STATE(c) != CL_ABANDONED)) {
+    opt4__fail(OPT4_EINVAL, "position %llu is not claimed by this handle (claim it with "
+               "opt4_pool_prefetch_claim first)", (unsigned long long)t);
+    return NULL;
+  }
+  *v_out = v;
+  return claim;
+}
+
+/* Give a claim up: LOADING goes back to OPEN (its consumer loads); an
+ * ABANDONED one is settled (its consumer loaded and will not store). */
+static void give_up(opt4_pool *pool, _Atomic uint32_t *claim, uint32_t v) {
+  uint32_t c = atomic_load(claim);
+  for (;;) {
+    if (CL_STATE(c) == CL_LOADING) {
+      if (atomic_compare_exchange_weak(claim, &c, CL_OPEN)) break;
+      continue;
+    }
+    /* ABANDONED: nobody will store this ADMIT; its readers must not wait. */
+    if (RT_KIND(v) == OPT4_OP_ADMIT)
+      mark_failed(pool, RT_GEN(v));
+    atomic_store(claim, CL_DONE);
+    break;
+  }
+  count(pool, C_PF_DROPPED, 1);
+}
+
+int opt4_pool_prefetch_release(opt4_pool *pool, uint64_t t) {
+  if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
+  uint32_t v;
+  _Atomic uint32_t *claim = my_claim(pool, t, &v);
+  if (claim == NULL) return OPT4_EINVAL;
+  give_up(pool, claim, v);
+  return 0;
+}
+
+/* Copy parts into dst. */
+static void gather_into(uint8_t *dst, const opt4_iovec *parts, size_t n_parts) {
+  for (size_t i = 0; i < n_parts; i++) {
+    memcpy(dst, parts[i].base, parts[i].len);
+    dst += parts[i].len;
+  }
+}
+
+static int store_admit(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t *claim,
+                       const opt4_iovec *parts, size_t n_parts, uint64_t total, int *stored) {
+  const uint32_t g = RT_GEN(v);
+  const gen_rec *gen = &pool->gens[g];
+  if (total > (uint64_t)gen->npages * pool->h->page_size) {
+    give_up(pool, claim, v);
+    return opt4__fail(OPT4_EITEMSIZE, "item %u at position %llu is %llu bytes; its space in "
+                      "the pool is %llu", pool->seq[t], (unsigned long long)t,
+                      (unsigned long long)total,
+                      (unsigned long long)gen->npages * pool->h->page_size);
+  }
+  /* Wait (bounded) until every page may be taken: the generations this one
+   * replaces have had their planned reads. Only then claim STORING, so a
+   * consumer waits for a prefetcher only while it loads or copies. */
+  waiter w = {0, 0};
+  for (uint32_t i = 0; i < gen->npages; i++) {
+    const list_ent *ent = &pool->list[gen->list_off + i];
+    page_state *ps = &pool->states[ent->page];
+    for (;;) {
+      uint64_t word = atomic_load_explicit(&ps->word, memory_order_acquire);
+      uint32_t tag = PS_GEN(word), st = PS_STATE(word);
+      if ((st != PS_EMPTY && tag != NO_GEN && tag >= g) || gen_failed(pool, g) ||
+          gen->admit < floor_now(pool)) {
+        give_up(pool, claim, v); /* overtaken or skipped: nothing to store */
+        return 0;
+      }
+      if (may_take(pool, ps, word, ent->prev_gen)) break;
+      if (wait_is_slow(&w) && st == PS_WRITING) recover_dead_writer(pool, ps, word);
+      if (wait_step(pool, &w)) {
+        give_up(pool, claim, v);
+        return 0;
+      }
+    }
+  }
+  uint32_t c = atomic_load(claim), reads_start = 0;
+  for (;;) {
+    uint32_t next = (c & ~15u) | CL_STORING;
+    if (atomic_compare_exchange_weak(claim, &c, next)) break;
+  }
+  if (CL_STATE(c) == CL_ABANDONED) reads_start = 1; /* its consumer has its own copy */
+  int ok = 0;
+  int rc = put_impl(pool, t, parts, n_parts, reads_start, &ok);
+  /* READY even if the store failed: the generation is then marked failed
+   * and its consumer, like its readers, falls back at once. */
+  atomic_store_explicit(claim, reads_start ? CL_DONE : CL_READY, memory_order_release);
+  if (rc != 0) return rc;
+  if (ok) count(pool, C_PF_STORED, 1);
+  *stored = ok;
+  return 0;
+}
+
+/* Move slot s's turn past every BYPASS that is finished with it: DONE
+ * (copied out, or settled), or SELF (its consumer loaded it; never staged).
+ * A staged one whose position was skipped (below the floor) is retired
+ * first; with check_dead, so is an abandoned one whose prefetcher died. */
+static void pass_turns(opt4_pool *pool, uint64_t s, int check_dead) {
+  const uint64_t B = pool->h->bypasses, slots = pool->h->staging_slots;
+  for (;;) {
+    uint64_t p = atomic_load_explicit(&pool->slots[s].turn, memory_order_acquire);
+    if (p >= B) return;
+    _Atomic uint32_t *claim = &pool->bclaim[p];
+    uint32_t c = atomic_load_explicit(claim, memory_order_acquire), st = CL_STATE(c);
+    if ((st == CL_READY || st == CL_OPEN) && pool->bpos[p] < floor_now(pool)) {
+      /* Nobody will copy it out: its consumer, were it still to come,
+       * would find DONE and load. */
+      atomic_compare_exchange_strong(claim, &c, CL_DONE);
+      continue;
+    }
+    if (st == CL_ABANDONED && check_dead && claimer_dead(pool, c)) {
+      atomic_compare_exchange_strong(claim, &c, CL_DONE);
+      continue;
+    }
+    if (st != CL_DONE && st != CL_SELF) return;
+    atomic_compare_exchange_strong(&pool->slots[s].turn, &p, p + slots);
+  }
+}
+
+static int store_bypass(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t *claim,
+                        const opt4_iovec *parts, size_t n_parts, uint64_t total, int *stored) {
+  const uint64_t b = RT_GEN(v), slots = pool->h->staging_slots;
+  if (total > pool->h->staging_slot_bytes) {
+    give_up(pool, claim, v);
+    return opt4__fail(OPT4_EITEMSIZE, "item %u at position %llu is %llu bytes; a staging slot "
+                      "holds %llu", pool->seq[t], (unsigned long long)t,
+                      (unsigned long long)total, (unsigned long long)pool->h->staging_slot_bytes);
+  }
+  /* Wait for our turn at the slot: every earlier BYPASS of this slot is
+   * done with it (copied out) or never used it (its consumer loaded it). */
+  waiter w = {0, 0};
+  while (atomic_load_explicit(&pool->slots[b % slots].turn, memory_order_acquire) != b) {
+    pass_turns(pool, b % slots, wait_is_slow(&w));
+    if (atomic_load_explicit(&pool->slots[b % slots].turn, memory_order_acquire) == b) break;
+    if (CL_STATE(atomic_load(claim)) == CL_ABANDONED || wait_step(pool, &w)) {
+      give_up(pool, claim, v);
+      return 0;
+    }
+  }
+  const uint64_t slot = b % slots;
+  gather_into(pool->staging + slot * pool->h->staging_slot_bytes, parts, n_parts);
+  atomic_store_explicit(&pool->slots[slot].len, total, memory_order_relaxed);
+  uint32_t c = ((pool->rec + 1u) << 4) | CL_LOADING;
+  if (atomic_compare_exchange_strong_explicit(claim, &c, CL_READY, memory_order_release,
+                                              memory_order_relaxed)) {
+    count(pool, C_PF_STORED, 1);
+    *stored = 1;
+  } else { /* its consumer stopped waiting and loaded it: the slot is free */
+    atomic_store_explicit(claim, CL_DONE, memory_order_release);
+    count(pool, C_PF_DROPPED, 1);
+  }
+  return 0;
+}
+
+int opt4_pool_prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts,
+                             size_t n_parts, int *stored) {
+  if (pool == NULL || stored == NULL || (parts == NULL && n_parts > 0))
+    return opt4__fail(OPT4_EINVAL, "pool, parts or stored is NULL");
+  *stored = 0;
+  int rc = opt4__pool_register(pool);
+  if (rc != 0) return rc;
+  uint32_t v;
+  _Atomic uint32_t *claim = my_claim(pool, t, &v);
+  if (claim == NULL) return OPT4_EINVAL;
+  uint64_t total = 0;
+  for (size_t i = 0; i < n_parts; i++) total += parts[i].len;
+  if (RT_KIND(v) == OPT4_OP_ADMIT) return store_admit(pool, t, v, claim, parts, n_parts, total, stored);
+  return store_bypass(pool, t, v, claim, parts, n_parts, total, stored);
 }

@@ -199,6 +199,11 @@ static void bind_views(opt4_pool *pool) {
     pool->occ_start = (const uint64_t *)(const void *)(pool->meta + mh->occ_start_off);
     pool->occ_pos = (const uint32_t *)(const void *)(pool->meta + mh->occ_pos_off);
   }
+  pool->gclaim = (_Atomic uint32_t *)(void *)(pool->base + h->gclaim_off);
+  pool->bclaim = h->bclaim_off ? (_Atomic uint32_t *)(void *)(pool->base + h->bclaim_off) : NULL;
+  pool->slots = (slot_state *)(void *)(pool->base + h->slot_len_off);
+  pool->staging = pool->base + h->staging_off;
+  pool->bpos = (const uint32_t *)(const void *)(pool->meta + mh->bpos_off);
   pool->timeout_ns = h->wait_timeout_ns;
 }
 
@@ -235,11 +240,39 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   uint64_t states_off = align_up(procs_off + (uint64_t)max_procs * sizeof(proc_rec), 64);
   uint64_t failed_off = align_up(states_off + pages * sizeof(page_state), 64);
   uint64_t occ_count_off = align_up(failed_off + (gens + 63) / 64 * 8, 64);
-  uint64_t payload_off = align_up(occ_count_off + (occurrences ? plan->info.items * 4 : 0), 4096);
-  if (pages > (UINT64_MAX - payload_off) / page_size)
+  /* Prefetching: a claim per generation always (a consumer claims its own
+   * ADMIT), a claim per BYPASS and the staging slots only when asked for. */
+  const uint64_t bypasses = plan->info.bypasses;
+  uint64_t staging_slots = bypasses ? opts->staging_slots : 0, slot_bytes = 0;
+  if (staging_slots > ((uint64_t)1 << 20))
+    return opt4__fail(OPT4_EINVAL, "%llu staging slots is too many (at most 1048576)",
+                      (unsigned long long)staging_slots);
+  if (staging_slots) {
+    slot_bytes = opts->staging_slot_bytes;
+    if (slot_bytes == 0) {
+      slot_bytes = want_page;
+      const uint32_t *sizes = opt4_plan_item_sizes(plan);
+      if (sized && sizes != NULL) {
+        slot_bytes = 0;
+        for (uint64_t i = 0; i < plan->info.items; i++)
+          if (sizes[i] > slot_bytes) slot_bytes = sizes[i];
+      }
+    }
+    if (slot_bytes > ((uint64_t)1 << 32))
+      return opt4__fail(OPT4_EINVAL, "staging slots of %llu bytes are too large (at most 4 GiB)",
+                        (unsigned long long)slot_bytes);
+    slot_bytes = align_up(slot_bytes ? slot_bytes : 1, 4096);
+  }
+  uint64_t gclaim_off = align_up(occ_count_off + (occurrences ? plan->info.items * 4 : 0), 64);
+  uint64_t bclaim_off = align_up(gclaim_off + gens * 4, 64);
+  uint64_t slot_len_off = align_up(bclaim_off + (staging_slots ? bypasses * 4 : 0), 64);
+  uint64_t payload_off = align_up(slot_len_off + staging_slots * sizeof(slot_state), 4096);
+  if (pages > (UINT64_MAX - payload_off) / page_size ||
+      (staging_slots && staging_slots > (UINT64_MAX - payload_off - pages * page_size) / slot_bytes))
     return opt4__fail(OPT4_ETOOBIG, "%llu pages of %llu bytes do not fit in memory",
                       (unsigned long long)pages, (unsigned long long)page_size);
-  uint64_t size = payload_off + pages * page_size;
+  uint64_t staging_off = payload_off + pages * page_size;
+  uint64_t size = staging_off + staging_slots * slot_bytes;
 
   opt4_pool *pool = opt4__calloc(1, sizeof *pool);
   if (pool == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a pool handle");
@@ -314,11 +347,20 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   h->failed_off = failed_off;
   h->occ_count_off = occurrences ? occ_count_off : 0;
   h->payload_off = payload_off;
+  h->bypasses = bypasses;
+  h->gclaim_off = gclaim_off;
+  h->bclaim_off = staging_slots ? bclaim_off : 0;
+  h->slot_len_off = slot_len_off;
+  h->staging_off = staging_off;
+  h->staging_slots = staging_slots;
+  h->staging_slot_bytes = slot_bytes;
   page_state *states = (page_state *)(void *)((uint8_t *)base + states_off);
   for (uint64_t p = 0; p < pages; p++) {
     atomic_store_explicit(&states[p].word, PS_WORD(NO_GEN, PS_EMPTY), memory_order_relaxed);
     atomic_store_explicit(&states[p].reads, PS_WORD(NO_GEN, 0), memory_order_relaxed);
   }
+  slot_state *slots = (slot_state *)(void *)((uint8_t *)base + slot_len_off);
+  for (uint64_t i = 0; i < staging_slots; i++) atomic_store_explicit(&slots[i].turn, i, memory_order_relaxed);
   /* The magic last, with a release fence: an attacher that sees it sees a
    * complete header. */
   atomic_thread_fence(memory_order_release);
@@ -396,7 +438,9 @@ int opt4_pool_attach(const char *name, opt4_pool **out) {
     goto fail;
   }
   if (h->segment_size != size || h->meta_size != msize || mh->size != msize ||
-      h->payload_off + h->pages * h->page_size != size ||
+      h->payload_off + h->pages * h->page_size != h->staging_off ||
+      h->staging_off + h->staging_slots * h->staging_slot_bytes != size ||
+      h->bypasses != mh->bypasses ||
       h->fingerprint != mh->fingerprint || h->owner_uid != (uint32_t)getuid()) {
     rc = opt4__fail(OPT4_EPOOL, "pool %s is inconsistent (sizes or fingerprint)", name);
     goto fail;

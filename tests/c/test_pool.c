@@ -230,7 +230,7 @@ static void test_stale_cleanup(void) {
   pid_t child = fork();
   if (child == 0) {
     opt4_pool *p = NULL;
-    if (opt4_pool_create(plan, &(opt4_pool_opts){PAGE, 500, 0, 0, 0, 0}, &p) != 0) _exit(1);
+    if (opt4_pool_create(plan, &(opt4_pool_opts){PAGE, 500, 0, 0, 0, 0, 0}, &p) != 0) _exit(1);
     char name[128];
     snprintf(name, sizeof name, "%s", opt4_pool_name(p));
     if (write(fds[1], name, sizeof name) != (ssize_t)sizeof name) _exit(1);
@@ -334,7 +334,7 @@ static void test_occurrences_and_skip(void) {
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
   const uint32_t *seq = opt4_plan_seq(plan), *ops = opt4_plan_ops(plan);
-  opt4_pool_opts o = {PAGE, 2000, 0, OPT4_POOL_OCCURRENCES, 0, 0};
+  opt4_pool_opts o = {PAGE, 2000, 0, OPT4_POOL_OCCURRENCES, 0, 0, 0};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   uint64_t t;
@@ -379,7 +379,7 @@ static void test_sized_pool(void) {
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
   ASSERT(in.flags & OPT4_PLAN_SIZED);
-  opt4_pool_opts o = {0, 2000, 0, 0, 0, 0}; /* page size from the plan */
+  opt4_pool_opts o = {0, 2000, 0, 0, 0, 0, 0}; /* page size from the plan */
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   opt4_pool_info info;

@@ -606,6 +606,103 @@ int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx);
  * owner is alive unless force is set. */
 int opt4_pool_remove(const char *name, int force);
 
+/* ------------------------------------------------------------------------ */
+/* Record files and the prefetcher                                           */
+/* ------------------------------------------------------------------------ */
+
+/* A record file holds a dataset of byte records (encoded images, serialized
+ * samples) packed in one file: a 4 KiB header, the records each at a
+ * multiple of 4096 bytes, and an index of (offset, length) at the end
+ * (docs/records.md). Record i is item i. Readers validate the whole header
+ * and index when they open a file, and read records with pread, optionally
+ * with O_DIRECT (no page cache): the alignment comes from statx
+ * (STATX_DIOALIGN) where the kernel has it, else the block size, and where
+ * O_DIRECT is refused or its reads fail (tmpfs, some network filesystems)
+ * the reader falls back to buffered reads and says so in info.note.
+ *
+ * Thread safety: any number of threads may read one opt4_records at once. */
+typedef struct opt4_records opt4_records;
+
+#define OPT4_RECORDS_DIRECT 0x1u /* read with O_DIRECT where the filesystem allows */
+
+typedef struct opt4_records_info {
+  uint64_t count;       /* records */
+  uint64_t total_bytes; /* the records' lengths, summed */
+  uint64_t max_len;     /* the longest record */
+  uint64_t file_size;
+  uint64_t direct;      /* 1 if reads use O_DIRECT */
+  uint64_t dio_align;   /* the offset alignment O_DIRECT reads use */
+  uint64_t reads;       /* records read so far, by every thread */
+  uint64_t bytes_read;  /* their bytes */
+  uint64_t latency_ns;  /* emulated latency per read (opt4_records_set_latency) */
+  const char *note;     /* how reads are done, and why (valid while open) */
+} opt4_records_info;
+
+/* Open and validate a record file. Errors: OPT4_EIO (with the system error),
+ * OPT4_EBADMAGIC, OPT4_EVERSION, OPT4_ETRUNCATED, OPT4_ECHECKSUM,
+ * OPT4_ECORRUPT (opt4_errdetail() names the record or field), OPT4_ENOMEM. */
+int opt4_records_open(const char *path, uint32_t flags, opt4_records **out);
+void opt4_records_close(opt4_records *r);
+int opt4_records_info_get(const opt4_records *r, opt4_records_info *out);
+/* The length of record i (OPT4_ERANGE past the end). */
+int opt4_records_len(const opt4_records *r, uint64_t i, uint64_t *len);
+/* Read record i into dst (cap bytes); *len gets its length. OPT4_EITEMSIZE
+ * if it does not fit (*len says how much is needed), OPT4_ERANGE, OPT4_EIO. */
+int opt4_records_read(opt4_records *r, uint64_t i, void *dst, size_t cap, uint64_t *len);
+/* Sleep this long before every read: an emulated slow store, for
+ * benchmarks and tests (0, the default, for none). */
+void opt4_records_set_latency(opt4_records *r, uint64_t ns);
+
+/* Writing a record file: records are streamed to a temporary file beside
+ * path (created with O_EXCL | O_NOFOLLOW, never through a symlink), which
+ * finish() completes, syncs and renames over path; abort() removes it. */
+typedef struct opt4_records_writer opt4_records_writer;
+int opt4_records_writer_open(const char *path, opt4_records_writer **out);
+int opt4_records_writer_add(opt4_records_writer *w, const void *data, size_t len);
+/* Complete the file and release the writer (also on failure). */
+int opt4_records_writer_finish(opt4_records_writer *w);
+void opt4_records_writer_abort(opt4_records_writer *w);
+
+/* The prefetcher: threads that follow a pool's plan ahead of its consumers
+ * and load every miss from a record file straight into the pool (ADMITs)
+ * or its staging slots (BYPASSes), with no Python and no GIL on the path
+ * (see opt4_pool_prefetch_claim). Each thread attaches its own handle. */
+typedef struct opt4_prefetcher opt4_prefetcher;
+
+/* Writes the bytes that precede record `item` of len bytes in the pool (a
+ * header the consumer's decoder expects) into hdr (cap bytes, 64); returns
+ * how many. */
+typedef size_t (*opt4_frame_fn)(void *ctx, uint32_t item, uint64_t len, uint8_t *hdr, size_t cap);
+
+typedef struct opt4_prefetcher_opts {
+  uint32_t threads;   /* 0: 8; at most 256 */
+  uint32_t reserved;
+  uint64_t lookahead; /* positions ahead of the consumers; 0: 4096 */
+  opt4_frame_fn frame; /* NULL: records are stored as they are */
+  void *frame_ctx;
+} opt4_prefetcher_opts;
+
+typedef struct opt4_prefetcher_stats {
+  uint64_t loaded;  /* records read */
+  uint64_t bytes;   /* their bytes */
+  uint64_t stored;  /* handed over to their consumers */
+  uint64_t errors;  /* reads that failed (their consumers load them) */
+  uint64_t idle_ns; /* time the threads found nothing to do in the window */
+  uint32_t threads, finished; /* threads started, and those done */
+} opt4_prefetcher_stats;
+
+/* Start prefetching the pool named pool_name from src (which must stay open
+ * until the prefetcher is stopped). The threads run until every miss of
+ * the plan is claimed, or opt4_prefetcher_stop(). They block all signals.
+ * Errors: OPT4_EINVAL, OPT4_ENOMEM, those of opt4_pool_attach, OPT4_EIO
+ * (no thread could start). */
+int opt4_prefetcher_start(const char *pool_name, opt4_records *src,
+                          const opt4_prefetcher_opts *opts, opt4_prefetcher **out);
+int opt4_prefetcher_stats_get(opt4_prefetcher *pf, opt4_prefetcher_stats *out);
+/* Stop the threads (each finishes the item in hand, bounded by the pool's
+ * wait timeout, or gives it back), join them and free. NULL is harmless. */
+void opt4_prefetcher_stop(opt4_prefetcher *pf);
+
 #ifdef __cplusplus
 }
 #endif

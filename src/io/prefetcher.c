@@ -1,0 +1,172 @@
+/*
+ * prefetcher.c - threads that load a plan's misses from a record file ahead
+ * of the consumers, straight into the pool.
+ *
+ * Each thread has its own pool handle (hazards and claims are per handle)
+ * and one buffer as large as the largest record plus its frame. It claims
+ * the next miss in the window, reads the record with pread (O_DIRECT where
+ * the reader has it), and hands it over; a failed read gives the claim back
+ * so the consumer loads it. When the window has nothing to claim it sleeps,
+ * backing off from 50 us to 1 ms, so a stalled consumer costs no CPU.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DEFAULT_THREADS 8u
+#define MAX_THREADS 256u
+#define DEFAULT_LOOKAHEAD 4096u
+#define FRAME_CAP 64u
+
+typedef struct pf_thread {
+  opt4_prefetcher *pf;
+  opt4_pool *pool;
+  pthread_t tid;
+  int started;
+} pf_thread;
+
+struct opt4_prefetcher {
+  opt4_records *src;
+  opt4_prefetcher_opts opts;
+  uint64_t buf_len;
+  pf_thread *threads;
+  uint32_t n;
+  _Atomic int stop;
+  _Atomic uint64_t loaded, bytes, stored, errors, idle_ns;
+  _Atomic uint32_t finished;
+};
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void *pf_main(void *arg) {
+  pf_thread *th = arg;
+  opt4_prefetcher *pf = th->pf;
+  uint8_t *buf = malloc((size_t)pf->buf_len);
+  long backoff = 50000;
+  while (buf != NULL && !atomic_load_explicit(&pf->stop, memory_order_relaxed)) {
+    opt4_prefetch_job job;
+    int status;
+    if (opt4_pool_prefetch_claim(th->pool, pf->opts.lookahead, &job, &status) != 0 ||
+        status == OPT4_PREFETCH_END)
+      break;
+    if (status == OPT4_PREFETCH_IDLE) {
+      uint64_t t0 = now_ns();
+      struct timespec ts = {0, backoff};
+      nanosleep(&ts, NULL);
+      atomic_fetch_add_explicit(&pf->idle_ns, now_ns() - t0, memory_order_relaxed);
+      backoff = backoff * 2 > 1000000 ? 1000000 : backoff * 2;
+      continue;
+    }
+    backoff = 50000;
+    uint64_t rec_len = 0;
+    size_t hdr = 0;
+    if (opt4_records_len(pf->src, job.item, &rec_len) == 0 && pf->opts.frame != NULL)
+      hdr = pf->opts.frame(pf->opts.frame_ctx, job.item, rec_len, buf, FRAME_CAP);
+    uint64_t len = 0;
+    if (hdr > FRAME_CAP ||
+        opt4_records_read(pf->src, job.item, buf + hdr, (size_t)(pf->buf_len - FRAME_CAP), &len) != 0) {
+      atomic_fetch_add_explicit(&pf->errors, 1, memory_order_relaxed);
+      opt4_pool_prefetch_release(th->pool, job.t);
+      continue;
+    }
+    atomic_fetch_add_explicit(&pf->loaded, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pf->bytes, len, memory_order_relaxed);
+    opt4_iovec part = {buf, hdr + (size_t)len};
+    int stored = 0;
+    if (opt4_pool_prefetch_store(th->pool, job.t, &part, 1, &stored) == 0 && stored)
+      atomic_fetch_add_explicit(&pf->stored, 1, memory_order_relaxed);
+  }
+  free(buf);
+  atomic_fetch_add(&pf->finished, 1);
+  return NULL;
+}
+
+int opt4_prefetcher_start(const char *pool_name, opt4_records *src, const opt4_prefetcher_opts *opts,
+                          opt4_prefetcher **out) {
+  opt4__clear_detail();
+  if (pool_name == NULL || src == NULL || out == NULL)
+    return opt4__fail(OPT4_EINVAL, "pool name, records or out is NULL");
+  *out = NULL;
+  opt4_prefetcher_opts o;
+  memset(&o, 0, sizeof o);
+  if (opts != NULL) o = *opts;
+  if (o.threads == 0) o.threads = DEFAULT_THREADS;
+  if (o.threads > MAX_THREADS)
+    return opt4__fail(OPT4_EINVAL, "%u prefetch threads is too many (at most %u)", o.threads, MAX_THREADS);
+  if (o.lookahead == 0) o.lookahead = DEFAULT_LOOKAHEAD;
+  opt4_records_info ri;
+  int rc = opt4_records_info_get(src, &ri);
+  if (rc != 0) return rc;
+  opt4_prefetcher *pf = opt4__calloc(1, sizeof *pf);
+  if (pf == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a prefetcher");
+  pf->src = src;
+  pf->opts = o;
+  pf->buf_len = ri.max_len + FRAME_CAP;
+  pf->threads = opt4__calloc(o.threads, sizeof *pf->threads);
+  if (pf->threads == NULL) {
+    opt4__free(pf, sizeof *pf);
+    return opt4__fail(OPT4_ENOMEM, "no memory for %u prefetch threads", o.threads);
+  }
+  pf->n = o.threads;
+  for (uint32_t i = 0; i < o.threads; i++) {
+    pf->threads[i].pf = pf;
+    rc = opt4_pool_attach(pool_name, &pf->threads[i].pool);
+    if (rc != 0) goto fail;
+  }
+  /* The threads block every signal: signals belong to the application's
+   * threads (Python handles them in its main thread). */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  uint32_t started = 0;
+  for (uint32_t i = 0; i < o.threads; i++) {
+    if (pthread_create(&pf->threads[i].tid, NULL, pf_main, &pf->threads[i]) == 0) {
+      pf->threads[i].started = 1;
+      started++;
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (started == 0) {
+    rc = opt4__fail(OPT4_EIO, "could not start any prefetch thread");
+    goto fail;
+  }
+  *out = pf;
+  return 0;
+fail:
+  opt4_prefetcher_stop(pf);
+  return rc;
+}
+
+int opt4_prefetcher_stats_get(opt4_prefetcher *pf, opt4_prefetcher_stats *out) {
+  if (pf == NULL || out == NULL) return opt4__fail(OPT4_EINVAL, "prefetcher or out is NULL");
+  memset(out, 0, sizeof *out);
+  out->loaded = atomic_load(&pf->loaded);
+  out->bytes = atomic_load(&pf->bytes);
+  out->stored = atomic_load(&pf->stored);
+  out->errors = atomic_load(&pf->errors);
+  out->idle_ns = atomic_load(&pf->idle_ns);
+  for (uint32_t i = 0; i < pf->n; i++) out->threads += (uint32_t)pf->threads[i].started;
+  out->finished = atomic_load(&pf->finished);
+  return 0;
+}
+
+void opt4_prefetcher_stop(opt4_prefetcher *pf) {
+  if (pf == NULL) return;
+  atomic_store(&pf->stop, 1);
+  for (uint32_t i = 0; i < pf->n; i++) {
+    if (pf->threads[i].started) pthread_join(pf->threads[i].tid, NULL);
+    opt4_pool_close(pf->threads[i].pool);
+  }
+  opt4__free(pf->threads, (size_t)pf->n * sizeof *pf->threads);
+  opt4__free(pf, sizeof *pf);
+}

@@ -1,0 +1,450 @@
+/*
+ * records.c - record files: a dataset of byte records packed in one file,
+ * read by index with pread, optionally with O_DIRECT (no page cache).
+ *
+ * Layout (docs/records.md has it byte by byte):
+ *   header (4096 bytes) | records, each at a multiple of align | index
+ * The header gives the count, the alignment, where the index starts, the
+ * file's size and the index's XXH3-64; the index is count entries of
+ * (offset u64, length u64), little-endian. Records start at multiples of
+ * align (4096) so that a direct read of one needs no read of its neighbour's
+ * first block, and the index comes last so that a writer can stream.
+ *
+ * The reader validates everything before use (opt4__records_parse, fuzzed):
+ * magic, version, sizes against the file, the checksum, and every record's
+ * bounds. A record file that opens can be read without further checks.
+ */
+#define _GNU_SOURCE /* O_DIRECT, statx */
+#include "records.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct opt4_records {
+  int fd;        /* buffered */
+  int dfd;       /* O_DIRECT, or -1 */
+  uint64_t count, align, file_size, total_bytes, max_len;
+  uint64_t dio_mem_align, dio_off_align;
+  uint64_t *index; /* 2 * count: offset, length */
+  size_t index_bytes;
+  _Atomic uint64_t latency_ns;
+  _Atomic uint64_t reads, bytes_read;
+  char note[160];
+};
+
+static uint64_t get_le64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+static void put_le64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+int opt4__records_header(const uint8_t *buf, size_t len, uint64_t file_size, records_header *out) {
+  if (len < OPT4__REC_HEADER_SIZE)
+    return opt4__fail(OPT4_ETRUNCATED, "record file is %llu bytes, shorter than its header (%u)",
+                      (unsigned long long)len, OPT4__REC_HEADER_SIZE);
+  if (memcmp(buf, OPT4__REC_MAGIC, 8) != 0)
+    return opt4__fail(OPT4_EBADMAGIC, "not an opt4 record file (bad magic)");
+  uint32_t version = (uint32_t)buf[8] | (uint32_t)buf[9] << 8 | (uint32_t)buf[10] << 16 |
+                     (uint32_t)buf[11] << 24;
+  if (version != OPT4__REC_VERSION)
+    return opt4__fail(OPT4_EVERSION, "record file version %u; this library reads version %u",
+                      version, OPT4__REC_VERSION);
+  records_header h;
+  h.count = get_le64(buf + 16);
+  h.align = get_le64(buf + 24);
+  h.index_off = get_le64(buf + 32);
+  h.file_size = get_le64(buf + 40);
+  h.index_hash = get_le64(buf + 48);
+  uint64_t head_hash = get_le64(buf + 56);
+  if (opt4__hash64(buf, 56) != head_hash)
+    return opt4__fail(OPT4_ECHECKSUM, "record file header checksum mismatch (the file is corrupted)");
+  if (h.file_size != file_size)
+    return opt4__fail(file_size < h.file_size ? OPT4_ETRUNCATED : OPT4_ECORRUPT,
+                      "record file is %llu bytes; its header says %llu",
+                      (unsigned long long)file_size, (unsigned long long)h.file_size);
+  if (h.align < 512 || h.align > ((uint64_t)1 << 20) || (h.align & (h.align - 1)) != 0)
+    return opt4__fail(OPT4_ECORRUPT, "record alignment %llu is not a power of two in [512, 1 MiB]",
+                      (unsigned long long)h.align);
+  if (h.index_off < OPT4__REC_HEADER_SIZE || h.index_off > file_size ||
+      h.count > (file_size - h.index_off) / 16 || h.index_off + h.count * 16 != file_size)
+    return opt4__fail(OPT4_ECORRUPT, "record index (%llu entries at %llu) does not end the file",
+                      (unsigned long long)h.count, (unsigned long long)h.index_off);
+  if (h.count > OPT4_MAX_ITEMS)
+    return opt4__fail(OPT4_ETOOBIG, "record file has %llu records; at most %llu are supported",
+                      (unsigned long long)h.count, (unsigned long long)OPT4_MAX_ITEMS);
+  *out = h;
+  return 0;
+}
+
+int opt4__records_index(const records_header *h, const uint8_t *buf, size_t len, uint64_t *index,
+                        uint64_t *total, uint64_t *max_len) {
+  if (len != h->count * 16)
+    return opt4__fail(OPT4_ETRUNCATED, "record index is %llu bytes; %llu expected",
+                      (unsigned long long)len, (unsigned long long)(h->count * 16));
+  if (opt4__hash64(buf, len) != h->index_hash)
+    return opt4__fail(OPT4_ECHECKSUM, "record index checksum mismatch (the file is corrupted)");
+  uint64_t sum = 0, longest = 0;
+  for (uint64_t i = 0; i < h->count; i++) {
+    uint64_t off = get_le64(buf + 16 * i), n = get_le64(buf + 16 * i + 8);
+    if (off < OPT4__REC_HEADER_SIZE || off % h->align != 0 || off > h->index_off ||
+        n > h->index_off - off)
+      return opt4__fail(OPT4_ECORRUPT, "record %llu (%llu bytes at %llu) lies outside the data",
+                        (unsigned long long)i, (unsigned long long)n, (unsigned long long)off);
+    index[2 * i] = off;
+    index[2 * i + 1] = n;
+    sum += n;
+    if (n > longest) longest = n;
+  }
+  *total = sum;
+  *max_len = longest;
+  return 0;
+}
+
+static int pread_full(int fd, void *buf, size_t len, uint64_t off) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = pread(fd, p, len, (off_t)off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n == 0 ? (errno = EIO, -1) : -1;
+    p += n;
+    len -= (size_t)n;
+    off += (uint64_t)n;
+  }
+  return 0;
+}
+
+/* The alignment O_DIRECT needs for fd: statx's STATX_DIOALIGN where the
+ * kernel reports it (Linux 6.1+), else the filesystem's block size. */
+static void dio_alignment(int fd, uint64_t *mem, uint64_t *off) {
+  *mem = 0;
+  *off = 0;
+#ifdef STATX_DIOALIGN
+  struct statx stx;
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 && (stx.stx_mask & STATX_DIOALIGN) &&
+      stx.stx_dio_offset_align != 0) {
+    *mem = stx.stx_dio_mem_align;
+    *off = stx.stx_dio_offset_align;
+    return;
+  }
+#endif
+  struct stat st;
+  if (fstat(fd, &st) == 0 && st.st_blksize > 0) *mem = *off = (uint64_t)st.st_blksize;
+  if (*off == 0) *mem = *off = 4096;
+}
+
+static int read_direct(opt4_records *r, uint64_t off, uint64_t n, uint8_t *dst) {
+  const uint64_t a = r->dio_off_align, first = off / a * a;
+  const uint64_t span = (off + n - first + a - 1) / a * a;
+  void *bounce = NULL;
+  size_t mem_align = r->dio_mem_align > sizeof(void *) ? (size_t)r->dio_mem_align : 4096;
+  if (posix_memalign(&bounce, mem_align, (size_t)span) != 0) return -1;
+  int rc = 0;
+  uint64_t got = 0;
+  while (got < span) {
+    ssize_t k = pread(r->dfd, (uint8_t *)bounce + got, (size_t)(span - got), (off_t)(first + got));
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) {
+      rc = -1;
+      break;
+    }
+    if (k == 0) break; /* the end of the file: the tail block is short */
+    got += (uint64_t)k;
+  }
+  if (rc == 0 && got < off - first + n) {
+    errno = EIO;
+    rc = -1;
+  }
+  if (rc == 0) memcpy(dst, (uint8_t *)bounce + (off - first), (size_t)n);
+  free(bounce);
+  return rc;
+}
+
+int opt4_records_open(const char *path, uint32_t flags, opt4_records **out) {
+  opt4__clear_detail();
+  if (path == NULL || out == NULL) return opt4__fail(OPT4_EINVAL, "path or out is NULL");
+  *out = NULL;
+  if (flags & ~(uint32_t)OPT4_RECORDS_DIRECT)
+    return opt4__fail(OPT4_EINVAL, "unknown record flags 0x%x", flags);
+  uint8_t head[OPT4__REC_HEADER_SIZE];
+  uint8_t *ibuf = NULL;
+  size_t ibuf_bytes = 0;
+  int rc = 0;
+  opt4_records *r = opt4__calloc(1, sizeof *r);
+  if (r == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a record reader");
+  r->dfd = -1;
+  r->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (r->fd < 0) {
+    rc = opt4__fail(OPT4_EIO, "cannot open record file %s: %s", path, strerror(errno));
+    goto leave;
+  }
+  struct stat st;
+  if (fstat(r->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    rc = opt4__fail(OPT4_EIO, "%s is not a regular file", path);
+    goto leave;
+  }
+  size_t head_len = (uint64_t)st.st_size < sizeof head ? (size_t)st.st_size : sizeof head;
+  if (pread_full(r->fd, head, head_len, 0) != 0) {
+    rc = opt4__fail(OPT4_EIO, "cannot read %s: %s", path, strerror(errno));
+    goto leave;
+  }
+  records_header h;
+  rc = opt4__records_header(head, head_len, (uint64_t)st.st_size, &h);
+  if (rc != 0) goto leave;
+  r->count = h.count;
+  r->align = h.align;
+  r->file_size = h.file_size;
+  r->index_bytes = (size_t)(h.count ? h.count * 16 : 16);
+  r->index = opt4__malloc(r->index_bytes);
+  ibuf_bytes = r->index_bytes;
+  ibuf = opt4__malloc(ibuf_bytes);
+  if (r->index == NULL || ibuf == NULL) {
+    rc = opt4__fail(OPT4_ENOMEM, "no memory for an index of %llu records", (unsigned long long)h.count);
+    goto leave;
+  }
+  if (pread_full(r->fd, ibuf, (size_t)(h.count * 16), h.index_off) != 0) {
+    rc = opt4__fail(OPT4_EIO, "cannot read the index of %s: %s", path, strerror(errno));
+    goto leave;
+  }
+  rc = opt4__records_index(&h, ibuf, (size_t)(h.count * 16), r->index, &r->total_bytes, &r->max_len);
+  if (rc != 0) goto leave;
+  if (flags & OPT4_RECORDS_DIRECT) {
+    r->dfd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (r->dfd < 0) {
+      snprintf(r->note, sizeof r->note, "O_DIRECT refused (%s): buffered reads", strerror(errno));
+    } else {
+      dio_alignment(r->dfd, &r->dio_mem_align, &r->dio_off_align);
+      /* Some filesystems accept O_DIRECT at open and refuse the reads. */
+      uint8_t probe[1];
+      if (r->count > 0 && r->index[1] > 0 && read_direct(r, r->index[0], 1, probe) != 0) {
+        snprintf(r->note, sizeof r->note, "O_DIRECT reads fail here (%s): buffered reads",
+                 strerror(errno));
+        close(r->dfd);
+        r->dfd = -1;
+      } else {
+        snprintf(r->note, sizeof r->note, "O_DIRECT, offset alignment %llu, memory alignment %llu",
+                 (unsigned long long)r->dio_off_align, (unsigned long long)r->dio_mem_align);
+      }
+    }
+  } else {
+    snprintf(r->note, sizeof r->note, "buffered reads");
+  }
+  *out = r;
+  r = NULL;
+leave:
+  if (ibuf != NULL) opt4__free(ibuf, ibuf_bytes);
+  opt4_records_close(r);
+  return rc;
+}
+
+void opt4_records_close(opt4_records *r) {
+  if (r == NULL) return;
+  if (r->fd >= 0) close(r->fd);
+  if (r->dfd >= 0) close(r->dfd);
+  if (r->index != NULL) opt4__free(r->index, r->index_bytes);
+  opt4__free(r, sizeof *r);
+}
+
+int opt4_records_info_get(const opt4_records *r, opt4_records_info *out) {
+  if (r == NULL || out == NULL) return opt4__fail(OPT4_EINVAL, "records or out is NULL");
+  memset(out, 0, sizeof *out);
+  out->count = r->count;
+  out->total_bytes = r->total_bytes;
+  out->max_len = r->max_len;
+  out->file_size = r->file_size;
+  out->direct = r->dfd >= 0;
+  out->dio_align = r->dfd >= 0 ? r->dio_off_align : 0;
+  out->reads = atomic_load(&((opt4_records *)r)->reads);
+  out->bytes_read = atomic_load(&((opt4_records *)r)->bytes_read);
+  out->latency_ns = atomic_load(&((opt4_records *)r)->latency_ns);
+  out->note = r->note;
+  return 0;
+}
+
+int opt4_records_len(const opt4_records *r, uint64_t i, uint64_t *len) {
+  if (r == NULL || len == NULL) return opt4__fail(OPT4_EINVAL, "records or len is NULL");
+  if (i >= r->count)
+    return opt4__fail(OPT4_ERANGE, "record %llu is outside [0, %llu)", (unsigned long long)i,
+                      (unsigned long long)r->count);
+  *len = r->index[2 * i + 1];
+  return 0;
+}
+
+void opt4_records_set_latency(opt4_records *r, uint64_t ns) {
+  if (r != NULL) atomic_store(&r->latency_ns, ns);
+}
+
+int opt4_records_read(opt4_records *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
+  if (r == NULL || len == NULL || (dst == NULL && cap > 0))
+    return opt4__fail(OPT4_EINVAL, "records, dst or len is NULL");
+  if (i >= r->count)
+    return opt4__fail(OPT4_ERANGE, "record %llu is outside [0, %llu)", (unsigned long long)i,
+                      (unsigned long long)r->count);
+  const uint64_t off = r->index[2 * i], n = r->index[2 * i + 1];
+  *len = n;
+  if (n > cap) return opt4__fail(OPT4_EITEMSIZE, "record %llu is %llu bytes; the buffer holds %llu",
+                                 (unsigned long long)i, (unsigned long long)n, (unsigned long long)cap);
+  uint64_t delay = atomic_load_explicit(&r->latency_ns, memory_order_relaxed);
+  if (delay) { /* emulated storage latency, for benchmarks and tests */
+    struct timespec ts = {(time_t)(delay / 1000000000u), (long)(delay % 1000000000u)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
+  int rc = n == 0 ? 0 : r->dfd >= 0 ? read_direct(r, off, n, dst) : pread_full(r->fd, dst, (size_t)n, off);
+  if (rc != 0) return opt4__fail(OPT4_EIO, "cannot read record %llu: %s", (unsigned long long)i, strerror(errno));
+  atomic_fetch_add_explicit(&r->reads, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->bytes_read, n, memory_order_relaxed);
+  return 0;
+}
+
+/* ---- writing ---- */
+
+struct opt4_records_writer {
+  int fd;
+  char *path, *tmp;
+  size_t path_len;
+  uint64_t *index;
+  uint64_t count, cap, pos;
+  int failed;
+};
+
+static int write_full(int fd, const void *buf, size_t len) {
+  const uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static char *dup_str(const char *s, size_t extra) {
+  size_t n = strlen(s) + 1;
+  char *d = opt4__malloc(n + extra);
+  if (d != NULL) memcpy(d, s, n);
+  return d;
+}
+
+int opt4_records_writer_open(const char *path, opt4_records_writer **out) {
+  opt4__clear_detail();
+  if (path == NULL || out == NULL) return opt4__fail(OPT4_EINVAL, "path or out is NULL");
+  *out = NULL;
+  opt4_records_writer *w = opt4__calloc(1, sizeof *w);
+  if (w == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a record writer");
+  w->fd = -1;
+  w->path_len = strlen(path);
+  w->path = dup_str(path, 0);
+  w->tmp = dup_str(path, 32);
+  if (w->path == NULL || w->tmp == NULL) {
+    opt4_records_writer_abort(w);
+    return opt4__fail(OPT4_ENOMEM, "no memory for a record writer");
+  }
+  uint64_t rnd = (uint64_t)getpid() ^ ((uint64_t)time(NULL) << 20);
+  snprintf(w->tmp + strlen(path), 32, ".tmp-%llx", (unsigned long long)rnd);
+  /* A fresh file, never through a symlink: O_EXCL and O_NOFOLLOW. */
+  w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (w->fd < 0) {
+    int e = errno;
+    opt4_records_writer_abort(w);
+    return opt4__fail(OPT4_EIO, "cannot create a record file next to %s: %s", path, strerror(e));
+  }
+  uint8_t zero[OPT4__REC_HEADER_SIZE];
+  memset(zero, 0, sizeof zero);
+  if (write_full(w->fd, zero, sizeof zero) != 0) {
+    int e = errno;
+    opt4_records_writer_abort(w);
+    return opt4__fail(OPT4_EIO, "cannot write %s: %s", path, strerror(e));
+  }
+  w->pos = OPT4__REC_HEADER_SIZE;
+  *out = w;
+  return 0;
+}
+
+int opt4_records_writer_add(opt4_records_writer *w, const void *data, size_t len) {
+  if (w == NULL || (data == NULL && len > 0)) return opt4__fail(OPT4_EINVAL, "writer or data is NULL");
+  if (w->failed) return opt4__fail(OPT4_EIO, "an earlier write failed; abort this writer");
+  if (w->count >= OPT4_MAX_ITEMS) return opt4__fail(OPT4_ETOOBIG, "too many records");
+  if (w->count == w->cap) {
+    uint64_t cap = w->cap ? w->cap * 2 : 1024;
+    uint64_t *idx = opt4__malloc((size_t)(cap * 16));
+    if (idx == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for the record index");
+    if (w->index != NULL) {
+      memcpy(idx, w->index, (size_t)(w->count * 16));
+      opt4__free(w->index, (size_t)(w->cap * 16));
+    }
+    w->index = idx;
+    w->cap = cap;
+  }
+  uint8_t pad[OPT4__REC_ALIGN];
+  memset(pad, 0, sizeof pad);
+  uint64_t aligned = (w->pos + OPT4__REC_ALIGN - 1) / OPT4__REC_ALIGN * OPT4__REC_ALIGN;
+  if (write_full(w->fd, pad, (size_t)(aligned - w->pos)) != 0 || write_full(w->fd, data, len) != 0) {
+    w->failed = 1;
+    return opt4__fail(OPT4_EIO, "cannot write %s: %s", w->path, strerror(errno));
+  }
+  put_le64((uint8_t *)&w->index[2 * w->count], aligned);
+  put_le64((uint8_t *)&w->index[2 * w->count + 1], len);
+  w->count++;
+  w->pos = aligned + len;
+  return 0;
+}
+
+int opt4_records_writer_finish(opt4_records_writer *w) {
+  if (w == NULL) return opt4__fail(OPT4_EINVAL, "writer is NULL");
+  int rc = 0;
+  if (w->failed) {
+    rc = opt4__fail(OPT4_EIO, "an earlier write failed; %s was not written", w->path);
+    goto leave;
+  }
+  uint64_t index_off = w->pos;
+  if (write_full(w->fd, w->index, (size_t)(w->count * 16)) != 0) {
+    rc = opt4__fail(OPT4_EIO, "cannot write %s: %s", w->path, strerror(errno));
+    goto leave;
+  }
+  uint8_t head[64];
+  memset(head, 0, sizeof head);
+  memcpy(head, OPT4__REC_MAGIC, 8);
+  head[8] = OPT4__REC_VERSION;
+  put_le64(head + 16, w->count);
+  put_le64(head + 24, OPT4__REC_ALIGN);
+  put_le64(head + 32, index_off);
+  put_le64(head + 40, index_off + w->count * 16);
+  put_le64(head + 48, opt4__hash64(w->index, (size_t)(w->count * 16)));
+  put_le64(head + 56, opt4__hash64(head, 56));
+  if (pwrite(w->fd, head, sizeof head, 0) != (ssize_t)sizeof head || fsync(w->fd) != 0) {
+    rc = opt4__fail(OPT4_EIO, "cannot write %s: %s", w->path, strerror(errno));
+    goto leave;
+  }
+  if (close(w->fd) != 0 || (w->fd = -1, rename(w->tmp, w->path) != 0)) {
+    w->fd = -1;
+    rc = opt4__fail(OPT4_EIO, "cannot finish %s: %s", w->path, strerror(errno));
+    goto leave;
+  }
+leave:
+  opt4_records_writer_abort(w);
+  return rc;
+}
+
+void opt4_records_writer_abort(opt4_records_writer *w) {
+  if (w == NULL) return;
+  if (w->fd >= 0) {
+    close(w->fd);
+    unlink(w->tmp);
+  }
+  if (w->index != NULL) opt4__free(w->index, (size_t)(w->cap * 16));
+  if (w->path != NULL) opt4__free(w->path, w->path_len + 1);
+  if (w->tmp != NULL) opt4__free(w->tmp, w->path_len + 1 + 32);
+  opt4__free(w, sizeof *w);
+}

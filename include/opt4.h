@@ -597,6 +597,11 @@ int opt4_pool_prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *part
  * consumer loads it. */
 int opt4_pool_prefetch_release(opt4_pool *pool, uint64_t t);
 
+/* Make every wait on this handle, in progress (from another thread) or
+ * later, end at once as if timed out: for shutting a prefetch thread down
+ * without waiting out the pool's timeout. Only that handle is affected. */
+int opt4_pool_interrupt(opt4_pool *pool);
+
 /* Pools of this user: visit each segment name with whether its owner is
  * alive. Stale pools (owner dead) can be removed with opt4_pool_remove(). */
 typedef int (*opt4_pool_visit_fn)(void *ctx, const char *name, uint32_t owner_pid,
@@ -632,7 +637,8 @@ typedef struct opt4_records_info {
   uint64_t file_size;
   uint64_t direct;      /* 1 if reads use O_DIRECT */
   uint64_t dio_align;   /* the offset alignment O_DIRECT reads use */
-  uint64_t reads;       /* records read so far, by every thread */
+  uint64_t reads;       /* records read so far, by every thread and by the
+                           processes forked after open (one shared count) */
   uint64_t bytes_read;  /* their bytes */
   uint64_t latency_ns;  /* emulated latency per read (opt4_records_set_latency) */
   const char *note;     /* how reads are done, and why (valid while open) */
@@ -669,10 +675,13 @@ void opt4_records_writer_abort(opt4_records_writer *w);
  * (see opt4_pool_prefetch_claim). Each thread attaches its own handle. */
 typedef struct opt4_prefetcher opt4_prefetcher;
 
-/* Writes the bytes that precede record `item` of len bytes in the pool (a
- * header the consumer's decoder expects) into hdr (cap bytes, 64); returns
- * how many. */
-typedef size_t (*opt4_frame_fn)(void *ctx, uint32_t item, uint64_t len, uint8_t *hdr, size_t cap);
+/* Frames record `item` (len bytes) as the consumer's decoder expects it in
+ * the pool: writes the bytes that go before it into head and those after it
+ * into tail (OPT4_FRAME_CAP bytes each) and their counts into *head_len and
+ * *tail_len. Returns 0, or nonzero to leave the item to its consumer. */
+#define OPT4_FRAME_CAP 64u
+typedef int (*opt4_frame_fn)(void *ctx, uint32_t item, uint64_t len, uint8_t *head,
+                             size_t *head_len, uint8_t *tail, size_t *tail_len);
 
 typedef struct opt4_prefetcher_opts {
   uint32_t threads;   /* 0: 8; at most 256 */

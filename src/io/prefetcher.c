@@ -22,7 +22,6 @@
 #define DEFAULT_THREADS 8u
 #define MAX_THREADS 256u
 #define DEFAULT_LOOKAHEAD 4096u
-#define FRAME_CAP 64u
 
 typedef struct pf_thread {
   opt4_prefetcher *pf;
@@ -68,22 +67,24 @@ static void *pf_main(void *arg) {
       continue;
     }
     backoff = 50000;
-    uint64_t rec_len = 0;
-    size_t hdr = 0;
-    if (opt4_records_len(pf->src, job.item, &rec_len) == 0 && pf->opts.frame != NULL)
-      hdr = pf->opts.frame(pf->opts.frame_ctx, job.item, rec_len, buf, FRAME_CAP);
-    uint64_t len = 0;
-    if (hdr > FRAME_CAP ||
-        opt4_records_read(pf->src, job.item, buf + hdr, (size_t)(pf->buf_len - FRAME_CAP), &len) != 0) {
+    uint64_t rec_len = 0, len = 0;
+    size_t head = 0, tail = 0;
+    uint8_t tail_buf[OPT4_FRAME_CAP];
+    int bad = opt4_records_len(pf->src, job.item, &rec_len) != 0;
+    if (!bad && pf->opts.frame != NULL)
+      bad = pf->opts.frame(pf->opts.frame_ctx, job.item, rec_len, buf, &head, tail_buf, &tail) != 0 ||
+            head > OPT4_FRAME_CAP || tail > OPT4_FRAME_CAP;
+    if (bad || opt4_records_read(pf->src, job.item, buf + head, (size_t)(pf->buf_len - OPT4_FRAME_CAP),
+                                 &len) != 0) {
       atomic_fetch_add_explicit(&pf->errors, 1, memory_order_relaxed);
       opt4_pool_prefetch_release(th->pool, job.t);
       continue;
     }
     atomic_fetch_add_explicit(&pf->loaded, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&pf->bytes, len, memory_order_relaxed);
-    opt4_iovec part = {buf, hdr + (size_t)len};
+    opt4_iovec parts[2] = {{buf, head + (size_t)len}, {tail_buf, tail}};
     int stored = 0;
-    if (opt4_pool_prefetch_store(th->pool, job.t, &part, 1, &stored) == 0 && stored)
+    if (opt4_pool_prefetch_store(th->pool, job.t, parts, 2, &stored) == 0 && stored)
       atomic_fetch_add_explicit(&pf->stored, 1, memory_order_relaxed);
   }
   free(buf);
@@ -111,7 +112,7 @@ int opt4_prefetcher_start(const char *pool_name, opt4_records *src, const opt4_p
   if (pf == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a prefetcher");
   pf->src = src;
   pf->opts = o;
-  pf->buf_len = ri.max_len + FRAME_CAP;
+  pf->buf_len = ri.max_len + OPT4_FRAME_CAP;
   pf->threads = opt4__calloc(o.threads, sizeof *pf->threads);
   if (pf->threads == NULL) {
     opt4__free(pf, sizeof *pf);
@@ -163,6 +164,10 @@ int opt4_prefetcher_stats_get(opt4_prefetcher *pf, opt4_prefetcher_stats *out) {
 void opt4_prefetcher_stop(opt4_prefetcher *pf) {
   if (pf == NULL) return;
   atomic_store(&pf->stop, 1);
+  /* A thread may be waiting to store an item (for the items it replaces to
+   * be read): interrupt, so it gives the item back at once. */
+  for (uint32_t i = 0; i < pf->n; i++)
+    if (pf->threads[i].pool != NULL) opt4_pool_interrupt(pf->threads[i].pool);
   for (uint32_t i = 0; i < pf->n; i++) {
     if (pf->threads[i].started) pthread_join(pf->threads[i].tid, NULL);
     opt4_pool_close(pf->threads[i].pool);

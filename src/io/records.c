@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,9 +35,15 @@ struct opt4_records {
   uint64_t dio_mem_align, dio_off_align;
   uint64_t *index; /* 2 * count: offset, length */
   size_t index_bytes;
+  /* Counters in a shared anonymous mapping: processes forked after open
+   * (DataLoader workers) count into the same place. */
+  struct rec_counters *shared;
+  char note[160];
+};
+
+struct rec_counters {
   _Atomic uint64_t latency_ns;
   _Atomic uint64_t reads, bytes_read;
-  char note[160];
 };
 
 static uint64_t get_le64(const uint8_t *p) {
@@ -183,6 +190,12 @@ int opt4_records_open(const char *path, uint32_t flags, opt4_records **out) {
   opt4_records *r = opt4__calloc(1, sizeof *r);
   if (r == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a record reader");
   r->dfd = -1;
+  r->shared = mmap(NULL, sizeof *r->shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (r->shared == MAP_FAILED) {
+    r->shared = NULL;
+    rc = opt4__fail(OPT4_ENOMEM, "no memory for a record reader's counters");
+    goto leave;
+  }
   r->fd = open(path, O_RDONLY | O_CLOEXEC);
   if (r->fd < 0) {
     rc = opt4__fail(OPT4_EIO, "cannot open record file %s: %s", path, strerror(errno));
@@ -252,6 +265,7 @@ void opt4_records_close(opt4_records *r) {
   if (r->fd >= 0) close(r->fd);
   if (r->dfd >= 0) close(r->dfd);
   if (r->index != NULL) opt4__free(r->index, r->index_bytes);
+  if (r->shared != NULL) munmap(r->shared, sizeof *r->shared);
   opt4__free(r, sizeof *r);
 }
 
@@ -264,9 +278,9 @@ int opt4_records_info_get(const opt4_records *r, opt4_records_info *out) {
   out->file_size = r->file_size;
   out->direct = r->dfd >= 0;
   out->dio_align = r->dfd >= 0 ? r->dio_off_align : 0;
-  out->reads = atomic_load(&((opt4_records *)r)->reads);
-  out->bytes_read = atomic_load(&((opt4_records *)r)->bytes_read);
-  out->latency_ns = atomic_load(&((opt4_records *)r)->latency_ns);
+  out->reads = atomic_load(&r->shared->reads);
+  out->bytes_read = atomic_load(&r->shared->bytes_read);
+  out->latency_ns = atomic_load(&r->shared->latency_ns);
   out->note = r->note;
   return 0;
 }
@@ -281,7 +295,7 @@ int opt4_records_len(const opt4_records *r, uint64_t i, uint64_t *len) {
 }
 
 void opt4_records_set_latency(opt4_records *r, uint64_t ns) {
-  if (r != NULL) atomic_store(&r->latency_ns, ns);
+  if (r != NULL) atomic_store(&r->shared->latency_ns, ns);
 }
 
 int opt4_records_read(opt4_records *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
@@ -294,7 +308,7 @@ int opt4_records_read(opt4_records *r, uint64_t i, void *dst, size_t cap, uint64
   *len = n;
   if (n > cap) return opt4__fail(OPT4_EITEMSIZE, "record %llu is %llu bytes; the buffer holds %llu",
                                  (unsigned long long)i, (unsigned long long)n, (unsigned long long)cap);
-  uint64_t delay = atomic_load_explicit(&r->latency_ns, memory_order_relaxed);
+  uint64_t delay = atomic_load_explicit(&r->shared->latency_ns, memory_order_relaxed);
   if (delay) { /* emulated storage latency, for benchmarks and tests */
     struct timespec ts = {(time_t)(delay / 1000000000u), (long)(delay % 1000000000u)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -302,8 +316,8 @@ int opt4_records_read(opt4_records *r, uint64_t i, void *dst, size_t cap, uint64
   }
   int rc = n == 0 ? 0 : r->dfd >= 0 ? read_direct(r, off, n, dst) : pread_full(r->fd, dst, (size_t)n, off);
   if (rc != 0) return opt4__fail(OPT4_EIO, "cannot read record %llu: %s", (unsigned long long)i, strerror(errno));
-  atomic_fetch_add_explicit(&r->reads, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&r->bytes_read, n, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->shared->reads, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->shared->bytes_read, n, memory_order_relaxed);
   return 0;
 }
 

@@ -214,6 +214,7 @@ struct opt4_pool {
   pid_t pid;
   uint64_t fork_gen;
   uint64_t timeout_ns;
+  _Atomic int interrupted; /* opt4_pool_interrupt: waits give up at once */
 };
 
 /* ---- segment.c ---- */

@@ -171,6 +171,7 @@ typedef struct waiter {
 /* One step of a bounded wait: spin, then yield, then sleep with backoff up
  * to 1 ms. Returns 1 once the pool's timeout has passed. */
 static int wait_step(const opt4_pool *pool, waiter *w) {
+  if (atomic_load_explicit(&((opt4_pool *)pool)->interrupted, memory_order_relaxed)) return 1;
   if (w->spins == 0) w->start = opt4__now_ns();
   w->spins++;
   if (w->spins < 64) {
@@ -1052,4 +1053,10 @@ int opt4_pool_prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *part
   for (size_t i = 0; i < n_parts; i++) total += parts[i].len;
   if (RT_KIND(v) == OPT4_OP_ADMIT) return store_admit(pool, t, v, claim, parts, n_parts, total, stored);
   return store_bypass(pool, t, v, claim, parts, n_parts, total, stored);
+}
+
+int opt4_pool_interrupt(opt4_pool *pool) {
+  if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
+  atomic_store(&pool->interrupted, 1);
+  return 0;
 }

@@ -4,6 +4,7 @@
  * "concurrent" label puts it under ThreadSanitizer too). */
 #include "pool_util.h"
 
+#include "layout.h"
 #include "records.h"
 
 #include <fcntl.h>
@@ -257,8 +258,18 @@ static void test_prefetcher_stop_early(void) {
   opt4_prefetcher_opts po = {4, 0, 1 << 20, NULL, NULL};
   opt4_prefetcher *pf = NULL;
   ASSERT_OK(opt4_prefetcher_start(opt4_pool_name(pool), src, &po, &pf));
-  usleep(20000);
+  /* Stop once some items are in (4 threads, 200 us a read), while others
+   * wait for the items they replace to be read: stop must not wait those
+   * out (the pool's timeout is 20 s). */
+  opt4_prefetcher_stats ps;
+  for (int i = 0; i < 5000; i++) {
+    ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
+    if (ps.stored >= 20) break;
+    usleep(1000);
+  }
+  uint64_t t0 = opt4__now_ns();
   opt4_prefetcher_stop(pf);
+  ASSERT((opt4__now_ns() - t0) / 1000000u < 2000);
   opt4_records_set_latency(src, 0);
   consumer_arg ca = {opt4_pool_name(pool), src, in.accesses, 0, 1, 0, 0, 0, 0};
   consumer_main(&ca);
@@ -267,6 +278,9 @@ static void test_prefetcher_stop_early(void) {
   ASSERT_U64_EQ(ca.wrong, 0);
   ASSERT_U64_EQ(st.hits + st.deferred, in.hits);
   ASSERT_U64_EQ(st.fallbacks, 0);
+  fprintf(stderr, "    stopped early: %llu prefetched, %llu dropped, %llu stored by prefetchers\n",
+          (unsigned long long)ca.prefetched, (unsigned long long)st.prefetch_dropped,
+          (unsigned long long)st.prefetch_stored);
   ASSERT(ca.prefetched > 0);
   ASSERT_OK(opt4_pool_unlink(pool));
   opt4_pool_close(pool);

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "opt4.h"
+#include "binding.h"
 
 /* ------------------------------------------------------------------------ */
 /* Exceptions                                                                */
@@ -78,6 +79,8 @@ static PyObject *raise_code(int rc, const char *context) {
   Py_DECREF(exc);
   return NULL;
 }
+
+PyObject *opt4py_raise(int rc, const char *context) { return raise_code(rc, context); }
 
 /* ------------------------------------------------------------------------ */
 /* Sequences from the buffer protocol                                        */
@@ -458,13 +461,14 @@ static void pool_dealloc(PoolObject *self) {
 
 static PyObject *py_pool_create(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"plan", "page_size", "wait_timeout_ms", "max_procs", "occurrences",
-                           "owner_pid", NULL};
+                           "owner_pid", "staging_slots", "staging_slot_bytes", NULL};
   PlanObject *plan;
-  unsigned long long page_size, timeout_ms = 0;
-  unsigned int max_procs = 0, owner_pid = 0;
+  unsigned long long page_size, timeout_ms = 0, slot_bytes = 0;
+  unsigned int max_procs = 0, owner_pid = 0, staging = 0;
   int occurrences = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!K|KIpI", kwlist, &PlanType, &plan, &page_size,
-                                   &timeout_ms, &max_procs, &occurrences, &owner_pid))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!K|KIpIIK", kwlist, &PlanType, &plan, &page_size,
+                                   &timeout_ms, &max_procs, &occurrences, &owner_pid, &staging,
+                                   &slot_bytes))
     return NULL;
   if (plan_check_open(plan) < 0) return NULL;
   opt4_pool_opts opts;
@@ -474,6 +478,8 @@ static PyObject *py_pool_create(PyObject *Py_UNUSED(m), PyObject *args, PyObject
   opts.max_procs = max_procs;
   opts.flags = occurrences ? OPT4_POOL_OCCURRENCES : 0;
   opts.owner_pid = owner_pid;
+  opts.staging_slots = staging;
+  opts.staging_slot_bytes = slot_bytes;
   opt4_pool *pool = NULL;
   int rc;
   plan->busy++;
@@ -544,14 +550,18 @@ static PyObject *pool_stats(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
   opt4_pool_stats st;
   int rc = opt4_pool_stats_get(self->pool, &st);
   if (rc != 0) return raise_code(rc, "pool stats");
-  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "hits",
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "hits",
                        (unsigned long long)st.hits, "admits", (unsigned long long)st.admits,
                        "bypasses", (unsigned long long)st.bypasses, "fallbacks",
                        (unsigned long long)st.fallbacks, "deferred",
                        (unsigned long long)st.deferred, "stored", (unsigned long long)st.stored,
                        "store_failed", (unsigned long long)st.store_failed, "timeouts",
                        (unsigned long long)st.timeouts, "waits", (unsigned long long)st.waits,
-                       "wait_ns", (unsigned long long)st.wait_ns);
+                       "wait_ns", (unsigned long long)st.wait_ns, "prefetched",
+                       (unsigned long long)st.prefetched, "prefetch_stored",
+                       (unsigned long long)st.prefetch_stored, "prefetch_dropped",
+                       (unsigned long long)st.prefetch_dropped, "stalls",
+                       (unsigned long long)st.stalls, "stall_ns", (unsigned long long)st.stall_ns);
 }
 
 static PyObject *pool_item(PoolObject *self, PyObject *arg) {
@@ -1453,6 +1463,61 @@ static PyObject *pool_warm(PoolObject *self, PyObject *args) {
   return out;
 }
 
+/* prefetch_claim(lookahead) -> (status, t, item, kind, space): status 0
+ * claimed, 1 nothing in the window now, 2 the plan's misses are all taken. */
+static PyObject *pool_prefetch_claim(PoolObject *self, PyObject *arg) {
+  unsigned long long lookahead = PyLong_AsUnsignedLongLong(arg);
+  if (lookahead == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  if (pool_enter(self) < 0) return NULL;
+  opt4_prefetch_job job;
+  int status = 0, rc;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_pool_prefetch_claim(self->pool, lookahead, &job, &status);
+  Py_END_ALLOW_THREADS pool_leave(self);
+  if (rc != 0) return raise_code(rc, "prefetch claim");
+  return Py_BuildValue("(iKIIK)", status, (unsigned long long)job.t, job.item, job.kind,
+                       (unsigned long long)job.space);
+}
+
+/* prefetch_store(t, parts) -> 1 handed over, 0 given up, -1 too large. */
+static PyObject *pool_prefetch_store(PoolObject *self, PyObject *args) {
+  unsigned long long t;
+  PyObject *parts;
+  if (!PyArg_ParseTuple(args, "KO", &t, &parts)) return NULL;
+  if (pool_enter(self) < 0) return NULL;
+  gathered g;
+  PyObject *out = NULL;
+  if (gather(parts, &g) == 0) {
+    int stored = 0, rc;
+    Py_BEGIN_ALLOW_THREADS rc = opt4_pool_prefetch_store(self->pool, t, g.iov, (size_t)g.n, &stored);
+    Py_END_ALLOW_THREADS gathered_release(&g);
+    if (rc == OPT4_EITEMSIZE)
+      out = PyLong_FromLong(-1);
+    else if (rc != 0)
+      raise_code(rc, "prefetch store");
+    else
+      out = PyLong_FromLong(stored);
+  }
+  pool_leave(self);
+  return out;
+}
+
+static PyObject *pool_prefetch_release(PoolObject *self, PyObject *arg) {
+  unsigned long long t = PyLong_AsUnsignedLongLong(arg);
+  if (t == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  if (pool_enter(self) < 0) return NULL;
+  int rc = opt4_pool_prefetch_release(self->pool, t);
+  pool_leave(self);
+  if (rc != 0) return raise_code(rc, "prefetch release");
+  Py_RETURN_NONE;
+}
+
+/* interrupt(): callable from another thread while this handle waits. */
+static PyObject *pool_interrupt(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->pool == NULL) Py_RETURN_NONE;
+  opt4_pool_interrupt(self->pool);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef pool_methods[] = {
     {"close", (PyCFunction)pool_close, METH_NOARGS, "Detach (does not remove the pool)."},
     {"unlink", (PyCFunction)pool_unlink, METH_NOARGS, "Remove the pool's segments."},
@@ -1473,6 +1538,14 @@ static PyMethodDef pool_methods[] = {
     {"note_reads", (PyCFunction)pool_note_reads, METH_O, "note_reads(positions) for DEFERs."},
     {"live_at", (PyCFunction)pool_live_at, METH_O, "live_at(p) -> [(admit, item, reads_before)]"},
     {"warm", (PyCFunction)pool_warm, METH_VARARGS, "warm(admit, parts, reads_before) -> result"},
+    {"prefetch_claim", (PyCFunction)pool_prefetch_claim, METH_O,
+     "prefetch_claim(lookahead) -> (status, t, item, kind, space)"},
+    {"prefetch_store", (PyCFunction)pool_prefetch_store, METH_VARARGS,
+     "prefetch_store(t, parts) -> 1 handed over, 0 given up, -1 too large"},
+    {"prefetch_release", (PyCFunction)pool_prefetch_release, METH_O,
+     "prefetch_release(t): give a claimed miss back to its consumer"},
+    {"interrupt", (PyCFunction)pool_interrupt, METH_NOARGS,
+     "interrupt(): waits on this handle end at once (from any thread)"},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef pool_getset[] = {
@@ -1781,6 +1854,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
   if (m == NULL) return NULL;
   if (PyModule_AddObjectRef(m, "Plan", (PyObject *)&PlanType) < 0) goto fail;
   if (PyModule_AddObjectRef(m, "Pool", (PyObject *)&PoolType) < 0) goto fail;
+  if (opt4py_io_init(m) < 0) goto fail;
   Opt4Error = new_error(m, "Opt4Error", NULL,
                         "Base of every error the engine raises; .code, .code_name "
                         "and .detail say what went wrong.");

@@ -1,0 +1,14 @@
+/* binding.h - what the binding's files share. Only the binding includes
+ * Python.h; the engine never does. */
+#ifndef OPT4_BINDING_H
+#define OPT4_BINDING_H
+
+#include <Python.h>
+
+/* Raise the Python exception for engine code rc, with context. Returns NULL. */
+PyObject *opt4py_raise(int rc, const char *context);
+
+/* io.c: the Records, RecordWriter and Prefetcher types. */
+int opt4py_io_init(PyObject *module);
+
+#endif

@@ -1,0 +1,445 @@
+/*
+ * io.c - record files and the C prefetcher, for Python: the types Records
+ * (a reader), RecordWriter and Prefetcher. Reads and the prefetcher's
+ * threads run without the GIL.
+ */
+#define PY_SSIZE_T_CLEAN
+#include "binding.h"
+
+#include <string.h>
+
+#include "opt4.h"
+
+/* ---- Records ---- */
+
+typedef struct {
+  PyObject_HEAD
+  opt4_records *r;
+  PyObject *path;
+  Py_ssize_t readers; /* calls in progress without the GIL */
+} RecordsObject;
+
+static PyTypeObject RecordsType;
+
+static int records_check(RecordsObject *self) {
+  if (self->r == NULL) {
+    PyErr_SetString(PyExc_ValueError, "operation on a closed record file");
+    return -1;
+  }
+  return 0;
+}
+
+static PyObject *records_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"path", "direct", NULL};
+  PyObject *path;
+  int direct = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|p", kwlist, PyUnicode_FSConverter, &path, &direct))
+    return NULL;
+  opt4_records *r = NULL;
+  int rc;
+  const char *p = PyBytes_AS_STRING(path);
+  Py_BEGIN_ALLOW_THREADS rc = opt4_records_open(p, direct ? OPT4_RECORDS_DIRECT : 0, &r);
+  Py_END_ALLOW_THREADS if (rc != 0) {
+    Py_DECREF(path);
+    return opt4py_raise(rc, "open record file");
+  }
+  RecordsObject *self = (RecordsObject *)type->tp_alloc(type, 0);
+  if (self == NULL) {
+    opt4_records_close(r);
+    Py_DECREF(path);
+    return NULL;
+  }
+  self->r = r;
+  self->path = path;
+  return (PyObject *)self;
+}
+
+static void records_dealloc(RecordsObject *self) {
+  opt4_records_close(self->r);
+  Py_XDECREF(self->path);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *records_close(RecordsObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->readers > 0) {
+    PyErr_SetString(PyExc_RuntimeError, "cannot close a record file while it is being read");
+    return NULL;
+  }
+  opt4_records_close(self->r);
+  self->r = NULL;
+  Py_RETURN_NONE;
+}
+
+static Py_ssize_t records_length(RecordsObject *self) {
+  if (records_check(self) < 0) return -1;
+  opt4_records_info in;
+  opt4_records_info_get(self->r, &in);
+  return (Py_ssize_t)in.count;
+}
+
+/* Read record i into a new bytes object. */
+static PyObject *read_one(RecordsObject *self, unsigned long long i) {
+  uint64_t len = 0;
+  int rc = opt4_records_len(self->r, i, &len);
+  if (rc != 0) return opt4py_raise(rc, "read record");
+  PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
+  if (out == NULL) return NULL;
+  self->readers++;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_records_read(self->r, i, PyBytes_AS_STRING(out), (size_t)len, &len);
+  Py_END_ALLOW_THREADS self->readers--;
+  if (rc != 0) {
+    Py_DECREF(out);
+    return opt4py_raise(rc, "read record");
+  }
+  return out;
+}
+
+static PyObject *records_read(RecordsObject *self, PyObject *arg) {
+  if (records_check(self) < 0) return NULL;
+  unsigned long long i = PyLong_AsUnsignedLongLong(arg);
+  if (i == (unsigned long long)-1 && PyErr_Occurred()) {
+    if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_IndexError, "record index %R is out of range", arg);
+    }
+    return NULL;
+  }
+  return read_one(self, i);
+}
+
+static PyObject *records_len_of(RecordsObject *self, PyObject *arg) {
+  if (records_check(self) < 0) return NULL;
+  unsigned long long i = PyLong_AsUnsignedLongLong(arg);
+  if (i == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  uint64_t len = 0;
+  int rc = opt4_records_len(self->r, i, &len);
+  if (rc != 0) return opt4py_raise(rc, "record length");
+  return PyLong_FromUnsignedLongLong(len);
+}
+
+static PyObject *records_info(RecordsObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (records_check(self) < 0) return NULL;
+  opt4_records_info in;
+  opt4_records_info_get(self->r, &in);
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:O,s:K,s:K,s:K,s:d,s:s}", "count",
+                       (unsigned long long)in.count, "total_bytes", (unsigned long long)in.total_bytes,
+                       "max_len", (unsigned long long)in.max_len, "file_size",
+                       (unsigned long long)in.file_size, "direct", in.direct ? Py_True : Py_False,
+                       "dio_align", (unsigned long long)in.dio_align, "reads",
+                       (unsigned long long)in.reads, "bytes_read", (unsigned long long)in.bytes_read,
+                       "latency", (double)in.latency_ns / 1e9, "note", in.note);
+}
+
+static PyObject *records_set_latency(RecordsObject *self, PyObject *arg) {
+  if (records_check(self) < 0) return NULL;
+  double sec = PyFloat_AsDouble(arg);
+  if (sec == -1.0 && PyErr_Occurred()) return NULL;
+  if (!(sec >= 0.0 && sec < 3600.0)) {
+    PyErr_SetString(PyExc_ValueError, "latency must be between 0 and 3600 seconds");
+    return NULL;
+  }
+  opt4_records_set_latency(self->r, (uint64_t)(sec * 1e9 + 0.5));
+  Py_RETURN_NONE;
+}
+
+static PyObject *records_get_path(RecordsObject *self, void *Py_UNUSED(c)) {
+  return PyUnicode_DecodeFSDefaultAndSize(PyBytes_AS_STRING(self->path), PyBytes_GET_SIZE(self->path));
+}
+
+static PyMethodDef records_methods[] = {
+    {"read", (PyCFunction)records_read, METH_O, "read(i) -> bytes of record i"},
+    {"len_of", (PyCFunction)records_len_of, METH_O, "len_of(i) -> length of record i"},
+    {"info", (PyCFunction)records_info, METH_NOARGS, "Counts, sizes, how reads are done."},
+    {"set_latency", (PyCFunction)records_set_latency, METH_O,
+     "set_latency(seconds): sleep this long before each read (an emulated slow store)"},
+    {"close", (PyCFunction)records_close, METH_NOARGS, "Close the file."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef records_getset[] = {
+    {"path", (getter)records_get_path, NULL, "The file's path.", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PySequenceMethods records_as_sequence = {.sq_length = (lenfunc)records_length};
+
+static PyTypeObject RecordsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "opt4torch._engine.Records",
+    .tp_basicsize = sizeof(RecordsObject),
+    .tp_dealloc = (destructor)records_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Records(path, direct=False): a record file, read by index (thread-safe).",
+    .tp_methods = records_methods,
+    .tp_getset = records_getset,
+    .tp_as_sequence = &records_as_sequence,
+    .tp_new = records_new,
+};
+
+/* ---- RecordWriter ---- */
+
+typedef struct {
+  PyObject_HEAD
+  opt4_records_writer *w;
+} WriterObject;
+
+static PyObject *writer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"path", NULL};
+  PyObject *path;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&", kwlist, PyUnicode_FSConverter, &path)) return NULL;
+  opt4_records_writer *w = NULL;
+  int rc = opt4_records_writer_open(PyBytes_AS_STRING(path), &w);
+  Py_DECREF(path);
+  if (rc != 0) return opt4py_raise(rc, "create record file");
+  WriterObject *self = (WriterObject *)type->tp_alloc(type, 0);
+  if (self == NULL) {
+    opt4_records_writer_abort(w);
+    return NULL;
+  }
+  self->w = w;
+  return (PyObject *)self;
+}
+
+static void writer_dealloc(WriterObject *self) {
+  opt4_records_writer_abort(self->w);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *writer_add(WriterObject *self, PyObject *arg) {
+  if (self->w == NULL) return PyErr_Format(PyExc_ValueError, "the writer is finished");
+  Py_buffer view;
+  if (PyObject_GetBuffer(arg, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_records_writer_add(self->w, view.buf, (size_t)view.len);
+  Py_END_ALLOW_THREADS PyBuffer_Release(&view);
+  if (rc != 0) return opt4py_raise(rc, "write record");
+  Py_RETURN_NONE;
+}
+
+static PyObject *writer_finish(WriterObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->w == NULL) return PyErr_Format(PyExc_ValueError, "the writer is finished");
+  int rc;
+  opt4_records_writer *w = self->w;
+  self->w = NULL;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_records_writer_finish(w);
+  Py_END_ALLOW_THREADS if (rc != 0) return opt4py_raise(rc, "finish record file");
+  Py_RETURN_NONE;
+}
+
+static PyObject *writer_abort(WriterObject *self, PyObject *Py_UNUSED(ignored)) {
+  opt4_records_writer_abort(self->w);
+  self->w = NULL;
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef writer_methods[] = {
+    {"add", (PyCFunction)writer_add, METH_O, "add(buffer): append a record"},
+    {"finish", (PyCFunction)writer_finish, METH_NOARGS, "Complete the file (atomically renamed)."},
+    {"abort", (PyCFunction)writer_abort, METH_NOARGS, "Remove the partial file."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject WriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "opt4torch._engine.RecordWriter",
+    .tp_basicsize = sizeof(WriterObject),
+    .tp_dealloc = (destructor)writer_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "RecordWriter(path): stream records into a new record file.",
+    .tp_methods = writer_methods,
+    .tp_new = writer_new,
+};
+
+/* ---- Prefetcher ---- */
+
+/* How the prefetcher frames a record in the pool: as the codec stores what
+ * the Python dataset returns (python/opt4torch/_codec.py), so the consumer's
+ * decoder gives the same object: `bytes`, or `(bytes, label)`. */
+enum { FRAME_RAW, FRAME_BYTES, FRAME_BYTES_LABEL };
+
+typedef struct frame_ctx {
+  int mode;
+  const int64_t *labels;
+  uint64_t n_labels;
+} frame_ctx;
+
+static void le64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* The codec's record: "O4", format 1, then the node. A bytes node is tag 7,
+ * u64 length, u64 pad and pad zero bytes so that the payload starts at a
+ * multiple of 16; a tuple is tag 9 and a u32 count; an int tag 3 and i64. */
+static int frame_codec(void *vctx, uint32_t item, uint64_t len, uint8_t *head, size_t *head_len,
+                       uint8_t *tail, size_t *tail_len) {
+  const frame_ctx *ctx = vctx;
+  size_t n = 0;
+  head[n++] = 'O';
+  head[n++] = '4';
+  head[n++] = 1;
+  if (ctx->mode == FRAME_BYTES_LABEL) {
+    if (item >= ctx->n_labels) return -1;
+    head[n++] = 9;
+    head[n++] = 2;
+    head[n++] = 0;
+    head[n++] = 0;
+    head[n++] = 0;
+  }
+  head[n++] = 7;
+  le64(head + n, len);
+  n += 8;
+  size_t pad = (16 - (n + 8) % 16) % 16;
+  le64(head + n, pad);
+  n += 8;
+  memset(head + n, 0, pad);
+  n += pad;
+  *head_len = n;
+  *tail_len = 0;
+  if (ctx->mode == FRAME_BYTES_LABEL) {
+    tail[0] = 3;
+    le64(tail + 1, (uint64_t)ctx->labels[item]);
+    *tail_len = 9;
+  }
+  return 0;
+}
+
+typedef struct {
+  PyObject_HEAD
+  opt4_prefetcher *pf;
+  PyObject *records; /* kept alive while the threads read it */
+  frame_ctx frame;
+  int64_t *labels;
+} PrefetcherObject;
+
+static void prefetcher_stop_now(PrefetcherObject *self) {
+  if (self->pf != NULL) {
+    opt4_prefetcher *pf = self->pf;
+    self->pf = NULL;
+    Py_BEGIN_ALLOW_THREADS opt4_prefetcher_stop(pf);
+    Py_END_ALLOW_THREADS
+  }
+}
+
+static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"pool_name", "records", "threads", "lookahead", "frame", "labels", NULL};
+  const char *name, *frame = "bytes";
+  RecordsObject *rec;
+  unsigned int threads = 0;
+  unsigned long long lookahead = 0;
+  PyObject *labels = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!|IKsO", kwlist, &name, &RecordsType, &rec, &threads,
+                                   &lookahead, &frame, &labels))
+    return NULL;
+  if (records_check(rec) < 0) return NULL;
+  PrefetcherObject *self = (PrefetcherObject *)type->tp_alloc(type, 0);
+  if (self == NULL) return NULL;
+  if (strcmp(frame, "raw") == 0) {
+    self->frame.mode = FRAME_RAW;
+  } else if (strcmp(frame, "bytes") == 0) {
+    self->frame.mode = labels == Py_None ? FRAME_BYTES : FRAME_BYTES_LABEL;
+  } else {
+    Py_DECREF(self);
+    return PyErr_Format(PyExc_ValueError, "frame must be 'bytes' or 'raw', not %R", PyTuple_GET_ITEM(args, 0));
+  }
+  if (self->frame.mode == FRAME_BYTES_LABEL) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(labels, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+      Py_DECREF(self);
+      return NULL;
+    }
+    if (view.itemsize != 8 || view.format == NULL || (strcmp(view.format, "q") != 0 && strcmp(view.format, "l") != 0)) {
+      PyBuffer_Release(&view);
+      Py_DECREF(self);
+      return PyErr_Format(PyExc_TypeError, "labels must be a contiguous int64 array");
+    }
+    size_t n = (size_t)(view.len / 8);
+    self->labels = PyMem_Malloc(n ? n * 8 : 8);
+    if (self->labels == NULL) {
+      PyBuffer_Release(&view);
+      Py_DECREF(self);
+      return PyErr_NoMemory();
+    }
+    memcpy(self->labels, view.buf, n * 8);
+    PyBuffer_Release(&view);
+    self->frame.labels = self->labels;
+    self->frame.n_labels = n;
+  }
+  self->records = Py_NewRef((PyObject *)rec);
+  opt4_prefetcher_opts o;
+  memset(&o, 0, sizeof o);
+  o.threads = threads;
+  o.lookahead = lookahead;
+  if (self->frame.mode != FRAME_RAW) {
+    o.frame = frame_codec;
+    o.frame_ctx = &self->frame;
+  }
+  int rc;
+  opt4_prefetcher *pf = NULL;
+  rec->readers++; /* the record file stays open while the threads run */
+  Py_BEGIN_ALLOW_THREADS rc = opt4_prefetcher_start(name, rec->r, &o, &pf);
+  Py_END_ALLOW_THREADS if (rc != 0) {
+    rec->readers--;
+    Py_DECREF(self);
+    return opt4py_raise(rc, "start prefetcher");
+  }
+  self->pf = pf;
+  return (PyObject *)self;
+}
+
+static void prefetcher_release(PrefetcherObject *self) {
+  int had = self->pf != NULL;
+  prefetcher_stop_now(self);
+  if (had && self->records != NULL) ((RecordsObject *)self->records)->readers--;
+}
+
+static void prefetcher_dealloc(PrefetcherObject *self) {
+  prefetcher_release(self);
+  Py_XDECREF(self->records);
+  PyMem_Free(self->labels);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *prefetcher_stop(PrefetcherObject *self, PyObject *Py_UNUSED(ignored)) {
+  prefetcher_release(self);
+  Py_RETURN_NONE;
+}
+
+static PyObject *prefetcher_stats(PrefetcherObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->pf == NULL) return PyErr_Format(PyExc_ValueError, "the prefetcher is stopped");
+  opt4_prefetcher_stats st;
+  opt4_prefetcher_stats_get(self->pf, &st);
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:d,s:I,s:I}", "loaded", (unsigned long long)st.loaded, "bytes",
+                       (unsigned long long)st.bytes, "stored", (unsigned long long)st.stored, "errors",
+                       (unsigned long long)st.errors, "idle_seconds", (double)st.idle_ns / 1e9, "threads",
+                       st.threads, "finished", st.finished);
+}
+
+static PyObject *prefetcher_get_running(PrefetcherObject *self, void *Py_UNUSED(c)) {
+  return PyBool_FromLong(self->pf != NULL);
+}
+
+static PyMethodDef prefetcher_methods[] = {
+    {"stop", (PyCFunction)prefetcher_stop, METH_NOARGS, "Stop and join the threads."},
+    {"stats", (PyCFunction)prefetcher_stats, METH_NOARGS, "Counters of the threads."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef prefetcher_getset[] = {
+    {"running", (getter)prefetcher_get_running, NULL, "Whether stop() has not been called.", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject PrefetcherType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "opt4torch._engine.Prefetcher",
+    .tp_basicsize = sizeof(PrefetcherObject),
+    .tp_dealloc = (destructor)prefetcher_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Prefetcher(pool_name, records, threads=8, lookahead=4096, frame='bytes', labels=None): "
+              "C threads loading a pool's misses from a record file ahead of its consumers.",
+    .tp_methods = prefetcher_methods,
+    .tp_getset = prefetcher_getset,
+    .tp_new = prefetcher_new,
+};
+
+int opt4py_io_init(PyObject *m) {
+  if (PyType_Ready(&RecordsType) < 0 || PyType_Ready(&WriterType) < 0 || PyType_Ready(&PrefetcherType) < 0)
+    return -1;
+  if (PyModule_AddObjectRef(m, "Records", (PyObject *)&RecordsType) < 0 ||
+      PyModule_AddObjectRef(m, "RecordWriter", (PyObject *)&WriterType) < 0 ||
+      PyModule_AddObjectRef(m, "Prefetcher", (PyObject *)&PrefetcherType) < 0)
+    return -1;
+  return 0;
+}

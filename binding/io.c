@@ -7,6 +7,7 @@
 #include "binding.h"
 
 #include <string.h>
+#include <unistd.h>
 
 #include "opt4.h"
 
@@ -304,9 +305,15 @@ typedef struct {
   PyObject *records; /* kept alive while the threads read it */
   frame_ctx frame;
   int64_t *labels;
+  pid_t pid; /* the threads live in this process only */
 } PrefetcherObject;
 
 static void prefetcher_stop_now(PrefetcherObject *self) {
+  if (self->pf != NULL && getpid() != self->pid) {
+    /* A forked child's copy: the threads are not here to stop. */
+    self->pf = NULL;
+    return;
+  }
   if (self->pf != NULL) {
     opt4_prefetcher *pf = self->pf;
     self->pf = NULL;
@@ -378,6 +385,7 @@ static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
     return opt4py_raise(rc, "start prefetcher");
   }
   self->pf = pf;
+  self->pid = getpid();
   return (PyObject *)self;
 }
 

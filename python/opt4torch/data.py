@@ -136,19 +136,25 @@ class OPTCache:
     """
 
     def __init__(self, plan: Plan, page_size: int, *, wait_timeout: float = 10.0,
-                 max_procs: int = 0) -> None:
+                 max_procs: int = 0, staging_slots: int = 0) -> None:
         if not plan.has_decisions:
             raise ValueError("the cache needs a plan with a capacity")
         remove_stale_pools()
         self.plan = plan
         self.page_size = int(page_size) or plan.page_size
-        self._pool = _engine.pool_create(plan._h, self.page_size, int(wait_timeout * 1000), max_procs)
+        self._pool = _engine.pool_create(plan._h, self.page_size, int(wait_timeout * 1000), max_procs,
+                                         staging_slots=int(staging_slots))
         self.name: str = self._pool.name
         self._owner_pid = os.getpid()
         self._lock = threading.Lock()
+        # The prefetcher, once started (a box, so the finalizer sees it).
+        self._prefetch_box: list[Any] = [None]
+        self._prefetch_spec: tuple[Any, ...] | None = None
+        self._storage: Any = None
         _live_caches.add(self)
         _install_handlers()
-        self._finalizer = weakref.finalize(self, OPTCache._finalize, self._pool, self._owner_pid)
+        self._finalizer = weakref.finalize(self, OPTCache._finalize, self._pool, self._owner_pid,
+                                           self._prefetch_box)
 
     @classmethod
     def attach(cls, name: str, plan: Plan, page_size: int) -> OPTCache:
@@ -161,18 +167,67 @@ class OPTCache:
         self.name = name
         self._owner_pid = -1  # never the owner
         self._lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, self._pool.close)
+        self._prefetch_box = [None]
+        self._prefetch_spec = None
+        self._storage = None
+        self._finalizer = weakref.finalize(self, OPTCache._close_attached, self._pool, self._prefetch_box)
         return self
 
     @staticmethod
-    def _finalize(pool: Any, owner_pid: int) -> None:
+    def _close_attached(pool: Any, box: list[Any]) -> None:
+        OPTCache._stop_prefetch(box)
+        pool.close()
+
+    @staticmethod
+    def _stop_prefetch(box: list[Any]) -> None:
+        pf, box[0] = box[0], None
+        if pf is not None:
+            pf.stop()
+
+    @staticmethod
+    def _finalize(pool: Any, owner_pid: int, box: list[Any]) -> None:
+        OPTCache._stop_prefetch(box)
         if os.getpid() == owner_pid and not pool.closed:
             pool.unlink()
             pool.close()
 
     def _unlink(self) -> None:
+        OPTCache._stop_prefetch(self._prefetch_box)
         if os.getpid() == self._owner_pid and not self._pool.closed:
             self._pool.unlink()
+
+    # ---- prefetching ----
+
+    def configure_prefetch(self, dataset: Any, *, threads: int = 8, lookahead: int = 4096,
+                           allow_pickle: bool = False) -> None:
+        """Prefetch this cache's misses from ``dataset`` once iteration starts:
+        with C threads for a record file, Python threads otherwise."""
+        self._prefetch_spec = (dataset, int(threads), int(lookahead), allow_pickle)
+
+    def start_prefetch(self) -> None:
+        """Start the configured prefetcher (once; a no-op without one, in a
+        process other than the owner, or when it already runs)."""
+        if self._prefetch_spec is None or self._prefetch_box[0] is not None:
+            return
+        if os.getpid() != self._owner_pid and self._owner_pid != -1:
+            return
+        from ._prefetch import RecordPrefetcher, ThreadPrefetcher
+
+        dataset, threads, lookahead, allow_pickle = self._prefetch_spec
+        with self._lock:
+            if self._prefetch_box[0] is not None or self._pool.closed:
+                return
+            if hasattr(dataset, "_prefetch_source"):
+                self._prefetch_box[0] = RecordPrefetcher(self.name, dataset, threads, lookahead)
+            else:
+                self._prefetch_box[0] = ThreadPrefetcher(self.name, dataset, threads, lookahead,
+                                                         allow_pickle)
+
+    def stop_prefetch(self) -> None:
+        """Stop the prefetcher's threads (their items in hand go back to the
+        workers); iteration goes on without prefetching."""
+        self._prefetch_spec = None
+        OPTCache._stop_prefetch(self._prefetch_box)
 
     def set_floor(self, position: int) -> None:
         """Positions below this that have not run never will."""
@@ -193,9 +248,18 @@ class OPTCache:
         """
         with self._lock:
             st = self._pool.stats()
+            pf = self._prefetch_box[0]
         hits = st["hits"] + st["deferred"]
-        misses = st["admits"] + st["bypasses"] + st["fallbacks"]
+        loaded_here = st["admits"] + st["bypasses"] + st["fallbacks"]
+        misses = loaded_here + st["prefetched"]
         served = hits + misses
+        extra: dict[str, Any] = {}
+        if pf is not None:
+            extra["prefetcher"] = {"kind": pf.kind, **pf.stats()}
+        if self._storage is not None:
+            info = self._storage.info()
+            extra["storage_reads"] = info["reads"]
+            extra["storage_bytes"] = info["bytes_read"]
         return {
             "hits": hits,
             "misses": misses,
@@ -210,6 +274,14 @@ class OPTCache:
             "timeouts": st["timeouts"],
             "waits": st["waits"],
             "wait_seconds": st["wait_ns"] / 1e9,
+            "prefetched": st["prefetched"],
+            "prefetch_stored": st["prefetch_stored"],
+            "prefetch_dropped": st["prefetch_dropped"],
+            "stalls": st["stalls"],
+            "stall_seconds": st["stall_ns"] / 1e9,
+            # Accesses that waited for their data: loaded by the worker that
+            # needed it, or waited for a prefetch still in flight.
+            "stall_rate": (loaded_here + st["stalls"]) / served if served else 0.0,
             "plan_hits": self.plan.hits,
             "plan_misses": self.plan.misses,
             "plan_accesses": self.plan.accesses,
@@ -217,6 +289,7 @@ class OPTCache:
             "capacity_bytes": self.plan.capacity_bytes if self.plan.sized else self.plan.capacity * self.page_size,
             "page_size": self.page_size,
             "shm_bytes": self._pool.info()["shm_bytes"],
+            **extra,
         }
 
     def close(self) -> None:
@@ -408,6 +481,9 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         # that never ran never will.
         # (Resuming: nothing below the resumed position will run.)
         self.cache.set_floor(floor)
+        # The workers exist by now (torch forks them before asking for the
+        # first batch): start prefetching, once, in this process.
+        self.cache.start_prefetch()
         for start, n in zip(self.starts[e][skip:].tolist(), self.batches[e][skip:].tolist()):
             if self.batched:
                 yield list(range(start, start + n))
@@ -558,7 +634,15 @@ class DataLoader(tud.DataLoader):
     ``bypass``
         plan ``opt`` (True, default) or ``opt-nobypass``;
     ``wait_timeout``
-        seconds any wait may take before loading from the source instead.
+        seconds any wait may take before loading from the source instead;
+    ``prefetch``
+        load the plan's misses ahead of the workers (default: on for a
+        :class:`opt4torch.records.RecordFile`, whose records C threads read
+        straight into the cache; ``True`` for any other dataset runs
+        ``prefetch_threads`` Python threads calling it, worth it when loading
+        waits on I/O); ``lookahead`` bounds how far ahead, in positions, and
+        ``staging_slots`` how many items that bypass the cache may wait in
+        its staging ring (each takes one cached item's space).
 
     The order is captured from ``sampler`` (or ``batch_sampler``, or
     ``shuffle``) once, for all epochs, and then replayed: each ``iter(loader)``
@@ -575,7 +659,9 @@ class DataLoader(tud.DataLoader):
                  seed: int | None = None, transform: Callable[[Any], Any] | None = None,
                  item_bytes: int | None = None, allow_pickle: bool = False, bypass: bool = True,
                  wait_timeout: float = 10.0, progress: bool | None = None,
-                 share_across_ranks: bool = False, page_size: int | None = None, **kwargs: Any) -> None:
+                 share_across_ranks: bool = False, page_size: int | None = None,
+                 prefetch: bool | None = None, prefetch_threads: int = 8, lookahead: int = 4096,
+                 staging_slots: int | None = None, **kwargs: Any) -> None:
         if isinstance(dataset, tud.IterableDataset):
             raise TypeError("the OPT cache needs a map-style dataset (with __getitem__ and __len__): "
                             "an IterableDataset has no indices to plan over")
@@ -584,6 +670,16 @@ class DataLoader(tud.DataLoader):
                              "not both and not neither")
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
+        if prefetch is None:  # on for record files (C threads); opt-in for other datasets
+            prefetch = hasattr(dataset, "_prefetch_source")
+        if prefetch and (isinstance(prefetch_threads, bool) or not 1 <= int(prefetch_threads) <= 256):
+            raise ValueError(f"prefetch_threads must be between 1 and 256, got {prefetch_threads!r}")
+        if prefetch and (isinstance(lookahead, bool) or int(lookahead) < 1):
+            raise ValueError(f"lookahead must be a positive number of positions, got {lookahead!r}")
+        if staging_slots is None:
+            staging_slots = 64 if prefetch else 0
+        elif isinstance(staging_slots, bool) or not 0 <= int(staging_slots) <= 1 << 20:
+            raise ValueError(f"staging_slots must be between 0 and 1048576, got {staging_slots!r}")
         n_items = len(dataset)
 
         # 1. The index order, batch by batch, for every epoch.
@@ -613,6 +709,11 @@ class DataLoader(tud.DataLoader):
         import json
 
         sizes = _item_sizes(dataset, item_bytes, n_items, progress)
+        if sizes is not None and cache_items is not None and item_bytes is None:
+            # The dataset knows its items' sizes, but the cache was given in
+            # items: every item gets the largest one's space.
+            item_bytes = int(sizes.max()) if sizes.size else 1
+            sizes = None
         desc = json.dumps({"sampler": desc_sampler, "epochs": epochs, "seed": seed,
                            "shared_ranks": share_across_ranks})
         if sizes is not None:
@@ -656,16 +757,23 @@ class DataLoader(tud.DataLoader):
         # 3. The plan and the pool (one per node when shared across ranks:
         # local rank 0 creates it, the others attach by name).
         if group is None:
-            self.cache = OPTCache(plan, pool_page, wait_timeout=wait_timeout)
+            self.cache = OPTCache(plan, pool_page, wait_timeout=wait_timeout, staging_slots=staging_slots)
         else:
             name = [None]
             if rank == 0:
-                self.cache = OPTCache(plan, pool_page, wait_timeout=wait_timeout)
+                self.cache = OPTCache(plan, pool_page, wait_timeout=wait_timeout,
+                                      staging_slots=staging_slots)
                 name = [self.cache.name]
             torch.distributed.broadcast_object_list(name, src=torch.distributed.get_global_rank(group, 0),
                                                     group=group)
             if rank != 0:
                 self.cache = OPTCache.attach(name[0], plan, pool_page or plan.page_size)
+        if hasattr(dataset, "_prefetch_source"):
+            self.cache._storage = dataset  # stats() reports what was read from it
+        if prefetch:
+            # Every rank of a shared pool prefetches: claims keep each miss to one loader.
+            self.cache.configure_prefetch(dataset, threads=int(prefetch_threads), lookahead=int(lookahead),
+                                          allow_pickle=allow_pickle)
         self.shared_across_ranks = share_across_ranks
         self._group = (group, rank, world) if group is not None else None
         #: The global position the last load_state_dict() resumed at.

@@ -927,6 +927,20 @@ static void gather_into(uint8_t *dst, const opt4_iovec *parts, size_t n_parts) {
   }
 }
 
+/* A prefetcher far ahead waits for the consumers to come near, however long
+ * that takes (a slow training step), without spending its timeout: the
+ * timeout bounds only waits once the consumers have reached position t,
+ * where a consumer may be waiting for this very item. Sleeps 200 us a
+ * step; returns 1 while the consumers are behind and nothing interrupted. */
+static int consumers_behind(opt4_pool *pool, uint64_t t, waiter *w) {
+  if (atomic_load_explicit(&pool->interrupted, memory_order_relaxed)) return 0;
+  if (atomic_load_explicit(&pool->h->head, memory_order_relaxed) + 32 > t) return 0;
+  struct timespec ts = {0, 200000L};
+  nanosleep(&ts, NULL);
+  w->spins = 0; /* the timeout starts when they arrive */
+  return 1;
+}
+
 static int store_admit(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t *claim,
                        const opt4_iovec *parts, size_t n_parts, uint64_t total, int *stored) {
   const uint32_t g = RT_GEN(v);
@@ -955,6 +969,7 @@ static int store_admit(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t
       }
       if (may_take(pool, ps, word, ent->prev_gen)) break;
       if (wait_is_slow(&w) && st == PS_WRITING) recover_dead_writer(pool, ps, word);
+      if (consumers_behind(pool, t, &w)) continue;
       if (wait_step(pool, &w)) {
         give_up(pool, claim, v);
         return 0;
@@ -1019,6 +1034,7 @@ static int store_bypass(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_
   while (atomic_load_explicit(&pool->slots[b % slots].turn, memory_order_acquire) != b) {
     pass_turns(pool, b % slots, wait_is_slow(&w));
     if (atomic_load_explicit(&pool->slots[b % slots].turn, memory_order_acquire) == b) break;
+    if (CL_STATE(atomic_load(claim)) != CL_ABANDONED && consumers_behind(pool, t, &w)) continue;
     if (CL_STATE(atomic_load(claim)) == CL_ABANDONED || wait_step(pool, &w)) {
       give_up(pool, claim, v);
       return 0;

@@ -1,0 +1,128 @@
+"""Clairvoyant prefetch for opt4torch.DataLoader: loading the plan's misses
+before their positions are reached.
+
+Two kinds of prefetcher follow the same claim protocol in the pool (each miss
+is loaded once, by a prefetcher or by the worker that needs it, whichever
+claims it first; docs/prefetch.md):
+
+* :class:`RecordPrefetcher`: C threads reading a record file
+  (:class:`opt4torch.records.RecordFile`) straight into the pool. No Python
+  and no GIL on the path.
+* :class:`ThreadPrefetcher`: Python threads calling your dataset. Worth it
+  when loading waits on I/O that releases the GIL (files, network, object
+  stores); a loader that spends its time decoding in Python holds the GIL
+  and is better served by more DataLoader workers.
+
+Both run in the process that owns the pool (the training process), start
+lazily when the first epoch starts (after the DataLoader has forked its
+workers), and stop when the loader's cache is closed or the process exits.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from . import _engine
+from ._codec import encode
+
+__all__ = ["RecordPrefetcher", "ThreadPrefetcher"]
+
+_CLAIMED, _IDLE, _END = 0, 1, 2
+
+
+class RecordPrefetcher:
+    """C threads loading a record file's records into the pool."""
+
+    kind = "records"
+
+    def __init__(self, pool_name: str, dataset: Any, threads: int, lookahead: int) -> None:
+        records, labels = dataset._prefetch_source()
+        self._pf = _engine.Prefetcher(pool_name, records, threads=threads, lookahead=lookahead,
+                                      frame="bytes", labels=labels)
+        self._records = records
+
+    def stats(self) -> dict[str, Any]:
+        return self._pf.stats() if self._pf.running else {}
+
+    def stop(self) -> None:
+        self._pf.stop()
+
+
+class ThreadPrefetcher:
+    """Python threads loading ``dataset[item]`` for the pool's misses."""
+
+    kind = "threads"
+
+    def __init__(self, pool_name: str, dataset: Any, threads: int, lookahead: int,
+                 allow_pickle: bool = False) -> None:
+        self._dataset = dataset
+        self._lookahead = int(lookahead)
+        self._allow_pickle = allow_pickle
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._handles: list[Any] = []
+        self._counts = {"loaded": 0, "stored": 0, "errors": 0, "idle_seconds": 0.0}
+        self._first_error: BaseException | None = None
+        self._pid = os.getpid()
+        self._threads = [threading.Thread(target=self._run, args=(pool_name,), daemon=True,
+                                          name=f"opt4-prefetch-{i}") for i in range(threads)]
+        for th in self._threads:
+            th.start()
+
+    def _run(self, pool_name: str) -> None:
+        pool = _engine.pool_attach(pool_name)
+        with self._lock:
+            self._handles.append(pool)
+        loaded = stored = errors = 0
+        idle = 0.0
+        backoff = 5e-5
+        try:
+            while not self._stop.is_set():
+                status, t, item, _kind, _space = pool.prefetch_claim(self._lookahead)
+                if status == _END:
+                    break
+                if status == _IDLE:
+                    t0 = time.perf_counter()
+                    self._stop.wait(backoff)
+                    idle += time.perf_counter() - t0
+                    backoff = min(backoff * 2, 1e-3)
+                    continue
+                backoff = 5e-5
+                try:
+                    parts = encode(self._dataset[item], self._allow_pickle)
+                except Exception as e:  # the worker that needs it loads it, and sees the error
+                    errors += 1
+                    if self._first_error is None:
+                        self._first_error = e
+                    pool.prefetch_release(t)
+                    continue
+                loaded += 1
+                stored += pool.prefetch_store(t, parts) == 1
+        finally:
+            with self._lock:
+                self._counts["loaded"] += loaded
+                self._counts["stored"] += stored
+                self._counts["errors"] += errors
+                self._counts["idle_seconds"] += idle
+                self._handles.remove(pool)
+            pool.close()
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            out = dict(self._counts)
+        out["threads"] = len(self._threads)
+        out["finished"] = sum(not th.is_alive() for th in self._threads)
+        return out
+
+    def stop(self) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked child's copy: the threads are not here
+        self._stop.set()
+        with self._lock:
+            for h in self._handles:
+                h.interrupt()  # a thread waiting to store gives up at once
+        for th in self._threads:
+            th.join()

@@ -1,0 +1,228 @@
+"""Record files: a dataset of byte records (encoded images, serialized
+samples) packed in one file, read by index with ``pread``, optionally with
+``O_DIRECT`` (no page cache), by the C engine.
+
+A :class:`RecordFile` is a map-style dataset: ``ds[i]`` is record ``i`` as
+``bytes``, or ``(bytes, label)`` when the file was made from an image folder
+(the labels live in a JSON sidecar, ``<path>.json``). Given to
+:class:`opt4torch.DataLoader`, its misses are prefetched by C threads that
+read the file and write the records straight into the shared cache, with no
+Python and no GIL on the path (``prefetch=True``, the default for record
+files). Decoding belongs in ``transform``, after the cache.
+
+Make one with :func:`write_records` (any iterable of bytes) or
+:func:`image_folder_to_records` (the ``ImageFolder`` layout: one folder per
+class). The format is in docs/records.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import _engine
+
+__all__ = ["RecordFile", "write_records", "image_folder_to_records", "IMAGE_EXTENSIONS"]
+
+#: File extensions image_folder_to_records takes (as torchvision's ImageFolder does).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def _sidecar(path: str | os.PathLike[str]) -> Path:
+    return Path(os.fspath(path) + ".json")
+
+
+class RecordFile:
+    """A record file as a map-style dataset: ``ds[i]`` is record ``i``.
+
+    ``direct=True`` reads with ``O_DIRECT`` where the filesystem allows it
+    (``info()["note"]`` says how reads are done and why). ``latency`` (seconds)
+    sleeps before every read: an emulated slow store, for benchmarks and
+    tests. ``with_labels`` returns ``(bytes, label)`` from the sidecar's labels
+    (default: when the sidecar has them).
+
+    The counters in :meth:`info` (``reads``, ``bytes_read``) are shared with
+    the processes forked after the file was opened, such as DataLoader
+    workers under the fork start method; a spawned worker reopens the file
+    and counts on its own.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, direct: bool = False, latency: float = 0.0,
+                 with_labels: bool | None = None) -> None:
+        self.path = os.fspath(path)
+        self.direct = bool(direct)
+        self.latency = float(latency)
+        self.classes: list[str] | None = None
+        self.labels: np.ndarray | None = None
+        side = _sidecar(self.path)
+        if side.exists():
+            meta = json.loads(side.read_text())
+            self.classes = meta.get("classes")
+            if "labels" in meta:
+                self.labels = np.asarray(meta["labels"], dtype=np.int64)
+        if with_labels and self.labels is None:
+            raise ValueError(f"{self.path} has no labels (no {side.name} sidecar with labels)")
+        self.with_labels = self.labels is not None if with_labels is None else bool(with_labels)
+        self._open()
+        if self.labels is not None and self.labels.shape != (len(self),):
+            raise ValueError(f"{side} has {self.labels.shape[0]} labels for {len(self)} records: "
+                             "the sidecar does not belong to this file; rewrite both")
+
+    def _open(self) -> None:
+        self._r = _engine.Records(self.path, direct=self.direct)
+        if self.latency:
+            self._r.set_latency(self.latency)
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_r"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open()
+
+    def __len__(self) -> int:
+        return len(self._r)
+
+    def __getitem__(self, index: int) -> Any:
+        i = int(index)
+        n = len(self._r)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"record index {index} is out of range for {n} records")
+        data = self._r.read(i)
+        if self.with_labels:
+            return data, int(self.labels[i])  # type: ignore[index]
+        return data
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        return [self[i] for i in indices]
+
+    def opt4_item_bytes(self, index: int) -> int:
+        """Bytes record ``index`` takes (opt4torch.DataLoader plans in bytes with these)."""
+        return int(self._r.len_of(int(index)))
+
+    def item_sizes(self) -> np.ndarray:
+        """Every record's length, as an int64 array."""
+        return np.fromiter((self._r.len_of(i) for i in range(len(self))), dtype=np.int64, count=len(self))
+
+    def info(self) -> dict[str, Any]:
+        """Count, sizes, how reads are done (``note``), and the read counters."""
+        return self._r.info()
+
+    def set_latency(self, seconds: float) -> None:
+        """Sleep this long before every read from now on (0 for none)."""
+        self.latency = float(seconds)
+        self._r.set_latency(self.latency)
+
+    def _prefetch_source(self) -> tuple[Any, np.ndarray | None]:
+        """The engine's reader and the labels: what the C prefetcher needs to
+        store records exactly as ``self[i]`` returns them."""
+        return self._r, (self.labels if self.with_labels else None)
+
+    def close(self) -> None:
+        self._r.close()
+
+    def __repr__(self) -> str:
+        return f"RecordFile({self.path!r}, {len(self)} records, direct={self.direct})"
+
+
+def _check_output(path: str | os.PathLike[str]) -> str:
+    out = os.fspath(path)
+    if not out or out.endswith(os.sep):
+        raise ValueError(f"the output must be a file path, not {out!r}")
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"the folder {parent} does not exist: create it first")
+    if os.path.islink(out):
+        raise ValueError(f"{out} is a symbolic link: refusing to write through it; give another path")
+    return out
+
+
+def _write_sidecar(side: Path, meta: dict[str, Any]) -> None:
+    """Write the sidecar atomically, into a fresh file (never through a link)."""
+    tmp = side.with_name(side.name + f".tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w") as f:
+        json.dump(meta, f)
+    os.replace(tmp, side)
+
+
+def write_records(path: str | os.PathLike[str], items: Iterable[Any], *,
+                  labels: Sequence[int] | None = None, classes: Sequence[str] | None = None,
+                  progress: bool | None = None, total: int | None = None) -> RecordFile:
+    """Write ``items`` (bytes-like objects) as a record file at ``path``.
+
+    The file is written next to ``path`` and renamed over it only when
+    complete (never through a symbolic link). ``labels`` (one int per item)
+    and ``classes`` go to the JSON sidecar. Returns the file opened.
+    """
+    from ._progress import progress_bar
+
+    out = _check_output(path)
+    writer = _engine.RecordWriter(out)
+    n = 0
+    try:
+        with progress_bar(total=total, desc="records", unit="rec", show=progress) as bar:
+            for item in items:
+                writer.add(item)
+                n += 1
+                bar.update(1)
+        writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    side = _sidecar(out)
+    if labels is not None or classes is not None:
+        if labels is not None and len(labels) != n:
+            raise ValueError(f"{len(labels)} labels for {n} records")
+        meta: dict[str, Any] = {"records": n}
+        if classes is not None:
+            meta["classes"] = list(classes)
+        if labels is not None:
+            meta["labels"] = [int(x) for x in labels]
+        _write_sidecar(side, meta)
+    elif side.exists():
+        side.unlink()  # a stale sidecar of an earlier file at this path
+    return RecordFile(out)
+
+
+def image_folder_to_records(root: str | os.PathLike[str], path: str | os.PathLike[str], *,
+                            extensions: Sequence[str] = IMAGE_EXTENSIONS,
+                            progress: bool | None = None) -> RecordFile:
+    """Pack an image folder in the ``ImageFolder`` layout (``root/<class>/<file>``)
+    into a record file: record ``i`` is the ``i``-th file's bytes as stored
+    (still encoded), in class order then file name order, as torchvision
+    numbers them; the sidecar keeps the classes, each record's label and its
+    source file. ``RecordFile(path)[i]`` is then ``(bytes, label)``."""
+    base = Path(root)
+    if not base.is_dir():
+        raise FileNotFoundError(f"{base} is not a folder (expected root/<class>/<image files>)")
+    exts = tuple(e.lower() for e in extensions)
+    classes = sorted(d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not classes:
+        raise ValueError(f"{base} has no class folders (expected root/<class>/<image files>)")
+    files: list[Path] = []
+    labels: list[int] = []
+    for label, cls in enumerate(classes):
+        for dirpath, _, names in sorted(os.walk(base / cls, followlinks=True)):
+            for name in sorted(names):
+                if name.lower().endswith(exts):
+                    files.append(Path(dirpath) / name)
+                    labels.append(label)
+    if not files:
+        raise ValueError(f"no image files ({', '.join(exts)}) under {base}")
+    rf = write_records(path, (f.read_bytes() for f in files), labels=labels, classes=classes,
+                       progress=progress, total=len(files))
+    meta = json.loads(_sidecar(rf.path).read_text())
+    meta["files"] = [os.fspath(f.relative_to(base)) for f in files]
+    _write_sidecar(_sidecar(rf.path), meta)
+    return rf

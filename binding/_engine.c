@@ -34,7 +34,15 @@ static PyObject *InvalidInputError;
 static PyObject *Opt4IOError;
 static PyObject *Opt4MemoryError;
 
-static PyObject *raise_code(int rc, const char *context) {
+static PyObject *raise_code_ex(int rc, const char *context, int with_text);
+
+static PyObject *raise_code(int rc, const char *context) { return raise_code_ex(rc, context, 1); }
+
+/* Record files share the plan file's codes, whose texts name plan files:
+ * there the detail alone says it. */
+PyObject *opt4py_raise_records(int rc, const char *context) { return raise_code_ex(rc, context, 0); }
+
+static PyObject *raise_code_ex(int rc, const char *context, int with_text) {
   PyObject *type;
   switch (rc) {
   case OPT4_EBADMAGIC:
@@ -51,7 +59,9 @@ static PyObject *raise_code(int rc, const char *context) {
   }
   const char *detail = opt4_errdetail();
   PyObject *msg;
-  if (detail[0] != '\0')
+  if (detail[0] != '\0' && !with_text)
+    msg = PyUnicode_FromFormat("%s: %s", context, detail);
+  else if (detail[0] != '\0')
     msg = PyUnicode_FromFormat("%s: %s: %s", context, opt4_strerror(rc), detail);
   else
     msg = PyUnicode_FromFormat("%s: %s", context, opt4_strerror(rc));

@@ -7,6 +7,8 @@
 
 /* Raise the Python exception for engine code rc, with context. Returns NULL. */
 PyObject *opt4py_raise(int rc, const char *context);
+/* The same for record files: the message is the context and the detail. */
+PyObject *opt4py_raise_records(int rc, const char *context);
 
 /* io.c: the Records, RecordWriter and Prefetcher types. */
 int opt4py_io_init(PyObject *module);

@@ -42,7 +42,7 @@ static PyObject *records_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   Py_BEGIN_ALLOW_THREADS rc = opt4_records_open(p, direct ? OPT4_RECORDS_DIRECT : 0, &r);
   Py_END_ALLOW_THREADS if (rc != 0) {
     Py_DECREF(path);
-    return opt4py_raise(rc, "open record file");
+    return opt4py_raise_records(rc, "open record file");
   }
   RecordsObject *self = (RecordsObject *)type->tp_alloc(type, 0);
   if (self == NULL) {
@@ -82,7 +82,7 @@ static Py_ssize_t records_length(RecordsObject *self) {
 static PyObject *read_one(RecordsObject *self, unsigned long long i) {
   uint64_t len = 0;
   int rc = opt4_records_len(self->r, i, &len);
-  if (rc != 0) return opt4py_raise(rc, "read record");
+  if (rc != 0) return opt4py_raise_records(rc, "read record");
   PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
   if (out == NULL) return NULL;
   self->readers++;
@@ -90,7 +90,7 @@ static PyObject *read_one(RecordsObject *self, unsigned long long i) {
   Py_END_ALLOW_THREADS self->readers--;
   if (rc != 0) {
     Py_DECREF(out);
-    return opt4py_raise(rc, "read record");
+    return opt4py_raise_records(rc, "read record");
   }
   return out;
 }
@@ -188,7 +188,7 @@ static PyObject *writer_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   opt4_records_writer *w = NULL;
   int rc = opt4_records_writer_open(PyBytes_AS_STRING(path), &w);
   Py_DECREF(path);
-  if (rc != 0) return opt4py_raise(rc, "create record file");
+  if (rc != 0) return opt4py_raise_records(rc, "create record file");
   WriterObject *self = (WriterObject *)type->tp_alloc(type, 0);
   if (self == NULL) {
     opt4_records_writer_abort(w);
@@ -210,7 +210,7 @@ static PyObject *writer_add(WriterObject *self, PyObject *arg) {
   int rc;
   Py_BEGIN_ALLOW_THREADS rc = opt4_records_writer_add(self->w, view.buf, (size_t)view.len);
   Py_END_ALLOW_THREADS PyBuffer_Release(&view);
-  if (rc != 0) return opt4py_raise(rc, "write record");
+  if (rc != 0) return opt4py_raise_records(rc, "write record");
   Py_RETURN_NONE;
 }
 
@@ -220,7 +220,7 @@ static PyObject *writer_finish(WriterObject *self, PyObject *Py_UNUSED(ignored))
   opt4_records_writer *w = self->w;
   self->w = NULL;
   Py_BEGIN_ALLOW_THREADS rc = opt4_records_writer_finish(w);
-  Py_END_ALLOW_THREADS if (rc != 0) return opt4py_raise(rc, "finish record file");
+  Py_END_ALLOW_THREADS if (rc != 0) return opt4py_raise_records(rc, "finish record file");
   Py_RETURN_NONE;
 }
 

@@ -104,3 +104,39 @@ class Unaligned(Dataset):
         rng = np.random.default_rng(i)
         z = torch.from_numpy(rng.standard_normal(6)).view(torch.complex128)
         return z, "x" * (i % 11), rng.standard_normal((2, 2)), i
+
+
+class CountingSlow(Dataset):
+    """Item i is (a float32 tensor determined by i, i), loaded after `delay`
+    seconds (I/O-like: the GIL is released). Every load appends one byte to
+    the file `counter` (O_APPEND writes are atomic), so the count is exact
+    across worker processes and threads, whatever the start method."""
+
+    def __init__(self, n: int, counter: str | None, delay: float = 0.0) -> None:
+        self.n = n
+        self.counter = counter
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    @staticmethod
+    def expected(i: int) -> torch.Tensor:
+        return expected_tensor(i, (4, 4))
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        if self.delay:
+            import time
+
+            time.sleep(self.delay)
+        if self.counter is not None:
+            import os
+
+            fd = os.open(self.counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, b"x")
+            finally:
+                os.close(fd)
+        return self.expected(i), i

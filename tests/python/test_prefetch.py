@@ -1,0 +1,301 @@
+"""Clairvoyant prefetch through the public API: record files, the C
+prefetcher and the Python-thread prefetcher under real DataLoader workers.
+
+What must hold with prefetching, as without: every sample equals what the
+dataset returns; observed hits equal the plan's; and every miss is loaded
+exactly once (bytes read from storage = the plan's miss bytes), whoever
+loads it, the prefetcher or the worker that needs it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+import torch
+from datasets_for_tests import CountingSlow
+
+import opt4torch
+from opt4torch import _engine
+from opt4torch._codec import decode, encode
+from opt4torch.records import RecordFile, image_folder_to_records, write_records
+
+N_ITEMS, CAPACITY, BATCH, EPOCHS = 300, 100, 16, 3
+
+
+def our_pools() -> set[str]:
+    return {p["name"] for p in _engine.pool_list()}
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_pools():
+    before = our_pools()
+    yield
+    gc.collect()
+    leaked = our_pools() - before
+    assert not leaked, f"pools left behind: {leaked}"
+
+
+def record_bytes(i: int) -> bytes:
+    """Record i: 100 to 2,099 bytes that depend only on i."""
+    rng = np.random.default_rng(1000 + i)
+    return rng.integers(0, 256, size=100 + (i * 37) % 2000, dtype=np.uint8).tobytes()
+
+
+@pytest.fixture(scope="module")
+def record_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("records") / "data.rec"
+    write_records(path, (record_bytes(i) for i in range(N_ITEMS)),
+                  labels=[i % 7 for i in range(N_ITEMS)], classes=[f"c{k}" for k in range(7)])
+    return os.fspath(path)
+
+
+def plan_miss_bytes(loader: opt4torch.DataLoader, sizes: np.ndarray) -> int:
+    plan = loader.cache.plan
+    return int(sizes[plan.seq[plan.kinds != opt4torch.HIT]].sum())
+
+
+# ---- record files ----
+
+
+def test_records_round_trip(record_path: str) -> None:
+    rf = RecordFile(record_path)
+    assert len(rf) == N_ITEMS
+    assert rf.classes == [f"c{k}" for k in range(7)]
+    for i in (0, 1, 57, N_ITEMS - 1, -1):
+        j = i % N_ITEMS
+        assert rf[i] == (record_bytes(j), j % 7)
+    assert rf.opt4_item_bytes(5) == len(record_bytes(5))
+    assert list(rf.item_sizes()[:3]) == [len(record_bytes(i)) for i in range(3)]
+    with pytest.raises(IndexError, match="out of range"):
+        rf[N_ITEMS]
+    raw = RecordFile(record_path, with_labels=False)
+    assert raw[3] == record_bytes(3)
+    info = RecordFile(record_path, direct=True).info()
+    assert info["count"] == N_ITEMS and info["note"]
+    # Read counters: shared by the handle's users, in bytes.
+    before = raw.info()["bytes_read"]
+    raw[4]
+    assert raw.info()["bytes_read"] - before == len(record_bytes(4))
+
+
+def test_records_direct_reads_equal_buffered(record_path: str) -> None:
+    direct, buffered = RecordFile(record_path, direct=True), RecordFile(record_path)
+    assert all(direct[i] == buffered[i] for i in range(0, N_ITEMS, 7))
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda b: b"XXXX" + b[4:], "not an opt4 record file"),
+    (lambda b: b[:8] + b"\x09" + b[9:], "version 9"),
+    (lambda b: b[:5000], "shorter than|says"),
+    (lambda b: b[:-5] + bytes([b[-5] ^ 1]) + b[-4:], "checksum"),
+    (lambda b: b + b"\0" * 16, "its header says"),
+])
+def test_damaged_record_files_are_refused(tmp_path, record_path: str, damage, message: str) -> None:
+    bad = tmp_path / "bad.rec"
+    bad.write_bytes(damage(open(record_path, "rb").read()))
+    with pytest.raises(opt4torch.Opt4Error, match=message) as e:
+        RecordFile(bad)
+    assert "plan" not in str(e.value)  # the message is about record files
+
+
+def test_writer_refuses_symlinks_and_missing_folders(tmp_path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"keep me")
+    link = tmp_path / "link.rec"
+    link.symlink_to(target)
+    with pytest.raises(ValueError, match="symbolic link"):
+        write_records(link, [b"a"])
+    assert target.read_bytes() == b"keep me"
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        write_records(tmp_path / "no" / "such" / "x.rec", [b"a"])
+
+
+def test_a_failed_write_leaves_nothing(tmp_path) -> None:
+    def items():
+        yield b"one"
+        raise RuntimeError("the source broke")
+
+    with pytest.raises(RuntimeError, match="source broke"):
+        write_records(tmp_path / "x.rec", items())
+    assert os.listdir(tmp_path) == []
+
+
+def test_image_folder_to_records(tmp_path) -> None:
+    from PIL import Image
+
+    root = tmp_path / "images"
+    want = {}
+    for cls in ("dog", "cat"):
+        (root / cls).mkdir(parents=True)
+        for k in range(3):
+            img = Image.new("RGB", (8 + k, 8), color=(k * 40, 10, 200 if cls == "dog" else 0))
+            path = root / cls / f"{k}.png"
+            img.save(path)
+            want[(cls, k)] = path.read_bytes()
+    (root / "cat" / "notes.txt").write_text("not an image")
+    rf = image_folder_to_records(root, tmp_path / "images.rec")
+    assert rf.classes == ["cat", "dog"]  # sorted, as ImageFolder numbers them
+    assert len(rf) == 6
+    assert rf[0] == (want[("cat", 0)], 0) and rf[5] == (want[("dog", 2)], 1)
+    meta = json.loads((tmp_path / "images.rec.json").read_text())
+    assert meta["files"][0] == os.path.join("cat", "0.png")
+    with pytest.raises(ValueError, match="no class folders"):
+        image_folder_to_records(tmp_path / "images" / "cat", tmp_path / "x.rec")
+
+
+def test_prefetcher_frames_records_as_the_codec_does(record_path: str) -> None:
+    """What the C prefetcher stores decodes to exactly what the dataset returns."""
+    rf = RecordFile(record_path)
+    for i in (0, 9, 123):
+        assert decode(bytearray().join(encode(rf[i]))) == rf[i]
+    seq = np.arange(40) % 20
+    plan = opt4torch.plan(seq, capacity=5, items=N_ITEMS)
+    cache = opt4torch.OPTCache(plan, 4096, staging_slots=8)
+    try:
+        cache.configure_prefetch(rf, threads=2, lookahead=64)
+        cache.start_prefetch()
+        pool = _engine.pool_attach(cache.name)
+        out, _, rest = pool.get_batch(list(range(40)))
+        for t, obj in enumerate(out):
+            if obj is not None:
+                assert obj == rf[int(seq[t])]
+        pool.close()
+        st = cache.stats()
+        assert st["prefetched"] > 0, st
+    finally:
+        cache.close()
+
+
+# ---- through the DataLoader ----
+
+CONFIGS = [(0, None), (2, "fork"), (2, "spawn")]
+
+
+@pytest.mark.parametrize(("workers", "ctx"), CONFIGS, ids=[f"{w}w-{c or 'main'}" for w, c in CONFIGS])
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_record_prefetch_is_exact(record_path: str, workers: int, ctx: str | None, direct: bool) -> None:
+    rf = RecordFile(record_path, direct=direct, latency=0.0005)
+    sizes = rf.item_sizes()
+    loader = opt4torch.DataLoader(rf, batch_size=BATCH, shuffle=True, seed=3, num_workers=workers,
+                                  multiprocessing_context=ctx, cache_items=CAPACITY, epochs=EPOCHS,
+                                  prefetch_threads=4, collate_fn=list)
+    try:
+        for _ in range(EPOCHS):
+            for batch in loader:
+                for data, label in batch:
+                    i = _index_of(data)
+                    assert data == record_bytes(i) and label == i % 7
+        st = loader.cache.stats()
+        assert st["fallbacks"] == 0 and st["timeouts"] == 0, st
+        assert st["hits"] == st["plan_hits"], st
+        assert st["prefetched"] > 0, st
+        assert st["prefetched"] + st["admits"] + st["bypasses"] == st["plan_misses"], st
+        assert st["prefetcher"]["kind"] == "records"
+        if ctx != "spawn":  # a spawned worker counts its reads in its own process
+            assert st["storage_reads"] == st["plan_misses"], st
+            assert st["storage_bytes"] == plan_miss_bytes(loader, sizes), st
+    finally:
+        loader.cache.close()
+
+
+_by_content: dict[bytes, int] = {}
+
+
+def _index_of(data: bytes) -> int:
+    """The record whose bytes these are (records differ in their first 16 bytes)."""
+    if not _by_content:
+        _by_content.update({record_bytes(i)[:16]: i for i in range(N_ITEMS)})
+    return _by_content[data[:16]]
+
+
+def test_record_prefetch_samples_are_the_source(record_path: str) -> None:
+    rf = RecordFile(record_path)
+    loader = opt4torch.DataLoader(rf, batch_size=BATCH, shuffle=True, seed=5, num_workers=2,
+                                  cache_items=CAPACITY, epochs=2, collate_fn=list)
+    try:
+        seq = loader.cache.plan.seq
+        t = 0
+        for _ in range(2):
+            for batch in loader:
+                for data, label in batch:
+                    i = int(seq[t])
+                    assert data == record_bytes(i) and label == i % 7, f"position {t}"
+                    t += 1
+        assert t == len(seq)
+        assert loader.cache.stats()["prefetched"] > 0
+    finally:
+        loader.cache.close()
+
+
+def test_thread_prefetch_for_any_dataset(tmp_path) -> None:
+    """prefetch=True on a plain Dataset: Python threads load its misses."""
+    counter = tmp_path / "loads"
+    ds = CountingSlow(N_ITEMS, os.fspath(counter), delay=0.001)
+    loader = opt4torch.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=9, num_workers=2,
+                                  cache_items=CAPACITY, epochs=EPOCHS, prefetch=True, prefetch_threads=4,
+                                  multiprocessing_context="fork")
+    try:
+        seq = loader.cache.plan.seq
+        t = 0
+        for _ in range(EPOCHS):
+            for x, y in loader:
+                for row, i in zip(x, y.tolist()):
+                    assert i == int(seq[t]) and torch.equal(row, ds.expected(i))
+                    t += 1
+        st = loader.cache.stats()
+        assert st["hits"] == st["plan_hits"] and st["fallbacks"] == 0, st
+        assert st["prefetched"] > 0 and st["prefetcher"]["kind"] == "threads", st
+        # Every miss loaded once: by a prefetch thread or by a worker.
+        assert counter.stat().st_size == st["plan_misses"], st
+    finally:
+        loader.cache.close()
+
+
+def test_prefetch_threads_stop_with_the_cache(record_path: str) -> None:
+    baseline = threading.active_count()
+    ds = CountingSlow(N_ITEMS, None, delay=0.0)
+    loader = opt4torch.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=1, cache_items=CAPACITY,
+                                  epochs=2, prefetch=True, prefetch_threads=3)
+    it = iter(loader)
+    next(it)  # the first batch starts the prefetcher
+    assert threading.active_count() >= baseline + 3
+    del it  # dropped mid-epoch
+    loader.cache.close()
+    assert threading.active_count() == baseline
+    rf = RecordFile(record_path, latency=0.01)
+    loader = opt4torch.DataLoader(rf, batch_size=BATCH, shuffle=True, seed=1, cache_items=CAPACITY,
+                                  epochs=2, prefetch_threads=8, lookahead=10_000, collate_fn=list)
+    next(iter(loader))
+    loader.cache.close()  # C threads waiting on a slow store stop at once
+
+
+def test_break_mid_epoch_with_prefetch(record_path: str) -> None:
+    rf = RecordFile(record_path)
+    loader = opt4torch.DataLoader(rf, batch_size=BATCH, shuffle=True, seed=2, num_workers=2,
+                                  cache_items=CAPACITY, epochs=2, collate_fn=list, wait_timeout=5)
+    try:
+        for k, _ in enumerate(loader):
+            if k == 4:
+                break
+        for batch in loader:  # the next epoch, whole
+            assert all(len(d) > 0 for d, _ in batch)
+        st = loader.cache.stats()
+        assert st["timeouts"] == 0, st
+    finally:
+        loader.cache.close()
+
+
+def test_prefetch_argument_errors(record_path: str) -> None:
+    rf = RecordFile(record_path)
+    with pytest.raises(ValueError, match="prefetch_threads"):
+        opt4torch.DataLoader(rf, batch_size=4, cache_items=10, prefetch_threads=0)
+    with pytest.raises(ValueError, match="lookahead"):
+        opt4torch.DataLoader(rf, batch_size=4, cache_items=10, lookahead=0)
+    with pytest.raises(ValueError, match="staging_slots"):
+        opt4torch.DataLoader(rf, batch_size=4, cache_items=10, staging_slots=-1)

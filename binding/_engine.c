@@ -1521,6 +1521,18 @@ static PyObject *pool_prefetch_release(PoolObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+/* prefetch_pending(from, to) -> misses in [from, to) not yet loaded. */
+static PyObject *pool_prefetch_pending(PoolObject *self, PyObject *args) {
+  unsigned long long from, to;
+  if (!PyArg_ParseTuple(args, "KK", &from, &to)) return NULL;
+  if (pool_enter(self) < 0) return NULL;
+  uint64_t n = 0;
+  int rc = opt4_pool_prefetch_pending(self->pool, from, to, &n);
+  pool_leave(self);
+  if (rc != 0) return raise_code(rc, "prefetch pending");
+  return PyLong_FromUnsignedLongLong(n);
+}
+
 /* interrupt(): callable from another thread while this handle waits. */
 static PyObject *pool_interrupt(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
   if (self->pool == NULL) Py_RETURN_NONE;
@@ -1554,6 +1566,8 @@ static PyMethodDef pool_methods[] = {
      "prefetch_store(t, parts) -> 1 handed over, 0 given up, -1 too large"},
     {"prefetch_release", (PyCFunction)pool_prefetch_release, METH_O,
      "prefetch_release(t): give a claimed miss back to its consumer"},
+    {"prefetch_pending", (PyCFunction)pool_prefetch_pending, METH_VARARGS,
+     "prefetch_pending(from, to) -> misses in [from, to) not loaded yet"},
     {"interrupt", (PyCFunction)pool_interrupt, METH_NOARGS,
      "interrupt(): waits on this handle end at once (from any thread)"},
     {NULL, NULL, 0, NULL}};

@@ -593,9 +593,24 @@ int opt4_pool_prefetch_claim(opt4_pool *pool, uint64_t lookahead, opt4_prefetch_
 int opt4_pool_prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts,
                              size_t n_parts, int *stored);
 
+/* The same without waiting while the consumers are still far (more than 32
+ * positions) from t: *result is 1 handed over, 0 given up, or 2 not yet
+ * (the items it replaces have reads to come, or its staging slot is taken;
+ * keep the item and try again). Once the consumers are near t it waits as
+ * opt4_pool_prefetch_store does: a consumer may be waiting for this item.
+ * A prefetcher that keeps a few loaded items pending this way keeps its
+ * reads going while earlier items wait for their place. */
+int opt4_pool_prefetch_try_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts,
+                                 size_t n_parts, int *result);
+
 /* Give up claimed position t without storing (the load failed): its
  * consumer loads it. */
 int opt4_pool_prefetch_release(opt4_pool *pool, uint64_t t);
+
+/* How many misses in positions [from, to) no one has finished loading yet
+ * (unclaimed, or in a prefetcher's hands): a caller can hold its first batch
+ * until the prefetchers have a head start. O(to - from). */
+int opt4_pool_prefetch_pending(opt4_pool *pool, uint64_t from, uint64_t to, uint64_t *pending);
 
 /* Make every wait on this handle, in progress (from another thread) or
  * later, end at once as if timed out: for shutting a prefetch thread down
@@ -689,6 +704,9 @@ typedef struct opt4_prefetcher_opts {
   uint64_t lookahead; /* positions ahead of the consumers; 0: 4096 */
   opt4_frame_fn frame; /* NULL: records are stored as they are */
   void *frame_ctx;
+  /* Bytes of loaded items the threads may hold while those wait for their
+   * place in the pool (0: 64 MiB); each thread holds 1 to 32 of them. */
+  uint64_t pending_bytes;
 } opt4_prefetcher_opts;
 
 typedef struct opt4_prefetcher_stats {

@@ -204,9 +204,12 @@ class OPTCache:
         with C threads for a record file, Python threads otherwise."""
         self._prefetch_spec = (dataset, int(threads), int(lookahead), allow_pickle)
 
-    def start_prefetch(self) -> None:
+    def start_prefetch(self, head_start: tuple[int, int] | None = None) -> None:
         """Start the configured prefetcher (once; a no-op without one, in a
-        process other than the owner, or when it already runs)."""
+        process other than the owner, or when it already runs). With
+        ``head_start=(first, last)``, return only once the misses in those
+        positions are loaded (bounded by the wait timeout): the batches the
+        DataLoader hands its workers first then find them ready."""
         if self._prefetch_spec is None or self._prefetch_box[0] is not None:
             return
         if os.getpid() != self._owner_pid and self._owner_pid != -1:
@@ -222,6 +225,12 @@ class OPTCache:
             else:
                 self._prefetch_box[0] = ThreadPrefetcher(self.name, dataset, threads, lookahead,
                                                          allow_pickle)
+        if head_start is not None:
+            import time
+
+            deadline = time.monotonic() + self._pool.info()["wait_timeout_ms"] / 1000
+            while self._pool.prefetch_pending(*head_start) and time.monotonic() < deadline:
+                time.sleep(0.0005)
 
     def stop_prefetch(self) -> None:
         """Stop the prefetcher's threads (their items in hand go back to the
@@ -429,6 +438,8 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         # (epoch, batches to skip, the floor to set: the first position that runs)
         self._resume: tuple[int, int, int] | None = None
         self.epoch = 0
+        #: Positions the prefetcher loads before the first batch is handed out.
+        self.head_start = 0
 
     def __len__(self) -> int:
         e = min(self._next_epoch, len(self.batches) - 1)
@@ -482,8 +493,10 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         # (Resuming: nothing below the resumed position will run.)
         self.cache.set_floor(floor)
         # The workers exist by now (torch forks them before asking for the
-        # first batch): start prefetching, once, in this process.
-        self.cache.start_prefetch()
+        # first batch): start prefetching, once, in this process, and give it
+        # a head start on the batches the workers get first.
+        first = int(self.starts[e][skip]) if skip < len(self.starts[e]) else floor
+        self.cache.start_prefetch((first, first + self.head_start))
         for start, n in zip(self.starts[e][skip:].tolist(), self.batches[e][skip:].tolist()):
             if self.batched:
                 yield list(range(start, start + n))
@@ -781,6 +794,12 @@ class DataLoader(tud.DataLoader):
         cached = CachedDataset(dataset, self.cache.name, plan.accesses, n_items, transform=transform,
                                allow_pickle=allow_pickle)
         self._positions = PositionBatchSampler(starts, own, floors, self.cache, batched=batched)
+        if prefetch:
+            # What the DataLoader hands out before the first batch comes back:
+            # prefetch_factor batches per worker (one batch without workers).
+            per_batch = int(batch_size or 1) if batch_sampler is None else int(own[0][:1].sum() or 1)
+            ahead = (prefetch_factor or 2) * num_workers if num_workers > 0 else 1
+            self._positions.head_start = min(per_batch * ahead, int(lookahead))
         self._batches_done = 0
         loader_kwargs = dict(num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory,
                              timeout=timeout, worker_init_fn=worker_init_fn,

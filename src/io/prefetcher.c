@@ -3,7 +3,7 @@
  * of the consumers, straight into the pool.
  *
  * Each thread has its own pool handle (hazards and claims are per handle)
- * and one buffer as large as the largest record plus its frame. It claims
+ * and a few buffers as large as the largest record plus its frame. It claims
  * the next miss in the window, reads the record with pread (O_DIRECT where
  * the reader has it), and hands it over; a failed read gives the claim back
  * so the consumer loads it. When the window has nothing to claim it sleeps,
@@ -22,6 +22,7 @@
 #define DEFAULT_THREADS 8u
 #define MAX_THREADS 256u
 #define DEFAULT_LOOKAHEAD 4096u
+#define DEFAULT_PENDING_BYTES ((uint64_t)64 << 20)
 
 typedef struct pf_thread {
   opt4_prefetcher *pf;
@@ -34,6 +35,7 @@ struct opt4_prefetcher {
   opt4_records *src;
   opt4_prefetcher_opts opts;
   uint64_t buf_len;
+  uint32_t pending; /* loaded items a thread may hold */
   pf_thread *threads;
   uint32_t n;
   _Atomic int stop;
@@ -47,47 +49,127 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* One loaded item a thread holds until the pool can take it. */
+typedef struct pf_item {
+  uint64_t t;
+  size_t len; /* head + record */
+  size_t tail_len;
+  uint8_t tail[OPT4_FRAME_CAP];
+  uint8_t *buf;
+} pf_item;
+
+/* Hand item it over if the pool can take it; 1 if it is settled (stored or
+ * given up), 0 if it must wait longer. */
+static int pf_try(pf_thread *th, pf_item *it) {
+  opt4_iovec parts[2] = {{it->buf, it->len}, {it->tail, it->tail_len}};
+  int result = 0;
+  if (opt4_pool_prefetch_try_store(th->pool, it->t, parts, 2, &result) != 0) return 1;
+  if (result == 2) return 0;
+  if (result == 1) atomic_fetch_add_explicit(&th->pf->stored, 1, memory_order_relaxed);
+  return 1;
+}
+
+/* Claim the next miss and load it into it->buf. 1 loaded, 0 nothing to
+ * claim now, -1 the plan has no more misses. */
+static int pf_load(pf_thread *th, pf_item *it) {
+  opt4_prefetcher *pf = th->pf;
+  opt4_prefetch_job job;
+  int status;
+  if (opt4_pool_prefetch_claim(th->pool, pf->opts.lookahead, &job, &status) != 0 ||
+      status == OPT4_PREFETCH_END)
+    return -1;
+  if (status == OPT4_PREFETCH_IDLE) return 0;
+  uint64_t rec_len = 0, len = 0;
+  size_t head = 0;
+  it->t = job.t;
+  it->tail_len = 0;
+  int bad = opt4_records_len(pf->src, job.item, &rec_len) != 0;
+  if (!bad && pf->opts.frame != NULL)
+    bad = pf->opts.frame(pf->opts.frame_ctx, job.item, rec_len, it->buf, &head, it->tail, &it->tail_len) != 0 ||
+          head > OPT4_FRAME_CAP || it->tail_len > OPT4_FRAME_CAP;
+  if (bad || opt4_records_read(pf->src, job.item, it->buf + head, (size_t)(pf->buf_len - OPT4_FRAME_CAP),
+                               &len) != 0) {
+    atomic_fetch_add_explicit(&pf->errors, 1, memory_order_relaxed);
+    opt4_pool_prefetch_release(th->pool, job.t);
+    return 1;
+  }
+  atomic_fetch_add_explicit(&pf->loaded, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&pf->bytes, len, memory_order_relaxed);
+  it->len = head + (size_t)len;
+  return 2;
+}
+
+/* A thread keeps up to `pending` loaded items that wait for their place (the
+ * items they replace still have reads to come, or their staging slot is
+ * taken), so its reads go on meanwhile; it retries them, earliest first,
+ * before it claims more. Only the earliest can wait (the consumers are near
+ * it); the waits it makes point at positions before it, which never need an
+ * item this thread holds, since its claims come in position order. */
 static void *pf_main(void *arg) {
   pf_thread *th = arg;
   opt4_prefetcher *pf = th->pf;
-  uint8_t *buf = malloc((size_t)pf->buf_len);
+  const uint32_t cap = pf->pending;
+  pf_item *items = calloc(cap, sizeof *items);
+  uint32_t *order = calloc(cap, sizeof *order); /* held items, earliest claim first */
+  uint32_t held = 0, allocated = 0;
   long backoff = 50000;
-  while (buf != NULL && !atomic_load_explicit(&pf->stop, memory_order_relaxed)) {
-    opt4_prefetch_job job;
-    int status;
-    if (opt4_pool_prefetch_claim(th->pool, pf->opts.lookahead, &job, &status) != 0 ||
-        status == OPT4_PREFETCH_END)
-      break;
-    if (status == OPT4_PREFETCH_IDLE) {
+  int end = 0;
+  if (items == NULL || order == NULL) goto leave;
+  for (; allocated < cap; allocated++)
+    if ((items[allocated].buf = malloc((size_t)pf->buf_len)) == NULL) break;
+  if (allocated == 0) goto leave;
+  while (!atomic_load_explicit(&pf->stop, memory_order_relaxed)) {
+    int progressed = 0;
+    uint32_t kept = 0;
+    /* Earliest first, and none after one that must wait: handing a later
+     * item over may wait for the consumers, who may need the earlier one
+     * first (the consumers can come near a later item between two tries). */
+    uint32_t i = 0;
+    for (; i < held; i++) {
+      if (!pf_try(th, &items[order[i]])) break;
+      progressed = 1;
+    }
+    for (; i < held; i++) order[kept++] = order[i];
+    /* Freed slots go back after the held ones, in the same array. */
+    uint32_t in_use = kept;
+    held = kept;
+    if (!end && held < allocated) {
+      /* The free slot: one not in order[0 .. held). */
+      uint32_t slot = 0;
+      for (; slot < allocated; slot++) {
+        uint32_t k = 0;
+        while (k < in_use && order[k] != slot) k++;
+        if (k == in_use) break;
+      }
+      int r = pf_load(th, &items[slot]);
+      if (r < 0) end = 1;
+      if (r == 2) {
+        /* Tried with the others, earliest first, next round: handing it
+         * over may wait for the consumers, who may first need an item this
+         * thread holds from an earlier claim. */
+        progressed = 1;
+        order[held++] = slot;
+      } else if (r == 1) {
+        progressed = 1;
+      }
+    }
+    if (end && held == 0) break;
+    if (!progressed) {
       uint64_t t0 = now_ns();
       struct timespec ts = {0, backoff};
       nanosleep(&ts, NULL);
       atomic_fetch_add_explicit(&pf->idle_ns, now_ns() - t0, memory_order_relaxed);
       backoff = backoff * 2 > 1000000 ? 1000000 : backoff * 2;
-      continue;
+    } else {
+      backoff = 50000;
     }
-    backoff = 50000;
-    uint64_t rec_len = 0, len = 0;
-    size_t head = 0, tail = 0;
-    uint8_t tail_buf[OPT4_FRAME_CAP];
-    int bad = opt4_records_len(pf->src, job.item, &rec_len) != 0;
-    if (!bad && pf->opts.frame != NULL)
-      bad = pf->opts.frame(pf->opts.frame_ctx, job.item, rec_len, buf, &head, tail_buf, &tail) != 0 ||
-            head > OPT4_FRAME_CAP || tail > OPT4_FRAME_CAP;
-    if (bad || opt4_records_read(pf->src, job.item, buf + head, (size_t)(pf->buf_len - OPT4_FRAME_CAP),
-                                 &len) != 0) {
-      atomic_fetch_add_explicit(&pf->errors, 1, memory_order_relaxed);
-      opt4_pool_prefetch_release(th->pool, job.t);
-      continue;
-    }
-    atomic_fetch_add_explicit(&pf->loaded, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&pf->bytes, len, memory_order_relaxed);
-    opt4_iovec parts[2] = {{buf, head + (size_t)len}, {tail_buf, tail}};
-    int stored = 0;
-    if (opt4_pool_prefetch_store(th->pool, job.t, parts, 2, &stored) == 0 && stored)
-      atomic_fetch_add_explicit(&pf->stored, 1, memory_order_relaxed);
   }
-  free(buf);
+  /* Stopped: give back what is still held; its consumers load it. */
+  for (uint32_t i = 0; i < held; i++) opt4_pool_prefetch_release(th->pool, items[order[i]].t);
+leave:
+  for (uint32_t i = 0; i < allocated; i++) free(items[i].buf);
+  free(items);
+  free(order);
   atomic_fetch_add(&pf->finished, 1);
   return NULL;
 }
@@ -113,6 +195,10 @@ int opt4_prefetcher_start(const char *pool_name, opt4_records *src, const opt4_p
   pf->src = src;
   pf->opts = o;
   pf->buf_len = ri.max_len + OPT4_FRAME_CAP;
+  /* Loaded items held per thread: as many as the budget allows, 1 to 32. */
+  uint64_t budget = o.pending_bytes ? o.pending_bytes : DEFAULT_PENDING_BYTES;
+  uint64_t per = budget / ((uint64_t)o.threads * pf->buf_len);
+  pf->pending = per < 1 ? 1 : per > 32 ? 32 : (uint32_t)per;
   pf->threads = opt4__calloc(o.threads, sizeof *pf->threads);
   if (pf->threads == NULL) {
     opt4__free(pf, sizeof *pf);

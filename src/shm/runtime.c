@@ -932,6 +932,11 @@ static void gather_into(uint8_t *dst, const opt4_iovec *parts, size_t n_parts) {
  * timeout bounds only waits once the consumers have reached position t,
  * where a consumer may be waiting for this very item. Sleeps 200 us a
  * step; returns 1 while the consumers are behind and nothing interrupted. */
+static int far_ahead(opt4_pool *pool, uint64_t t) {
+  return !atomic_load_explicit(&pool->interrupted, memory_order_relaxed) &&
+         atomic_load_explicit(&pool->h->head, memory_order_relaxed) + 32 <= t;
+}
+
 static int consumers_behind(opt4_pool *pool, uint64_t t, waiter *w) {
   if (atomic_load_explicit(&pool->interrupted, memory_order_relaxed)) return 0;
   if (atomic_load_explicit(&pool->h->head, memory_order_relaxed) + 32 > t) return 0;
@@ -941,8 +946,11 @@ static int consumers_behind(opt4_pool *pool, uint64_t t, waiter *w) {
   return 1;
 }
 
+/* *stored: 1 handed over, 0 given up, 2 (try only) not yet: the item cannot
+ * be handed over before the consumers come nearer; try again later. */
 static int store_admit(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t *claim,
-                       const opt4_iovec *parts, size_t n_parts, uint64_t total, int *stored) {
+                       const opt4_iovec *parts, size_t n_parts, uint64_t total, int try_only,
+                       int *stored) {
   const uint32_t g = RT_GEN(v);
   const gen_rec *gen = &pool->gens[g];
   if (total > (uint64_t)gen->npages * pool->h->page_size) {
@@ -969,6 +977,10 @@ static int store_admit(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t
       }
       if (may_take(pool, ps, word, ent->prev_gen)) break;
       if (wait_is_slow(&w) && st == PS_WRITING) recover_dead_writer(pool, ps, word);
+      if (try_only && far_ahead(pool, t)) {
+        *stored = 2;
+        return 0;
+      }
       if (consumers_behind(pool, t, &w)) continue;
       if (wait_step(pool, &w)) {
         give_up(pool, claim, v);
@@ -1020,7 +1032,8 @@ static void pass_turns(opt4_pool *pool, uint64_t s, int check_dead) {
 }
 
 static int store_bypass(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t *claim,
-                        const opt4_iovec *parts, size_t n_parts, uint64_t total, int *stored) {
+                        const opt4_iovec *parts, size_t n_parts, uint64_t total, int try_only,
+                        int *stored) {
   const uint64_t b = RT_GEN(v), slots = pool->h->staging_slots;
   if (total > pool->h->staging_slot_bytes) {
     give_up(pool, claim, v);
@@ -1034,6 +1047,10 @@ static int store_bypass(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_
   while (atomic_load_explicit(&pool->slots[b % slots].turn, memory_order_acquire) != b) {
     pass_turns(pool, b % slots, wait_is_slow(&w));
     if (atomic_load_explicit(&pool->slots[b % slots].turn, memory_order_acquire) == b) break;
+    if (try_only && CL_STATE(atomic_load(claim)) != CL_ABANDONED && far_ahead(pool, t)) {
+      *stored = 2;
+      return 0;
+    }
     if (CL_STATE(atomic_load(claim)) != CL_ABANDONED && consumers_behind(pool, t, &w)) continue;
     if (CL_STATE(atomic_load(claim)) == CL_ABANDONED || wait_step(pool, &w)) {
       give_up(pool, claim, v);
@@ -1055,8 +1072,21 @@ static int store_bypass(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_
   return 0;
 }
 
+static int prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
+                          int try_only, int *stored);
+
 int opt4_pool_prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts,
                              size_t n_parts, int *stored) {
+  return prefetch_store(pool, t, parts, n_parts, 0, stored);
+}
+
+int opt4_pool_prefetch_try_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts,
+                                 size_t n_parts, int *result) {
+  return prefetch_store(pool, t, parts, n_parts, 1, result);
+}
+
+static int prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
+                          int try_only, int *stored) {
   if (pool == NULL || stored == NULL || (parts == NULL && n_parts > 0))
     return opt4__fail(OPT4_EINVAL, "pool, parts or stored is NULL");
   *stored = 0;
@@ -1067,12 +1097,27 @@ int opt4_pool_prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *part
   if (claim == NULL) return OPT4_EINVAL;
   uint64_t total = 0;
   for (size_t i = 0; i < n_parts; i++) total += parts[i].len;
-  if (RT_KIND(v) == OPT4_OP_ADMIT) return store_admit(pool, t, v, claim, parts, n_parts, total, stored);
-  return store_bypass(pool, t, v, claim, parts, n_parts, total, stored);
+  if (RT_KIND(v) == OPT4_OP_ADMIT)
+    return store_admit(pool, t, v, claim, parts, n_parts, total, try_only, stored);
+  return store_bypass(pool, t, v, claim, parts, n_parts, total, try_only, stored);
 }
 
 int opt4_pool_interrupt(opt4_pool *pool) {
   if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
   atomic_store(&pool->interrupted, 1);
+  return 0;
+}
+
+int opt4_pool_prefetch_pending(opt4_pool *pool, uint64_t from, uint64_t to, uint64_t *pending) {
+  if (pool == NULL || pending == NULL) return opt4__fail(OPT4_EINVAL, "pool or pending is NULL");
+  if (to > pool->h->accesses) to = pool->h->accesses;
+  uint64_t n = 0;
+  for (uint64_t t = from; t < to; t++) {
+    _Atomic uint32_t *claim = claim_of(pool, pool->rt[t]);
+    if (claim == NULL) continue;
+    uint32_t st = CL_STATE(atomic_load_explicit(claim, memory_order_acquire));
+    n += st == CL_OPEN || st == CL_LOADING || st == CL_STORING;
+  }
+  *pending = n;
   return 0;
 }

@@ -185,7 +185,7 @@ static void run_prefetcher(uint32_t threads, uint32_t staging, uint64_t latency_
   opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, staging, 0};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
-  opt4_prefetcher_opts po = {threads, 0, 256, NULL, NULL};
+  opt4_prefetcher_opts po = {threads, 0, 256, NULL, NULL, 0};
   opt4_prefetcher *pf = NULL;
   ASSERT_OK(opt4_prefetcher_start(opt4_pool_name(pool), src, &po, &pf));
   pthread_t ct[2];
@@ -213,6 +213,12 @@ static void run_prefetcher(uint32_t threads, uint32_t staging, uint64_t latency_
   uint64_t miss_bytes = 0;
   for (uint64_t t = 0; t < in.accesses; t++)
     if (OPT4_OP_KIND(ops[t]) != OPT4_OP_HIT) miss_bytes += item_len(seq[t]);
+  if (st.fallbacks != 0)
+    fprintf(stderr, "    fallbacks %llu timeouts %llu stalls %llu dropped %llu store_failed %llu hits %llu/%llu\n",
+            (unsigned long long)st.fallbacks, (unsigned long long)st.timeouts,
+            (unsigned long long)st.stalls, (unsigned long long)st.prefetch_dropped,
+            (unsigned long long)st.store_failed, (unsigned long long)(st.hits + st.deferred),
+            (unsigned long long)in.hits);
   ASSERT_U64_EQ(wrong, 0);
   ASSERT_U64_EQ(st.fallbacks, 0);
   ASSERT_U64_EQ(st.hits + st.deferred, in.hits);
@@ -255,7 +261,7 @@ static void test_prefetcher_stop_early(void) {
   opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 8, 0};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
-  opt4_prefetcher_opts po = {4, 0, 1 << 20, NULL, NULL};
+  opt4_prefetcher_opts po = {4, 0, 1 << 20, NULL, NULL, 0};
   opt4_prefetcher *pf = NULL;
   ASSERT_OK(opt4_prefetcher_start(opt4_pool_name(pool), src, &po, &pf));
   /* Stop once some items are in (4 threads, 200 us a read), while others

@@ -34,6 +34,7 @@ docs/python-prefetch.md).
 
 from __future__ import annotations
 
+import atexit
 import collections.abc
 import queue
 import threading
@@ -191,8 +192,10 @@ def _stage(shared: _Shared, loader_it: Iterator[Any], ops: Any) -> None:
 
 
 def _shutdown(shared: _Shared, thread: threading.Thread | None, join: float) -> None:
+    # Also run by the garbage collector, in whatever thread it runs in: set
+    # the flag, take no lock the staging thread may hold. The thread sees it
+    # within _POLL seconds.
     shared.stop.set()
-    shared.slots.release()  # wakes a thread waiting for a slot at once
     if thread is not None and join > 0 and thread is not threading.current_thread():
         thread.join(join)
     # Staged batches hold device memory: let it go now.
@@ -201,6 +204,19 @@ def _shutdown(shared: _Shared, thread: threading.Thread | None, join: float) -> 
             shared.queue.get_nowait()
         except queue.Empty:
             break
+
+
+# The staging threads alive, with their shared state, for the exit hook.
+_live: weakref.WeakKeyDictionary[threading.Thread, _Shared] = weakref.WeakKeyDictionary()
+
+
+@atexit.register
+def _join_at_exit() -> None:
+    # Python finalizes with daemon threads frozen wherever they are; one
+    # frozen inside torch can abort the exit. Stop them and let each finish
+    # the batch it is on.
+    for thread, shared in list(_live.items()):
+        _shutdown(shared, thread, _JOIN_TIMEOUT)
 
 
 class _PassThrough:
@@ -245,6 +261,7 @@ class _CudaEpoch:
         )
         self._thread.start()
         self._finalizer = weakref.finalize(self, _shutdown, self._shared, self._thread, 0.0)
+        _live[self._thread] = self._shared
 
     def __iter__(self) -> _CudaEpoch:
         return self

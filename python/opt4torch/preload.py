@@ -21,6 +21,7 @@ docs/python-prefetch.md.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -309,7 +310,10 @@ class _Runtime:
         self.dataset = dataset
         self.order = order
         self.queue_size = queue_size
-        self.cond = threading.Condition(threading.Lock())
+        # Reentrant, so that a finalizer run by the garbage collector inside a
+        # thread that holds it cannot deadlock (finalizers take no lock now,
+        # but close() from such a place would).
+        self.cond = threading.Condition(threading.RLock())
         self.stop = False
         self.jobs: deque[int] = deque()
         self.inflight: set[int] = set()
@@ -330,6 +334,7 @@ class _Runtime:
         ]
         for t in self.threads:
             t.start()
+        _live.add(self)
 
     def index_of(self, key: int) -> int:
         return int(self.order[key]) if self.order is not None else key
@@ -398,7 +403,24 @@ def _prefetch_loop(rt: _Runtime) -> None:
 
 
 def _stop_runtime(rt: _Runtime) -> None:
-    rt.shutdown(0.0)
+    # Run by the garbage collector, in whatever thread it runs in: a plain
+    # store and no lock. The threads see the flag within _POLL seconds.
+    rt.stop = True
+
+
+_live: weakref.WeakSet[_Runtime] = weakref.WeakSet()
+
+
+@atexit.register
+def _join_at_exit() -> None:
+    # Python finalizes with daemon threads frozen wherever they are; one
+    # frozen inside a C++ extension (torch) can abort the exit ("terminate
+    # called without an active exception"), which a spawn DataLoader worker
+    # reports as a crash. So at exit, stop the threads and let each finish
+    # the load it is in.
+    for rt in list(_live):
+        if rt.pid == os.getpid():
+            rt.shutdown(_JOIN_TIMEOUT)
 
 
 _instances: weakref.WeakSet[AsyncPrefetchDataset] = weakref.WeakSet()
@@ -464,6 +486,8 @@ class AsyncPrefetchDataset(tud.Dataset):
         self.queue_size = queue_size
         self.num_workers = num_workers
         self.order = _order_array(order, n) if order is not None else None
+        # Where a new process's runtime starts in order (see seek()).
+        self.start_position = 0
         self._init_process_state()
 
     def _init_process_state(self) -> None:
@@ -493,6 +517,7 @@ class AsyncPrefetchDataset(tud.Dataset):
             if rt is None or rt.pid != os.getpid() or rt.stop:
                 old = rt
                 rt = _Runtime(self.dataset, self.order, self.queue_size, self.num_workers)
+                rt.pos = self.start_position
                 if old is not None and old.pid == rt.pid:
                     # Restarted after close(): the position and counters go on.
                     rt.pos = old.pos
@@ -552,6 +577,29 @@ class AsyncPrefetchDataset(tud.Dataset):
         rt.window(range(key + 1, min(len(rt.order), key + 1 + q)), current=key)
         return key
 
+    def seek(self, position: int) -> None:
+        """Expect ``order[position]`` next (order mode).
+
+        Workers that are not persistent start from a copy of this dataset
+        every epoch, at ``start_position``: call ``seek(epoch * epoch_length)``
+        in the main process before each epoch's ``iter(loader)``, so they
+        start where that epoch begins in ``order`` rather than resyncing from
+        the beginning. In the calling process the window moves at once.
+        """
+        if self.order is None:
+            raise ValueError("seek() needs an order: this dataset prefetches the next indices instead")
+        if isinstance(position, bool) or not isinstance(position, (int, np.integer)) \
+                or not 0 <= position <= len(self.order):
+            raise ValueError(f"position must be an int in [0, {len(self.order)}] (a position in order), "
+                             f"got {position!r}")
+        self.start_position = int(position)
+        rt = self._rt
+        if rt is not None and rt.pid == os.getpid() and not rt.stop:
+            with rt.cond:
+                rt.pos = int(position)
+                end = min(len(rt.order), rt.pos + rt.queue_size)
+                rt.window(range(rt.pos, end), current=-1)
+
     def close(self) -> None:
         """Stop this process's threads and drop what they loaded. Using the
         dataset again starts them again (from the current position)."""
@@ -591,7 +639,7 @@ class AsyncPrefetchDataset(tud.Dataset):
             out: dict[str, Any] = dict(hits=0, waits=0, wait_seconds=0.0, sync_loads=0, prefetched=0,
                                        discarded=0, errors=0, resyncs=0, off_order=0)
             out["sync_loads"] = self._sync_loads
-            out["position"] = 0 if self.order is not None else None
+            out["position"] = self.start_position if self.order is not None else None
             return out
         with rt.cond:
             out = dict(rt.counters)

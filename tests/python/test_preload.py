@@ -76,6 +76,13 @@ class WithHits(AsyncPrefetchDataset):
         return item, self.stats()["hits"], os.getpid()
 
 
+class WithResyncs(AsyncPrefetchDataset):
+    """Returns (index, resyncs so far in this process)."""
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        return super().__getitem__(i)[0] // 3, self.stats()["resyncs"]
+
+
 def wait_for_threads(baseline: int, timeout: float = 5.0) -> int:
     deadline = time.monotonic() + timeout
     while threading.active_count() > baseline and time.monotonic() < deadline:
@@ -260,7 +267,9 @@ def test_item_nbytes() -> None:
     assert item_nbytes((b"abc", {"x": torch.zeros(2, dtype=torch.uint8)})) == 5
 
 
-@pytest.mark.parametrize("workers,method", [(0, None), (2, "fork"), (2, "spawn")])
+# Spawn workers import torch afresh (seconds each): marked slow, run by make test.
+@pytest.mark.parametrize("workers,method", [(0, None), (2, "fork"),
+                                            pytest.param(2, "spawn", marks=pytest.mark.slow)])
 def test_cached_dataset_in_a_dataloader(workers: int, method: str | None) -> None:
     data = torch.arange(300, dtype=torch.float32).reshape(100, 3)
     order = torch.randperm(100, generator=torch.Generator().manual_seed(1))
@@ -475,3 +484,38 @@ def test_two_epochs_follow_the_captured_order() -> None:
     ds.close()
     assert got == order.tolist()
     assert s["resyncs"] == s["off_order"] == 0 and s["hits"] > n
+
+
+def test_seek_moves_the_window() -> None:
+    order = list(range(30)) * 2
+    with AsyncPrefetchDataset(Slow(30, delay=0.001), queue_size=4, num_workers=2, order=order) as ds:
+        assert same(ds[0], 0)
+        ds.seek(40)
+        assert ds.stats()["position"] == 40
+        assert all(same(ds[i], i) for i in range(10, 30))
+        s = ds.stats()
+        assert s["resyncs"] == 0 and s["position"] == 60
+        with pytest.raises(ValueError, match="position must be"):
+            ds.seek(61)
+    with pytest.raises(ValueError, match="needs an order"):
+        AsyncPrefetchDataset(Slow(3)).seek(0)
+
+
+@pytest.mark.parametrize("seek", [True, False])
+def test_seek_per_epoch_for_workers_that_are_not_persistent(seek: bool) -> None:
+    n, epochs = 16, 3
+    sampler = torch.utils.data.RandomSampler(range(n), generator=torch.Generator().manual_seed(5))
+    order = opt4torch.capture(sampler, epochs=epochs)
+    ds = WithResyncs(Slow(n, delay=0.001), queue_size=4, num_workers=2, order=order)
+    loader = DataLoader(ds, batch_size=4, sampler=sampler, num_workers=1, multiprocessing_context="fork")
+    resyncs = []
+    for e in range(epochs):
+        if seek:
+            ds.seek(e * n)
+        got, r = zip(*[(int(i), int(k)) for ids, ks in loader for i, k in zip(ids, ks)])
+        assert list(got) == order[e * n:(e + 1) * n].tolist()
+        resyncs.append(max(r))
+    if seek:
+        assert resyncs == [0] * epochs
+    else:
+        assert resyncs[0] == 0 and max(resyncs[1:]) > 0  # each epoch's workers start over at 0

@@ -302,7 +302,8 @@ class _Runtime:
     Keys are positions in ``order`` (order mode) or dataset indices
     (sequential mode). ``jobs`` are keys to load, ``inflight`` keys being
     loaded, ``ready`` keys loaded (value or exception). A key is in at most
-    one of the three, and all three together hold at most ``queue_size``.
+    one of the three; together they hold at most ``queue_size`` keys ahead of
+    the consumer, plus the one it is asking for.
     """
 
     def __init__(self, dataset: Any, order: np.ndarray | None, queue_size: int, num_workers: int) -> None:
@@ -310,9 +311,8 @@ class _Runtime:
         self.dataset = dataset
         self.order = order
         self.queue_size = queue_size
-        # Reentrant, so that a finalizer run by the garbage collector inside a
-        # thread that holds it cannot deadlock (finalizers take no lock now,
-        # but close() from such a place would).
+        # Reentrant: close() may run in a thread that already holds it (from
+        # a __del__ that the garbage collector calls there).
         self.cond = threading.Condition(threading.RLock())
         self.stop = False
         self.jobs: deque[int] = deque()
@@ -391,7 +391,7 @@ def _prefetch_loop(rt: _Runtime) -> None:
             rt.inflight.add(key)
         try:
             result: tuple[bool, Any] = (True, rt.dataset[rt.index_of(key)])
-        except Exception as exc:  # the consumer loads it again and sees the error itself
+        except BaseException as exc:  # the consumer loads it again and sees the error itself
             result = (False, exc)
         with cond:
             rt.inflight.discard(key)
@@ -540,7 +540,7 @@ class AsyncPrefetchDataset(tud.Dataset):
             key = self._claim(rt, k)
             if key is not None:
                 start = None
-                while key in rt.inflight and not rt.stop:
+                while key in rt.inflight and not rt.stop and any(t.is_alive() for t in rt.threads):
                     if start is None:
                         start = time.perf_counter()
                         c["waits"] += 1

@@ -89,7 +89,7 @@ def main() -> None:
         print(f"| {name} | {sec:.3f} | {1000 * sec / len(order):.2f} | {plain / sec:.2f}x | {hits} | {sync} |")
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"command": "python bench/preload_speed.py", "args": vars(args), "machine": machine(),
+        json.dump({"command": "python bench/preload_speed.py", "args": {k: v for k, v in vars(args).items() if k != "json"}, "machine": machine(),
                    "rows": rows}, f, indent=2)
 
 

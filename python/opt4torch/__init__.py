@@ -38,6 +38,8 @@ _LAZY = {
     "PositionBatchSampler": "opt4torch.data",
     "OPTCache": "opt4torch.data",
     "remove_stale_pools": "opt4torch.data",
+    "AsyncPrefetchDataset": "opt4torch.preload",
+    "DevicePrefetcher": "opt4torch.device",
 }
 
 
@@ -58,11 +60,13 @@ def __dir__() -> list[str]:
 __all__ = [
     "__version__",
     "ADMIT",
+    "AsyncPrefetchDataset",
     "BYPASS",
     "HIT",
     "CachedDataset",
     "CaptureWarning",
     "DataLoader",
+    "DevicePrefetcher",
     "OPTCache",
     "PositionBatchSampler",
     "SharedOPTCacheDecorator",

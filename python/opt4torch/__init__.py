@@ -40,6 +40,9 @@ _LAZY = {
     "remove_stale_pools": "opt4torch.data",
     "AsyncPrefetchDataset": "opt4torch.preload",
     "DevicePrefetcher": "opt4torch.device",
+    "RecordFile": "opt4torch.records",
+    "write_records": "opt4torch.records",
+    "image_folder_to_records": "opt4torch.records",
 }
 
 
@@ -78,10 +81,12 @@ __all__ = [
     "Plan",
     "PlanFileError",
     "POLICIES",
+    "RecordFile",
     "capture",
     "fingerprint",
     "generate_precomputed_file",
     "get_opt_cache",
+    "image_folder_to_records",
     "load_plan",
     "plan",
     "remove_stale_pools",
@@ -89,4 +94,5 @@ __all__ = [
     "simulate",
     "reference",
     "traces",
+    "write_records",
 ]

@@ -1488,17 +1488,21 @@ static PyObject *pool_prefetch_claim(PoolObject *self, PyObject *arg) {
                        (unsigned long long)job.space);
 }
 
-/* prefetch_store(t, parts) -> 1 handed over, 0 given up, -1 too large. */
+/* prefetch_store(t, parts, try_only=False) -> 1 handed over, 0 given up,
+ * -1 too large, 2 (try_only) not yet: keep it and try again later. */
 static PyObject *pool_prefetch_store(PoolObject *self, PyObject *args) {
   unsigned long long t;
   PyObject *parts;
-  if (!PyArg_ParseTuple(args, "KO", &t, &parts)) return NULL;
+  int try_only = 0;
+  if (!PyArg_ParseTuple(args, "KO|p", &t, &parts, &try_only)) return NULL;
   if (pool_enter(self) < 0) return NULL;
   gathered g;
   PyObject *out = NULL;
   if (gather(parts, &g) == 0) {
     int stored = 0, rc;
-    Py_BEGIN_ALLOW_THREADS rc = opt4_pool_prefetch_store(self->pool, t, g.iov, (size_t)g.n, &stored);
+    Py_BEGIN_ALLOW_THREADS rc = try_only
+        ? opt4_pool_prefetch_try_store(self->pool, t, g.iov, (size_t)g.n, &stored)
+        : opt4_pool_prefetch_store(self->pool, t, g.iov, (size_t)g.n, &stored);
     Py_END_ALLOW_THREADS gathered_release(&g);
     if (rc == OPT4_EITEMSIZE)
       out = PyLong_FromLong(-1);
@@ -1563,7 +1567,8 @@ static PyMethodDef pool_methods[] = {
     {"prefetch_claim", (PyCFunction)pool_prefetch_claim, METH_O,
      "prefetch_claim(lookahead) -> (status, t, item, kind, space)"},
     {"prefetch_store", (PyCFunction)pool_prefetch_store, METH_VARARGS,
-     "prefetch_store(t, parts) -> 1 handed over, 0 given up, -1 too large"},
+     "prefetch_store(t, parts, try_only=False) -> 1 handed over, 0 given up, -1 too large, "
+     "2 not yet (try_only)"},
     {"prefetch_release", (PyCFunction)pool_prefetch_release, METH_O,
      "prefetch_release(t): give a claimed miss back to its consumer"},
     {"prefetch_pending", (PyCFunction)pool_prefetch_pending, METH_VARARGS,

@@ -55,6 +55,8 @@ class ThreadPrefetcher:
     """Python threads loading ``dataset[item]`` for the pool's misses."""
 
     kind = "threads"
+    #: Loaded items a thread may hold while they wait for their place.
+    PENDING = 4
 
     def __init__(self, pool_name: str, dataset: Any, threads: int, lookahead: int,
                  allow_pickle: bool = False) -> None:
@@ -73,35 +75,56 @@ class ThreadPrefetcher:
             th.start()
 
     def _run(self, pool_name: str) -> None:
+        """Claim, load, hand over; keep up to PENDING loaded items that must
+        wait for their place (the items they replace still have reads to
+        come), retried earliest first and never past one that must wait (a
+        later one could wait on workers who need the earlier one first)."""
         pool = _engine.pool_attach(pool_name)
         with self._lock:
             self._handles.append(pool)
         loaded = stored = errors = 0
         idle = 0.0
         backoff = 5e-5
+        held: list[tuple[int, list[Any]]] = []
+        end = False
         try:
             while not self._stop.is_set():
-                status, t, item, _kind, _space = pool.prefetch_claim(self._lookahead)
-                if status == _END:
+                progressed = False
+                while held:
+                    r = pool.prefetch_store(held[0][0], held[0][1], True)
+                    if r == 2:
+                        break
+                    stored += r == 1
+                    held.pop(0)
+                    progressed = True
+                if not end and len(held) < self.PENDING:
+                    status, t, item, _kind, _space = pool.prefetch_claim(self._lookahead)
+                    if status == _END:
+                        end = True
+                    elif status == _CLAIMED:
+                        progressed = True
+                        try:
+                            parts = encode(self._dataset[item], self._allow_pickle)
+                        except Exception as e:  # the worker that needs it loads it, and sees the error
+                            errors += 1
+                            if self._first_error is None:
+                                self._first_error = e
+                            pool.prefetch_release(t)
+                        else:
+                            loaded += 1
+                            held.append((t, parts))
+                if end and not held:
                     break
-                if status == _IDLE:
+                if not progressed:
                     t0 = time.perf_counter()
                     self._stop.wait(backoff)
                     idle += time.perf_counter() - t0
                     backoff = min(backoff * 2, 1e-3)
-                    continue
-                backoff = 5e-5
-                try:
-                    parts = encode(self._dataset[item], self._allow_pickle)
-                except Exception as e:  # the worker that needs it loads it, and sees the error
-                    errors += 1
-                    if self._first_error is None:
-                        self._first_error = e
-                    pool.prefetch_release(t)
-                    continue
-                loaded += 1
-                stored += pool.prefetch_store(t, parts) == 1
+                else:
+                    backoff = 5e-5
         finally:
+            for t, _ in held:  # stopped: their workers load them
+                pool.prefetch_release(t)
             with self._lock:
                 self._counts["loaded"] += loaded
                 self._counts["stored"] += stored

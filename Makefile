@@ -63,7 +63,7 @@ test-asan-binding: $(STAMP)
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
 	    ASAN_OPTIONS=detect_leaks=0 PYTHONPATH=$(ASAN_BINDING)/site \
 	    $(PY) -m pytest -q -p no:cacheprovider tests/python/test_codec.py tests/python/test_dataloader.py \
-	    tests/python/test_cachelib.py tests/python/test_sized.py -k "not spawn and not forkserver"
+	    tests/python/test_cachelib.py tests/python/test_sized.py tests/python/test_prefetch.py -k "not spawn and not forkserver"
 
 # ThreadSanitizer runs the concurrent tests (label "concurrent").
 test-tsan: $(STAMP)

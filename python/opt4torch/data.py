@@ -226,11 +226,24 @@ class OPTCache:
                 self._prefetch_box[0] = ThreadPrefetcher(self.name, dataset, threads, lookahead,
                                                          allow_pickle)
         if head_start is not None:
+            # Until the misses there are loaded, or the prefetcher stops
+            # getting further (items that must wait for the workers' reads
+            # before they can be stored), or the wait timeout.
             import time
 
-            deadline = time.monotonic() + self._pool.info()["wait_timeout_ms"] / 1000
-            while self._pool.prefetch_pending(*head_start) and time.monotonic() < deadline:
+            now = time.monotonic()
+            deadline = now + self._pool.info()["wait_timeout_ms"] / 1000
+            last, since = -1, now
+            while now < deadline:
+                left = self._pool.prefetch_pending(*head_start)
+                if left == 0:
+                    break
+                if left != last:
+                    last, since = left, now
+                elif now - since > 0.05:
+                    break
                 time.sleep(0.0005)
+                now = time.monotonic()
 
     def stop_prefetch(self) -> None:
         """Stop the prefetcher's threads (their items in hand go back to the

@@ -78,6 +78,15 @@ int opt4__proc_alive(pid_t pid, uint64_t start) {
 
 /* ---- records ---- */
 
+/* A record's reclaimer: the pid of the process reclaiming it, kept in the
+ * record's spare word (proc_rec.reserved), 0 when nobody is. A process can
+ * be killed halfway through reclaiming someone else's record; without this,
+ * that record would stay "being reclaimed" for good, and a hazard or a
+ * writing mark left in it would make every later wait on its page run to
+ * the timeout (test_pool_kill found it). With it, the next process finds
+ * the reclaimer dead too and finishes the job. */
+static uint32_t reclaimer_load(proc_rec *r) { return __atomic_load_n(&r->reserved, __ATOMIC_ACQUIRE); }
+
 void opt4__pool_reclaim(opt4_pool *pool, uint32_t rec) {
   proc_rec *r = &pool->procs[rec];
   for (int c = 0; c < C_COUNT; c++) {
@@ -87,8 +96,11 @@ void opt4__pool_reclaim(opt4_pool *pool, uint32_t rec) {
   atomic_store(&r->hazard, 0);
   atomic_store(&r->writing, 0);
   atomic_store(&r->start, 0);
-  atomic_store_explicit(&r->pid, 0, memory_order_release);
   atomic_fetch_sub(&pool->h->attached, 1);
+  atomic_store_explicit(&r->pid, 0, memory_order_release);
+  /* Last: killed before this, the record is free and names a dead
+   * reclaimer, which the next reclaim of it takes over. */
+  __atomic_store_n(&r->reserved, 0, __ATOMIC_RELEASE);
 }
 
 /* A record being reclaimed holds this pid, so nobody else touches it. */
@@ -97,9 +109,18 @@ void opt4__pool_reclaim(opt4_pool *pool, uint32_t rec) {
 int opt4__pool_reclaim_if_dead(opt4_pool *pool, uint32_t rec) {
   proc_rec *r = &pool->procs[rec];
   uint32_t pid = atomic_load(&r->pid);
-  if (pid == 0 || pid == PID_RECLAIMING) return 0;
-  if (opt4__proc_alive((pid_t)pid, atomic_load(&r->start))) return 0;
-  if (!atomic_compare_exchange_strong(&r->pid, &pid, PID_RECLAIMING)) return 0;
+  if (pid == 0) return 0;
+  if (pid != PID_RECLAIMING && opt4__proc_alive((pid_t)pid, atomic_load(&r->start))) return 0;
+  /* Become the reclaimer: only if nobody is, or the one who was is dead. */
+  uint32_t by = reclaimer_load(r), me = (uint32_t)getpid();
+  if (by != 0 && opt4__proc_alive((pid_t)by, 0)) return 0;
+  if (!__atomic_compare_exchange_n(&r->reserved, &by, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return 0;
+  /* Then take the record from the dead process (or from the dead reclaimer). */
+  if (!atomic_compare_exchange_strong(&r->pid, &pid, PID_RECLAIMING)) {
+    __atomic_compare_exchange_n(&r->reserved, &me, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    return 0;
+  }
   opt4__pool_reclaim(pool, rec);
   return 1;
 }

@@ -33,3 +33,16 @@ def script(name: str) -> str:
     if not os.path.exists(path):
         raise RuntimeError(f"{name} is not installed beside {sys.executable}: run `make install`")
     return path
+
+
+
+def leaked_since(before: set[str]) -> set[str]:
+    """Pools that appeared since `before` and belong to this run: owned by
+    this process, or by one of its subprocesses that has ended. On a machine
+    where another job of the same user runs its own tests at the same time,
+    that job's live pools come and go, and are not this run's leaks."""
+    from opt4torch import _engine
+
+    me = os.getpid()
+    return {p["name"] for p in _engine.pool_list()
+            if p["name"] not in before and (not p["owner_alive"] or p["owner_pid"] == me)}

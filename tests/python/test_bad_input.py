@@ -15,6 +15,7 @@ import torch
 from datasets_for_tests import Checked, Resized
 
 import opt4torch
+from conftest import leaked_since
 from opt4torch import PlanFileError, _engine
 
 
@@ -26,7 +27,7 @@ def our_pools() -> set[str]:
 def no_leaked_pools():
     before = our_pools()
     yield
-    leaked = our_pools() - before
+    leaked = leaked_since(before)
     assert not leaked, f"pools left behind: {leaked}"
 
 

@@ -18,6 +18,7 @@ import torch
 from datasets_for_tests import Checked, expected_tensor
 
 import opt4torch
+from conftest import leaked_since
 from opt4torch import _engine
 
 
@@ -92,7 +93,7 @@ def test_worker_killed_mid_epoch(tmp_path, ctx: str) -> None:
         assert st["hits"] == st["plan_hits"] and st["fallbacks"] == 0, st
     finally:
         fresh.cache.close()
-    assert our_pools() - before == set()
+    assert not leaked_since(before)
 
 
 RUN = textwrap.dedent("""

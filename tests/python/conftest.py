@@ -37,12 +37,13 @@ def script(name: str) -> str:
 
 
 def leaked_since(before: set[str]) -> set[str]:
-    """Pools that appeared since `before` and belong to this run: owned by
-    this process, or by one of its subprocesses that has ended. On a machine
-    where another job of the same user runs its own tests at the same time,
-    that job's live pools come and go, and are not this run's leaks."""
+    """Pools that appeared since `before` and are owned by this process: a
+    test's leak. On a machine where another job of the same user runs its own
+    tests at the same time (the shared dev machine), that job's pools come
+    and go, live ones and, for a moment, those of owners it killed on purpose;
+    none of them is this run's. Pools of this run's own subprocesses are
+    checked by the tests that make them."""
     from opt4torch import _engine
 
     me = os.getpid()
-    return {p["name"] for p in _engine.pool_list()
-            if p["name"] not in before and (not p["owner_alive"] or p["owner_pid"] == me)}
+    return {p["name"] for p in _engine.pool_list() if p["name"] not in before and p["owner_pid"] == me}

@@ -27,6 +27,7 @@
 
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -189,9 +190,14 @@ static void worker(ctl *c, int i, opt4_pool *inherited, uint64_t T) {
 }
 
 static pid_t spawn(ctl *c, int i, opt4_pool *pool, uint64_t T) {
+  pid_t parent = getpid();
   pid_t pid = fork();
   ASSERT(pid >= 0);
-  if (pid == 0) worker(c, i, pool, T);
+  if (pid == 0) {
+    /* A supervisor that fails takes its workers with it. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(0);
+    worker(c, i, pool, T);
+  }
   return pid;
 }
 
@@ -308,7 +314,7 @@ static void test_kill_at_random_points(uint64_t want_reads) {
   free(seq);
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
-  opt4_pool_opts o = {PAGE_BYTES, TIMEOUT_MS, 0, 0, 0, 0};
+  opt4_pool_opts o = {PAGE_BYTES, TIMEOUT_MS, 0, 0, 0, 0, 0};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
 
@@ -436,7 +442,7 @@ static void test_owner_killed(void) {
   memset(&po, 0, sizeof po);
   po.capacity = 4;
   ASSERT_OK(opt4_plan_build(&s, &po, &plan));
-  opt4_pool_opts o = {PAGE_BYTES, TIMEOUT_MS, 0, 0, 0, 0};
+  opt4_pool_opts o = {PAGE_BYTES, TIMEOUT_MS, 0, 0, 0, 0, 0};
   opt4_pool *live = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &live));
   int fds[2];

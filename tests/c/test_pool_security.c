@@ -19,7 +19,7 @@
 #define OTHER_UID 65534u /* nobody */
 
 static opt4_pool *make_pool(const opt4_plan *plan) {
-  opt4_pool_opts o = {PAGE, 500, 0, 0, 0, 0};
+  opt4_pool_opts o = {PAGE, 500, 0, 0, 0, 0, 0};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   return pool;
@@ -192,7 +192,7 @@ static void test_foreign_file_not_listed_nor_removed(void) {
  * segments: each refused by the check, which names what is wrong. */
 static void test_damaged_headers_refused(void) {
   opt4_plan *plan = random_plan(400, 30, 6, 3);
-  opt4_pool_opts o = {PAGE, 500, 0, OPT4_POOL_OCCURRENCES, 0, 0};
+  opt4_pool_opts o = {PAGE, 500, 0, OPT4_POOL_OCCURRENCES, 0, 2, 0};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   size_t size = pool->size, msize = pool->meta_size;
@@ -202,6 +202,7 @@ static void test_damaged_headers_refused(void) {
   uint32_t uid = (uint32_t)getuid();
   ASSERT_OK(opt4__pool_check_header(base, size, meta, msize, uid, "copy"));
   ASSERT_OK(opt4__pool_check_meta(base, size, meta, msize, "copy"));
+  ASSERT(((pool_header *)(void *)base)->staging_slots == 2);
   ASSERT_ERR(opt4__pool_check_header(base, size, meta, msize, uid + 1, "copy"), OPT4_EPOOL);
   ASSERT(strstr(opt4_errdetail(), "belongs to uid") != NULL);
   ASSERT_ERR(opt4__pool_check_header(base, size - 64, meta, msize, uid, "copy"), OPT4_EPOOL);
@@ -233,6 +234,13 @@ static void test_damaged_headers_refused(void) {
       {"gens_off", &mh->gens_off, 8, (uint64_t)-8, "plan arrays"},
       {"list_len", &mh->list_len, 8, (uint64_t)1 << 61, "plan arrays"},
       {"occ_pos_off", &mh->occ_pos_off, 8, 0, "half an occurrence index"},
+      {"gclaim_off", &h->gclaim_off, 8, (uint64_t)size - 4, "generation claims"},
+      {"bclaim_off", &h->bclaim_off, 8, 0, "staging slots"},
+      {"staging_slots", &h->staging_slots, 8, h->staging_slots + 1, "do not end the segment"},
+      {"staging_slot_bytes", &h->staging_slot_bytes, 8, 100, "staging slots"},
+      {"staging_off", &h->staging_off, 8, h->staging_off - 4096, "do not end the segment"},
+      {"bypasses", &h->bypasses, 8, h->bypasses + 1, "bypasses"},
+      {"bpos_off", &mh->bpos_off, 8, (uint64_t)msize, "plan arrays"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint8_t saved[8];
@@ -263,6 +271,14 @@ static void test_damaged_headers_refused(void) {
   seq[0] = (uint32_t)h->items;
   ASSERT_ERR(opt4__pool_check_meta(base, size, meta, msize, "copy"), OPT4_EPOOL);
   seq[0] = keep;
+  /* A BYPASS whose ordinal does not map back to it. */
+  t = 0;
+  while (t < h->accesses && RT_KIND(rt[t]) != OPT4_OP_BYPASS) t++;
+  ASSERT(t < h->accesses); /* the plan has bypasses, so the pool has staging */
+  keep = rt[t];
+  rt[t] = keep + 1;
+  ASSERT_ERR(opt4__pool_check_meta(base, size, meta, msize, "copy"), OPT4_EPOOL);
+  rt[t] = keep;
   keep = le[0].page;
   le[0].page = (uint32_t)h->pages;
   ASSERT_ERR(opt4__pool_check_meta(base, size, meta, msize, "copy"), OPT4_EPOOL);

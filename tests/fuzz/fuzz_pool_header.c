@@ -45,6 +45,11 @@ static void bind(opt4_pool *pool, uint8_t *base, size_t size, uint8_t *meta, siz
     pool->occ_start = (const uint64_t *)(const void *)(meta + mh->occ_start_off);
     pool->occ_pos = (const uint32_t *)(const void *)(meta + mh->occ_pos_off);
   }
+  pool->gclaim = (_Atomic uint32_t *)(void *)(base + h->gclaim_off);
+  pool->bclaim = h->bclaim_off ? (_Atomic uint32_t *)(void *)(base + h->bclaim_off) : NULL;
+  pool->slots = (slot_state *)(void *)(base + h->slot_len_off);
+  pool->staging = base + h->staging_off;
+  pool->bpos = (const uint32_t *)(const void *)(meta + mh->bpos_off);
   pool->rec = UINT32_MAX;
   pool->timeout_ns = 0; /* every wait gives up at once */
 }

@@ -20,8 +20,8 @@ HEADER = 4096
 HLEN = 512  # the pool header's fields fit well within this
 
 
-def seed(plan: opt4torch.Plan, page_size: int, occurrences: bool) -> bytes:
-    pool = _engine.pool_create(plan._h, page_size, occurrences=occurrences)
+def seed(plan: opt4torch.Plan, page_size: int, occurrences: bool, staging: int = 0) -> bytes:
+    pool = _engine.pool_create(plan._h, page_size, occurrences=occurrences, staging_slots=staging)
     try:
         name = pool.name
         with open(f"/dev/shm{name}", "rb") as f:
@@ -46,11 +46,13 @@ def main() -> None:
             p = opt4torch.plan(seq, capacity=C, items=N, bypass=bypass)
             for occ in (False, True):
                 seeds.append(seed(p, 64, occ))
+            seeds.append(seed(p, 64, True, staging=2))
     seq = rng.integers(0, 12, size=48)
     sizes = rng.integers(1, 200, size=12)
     p = opt4torch.plan(seq, items=12, capacity_bytes=400, item_sizes=sizes, page_size=64)
     seeds.append(seed(p, 0, False))
     seeds.append(seed(p, 0, True))
+    seeds.append(seed(p, 0, False, staging=1))
     for s in seeds:
         with open(os.path.join(out, hashlib.sha1(s).hexdigest()), "wb") as f:
             f.write(s)

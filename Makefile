@@ -15,7 +15,8 @@ JOBS   ?= 2
 # the checked-in corpus is replayed either way).
 FUZZ_SECONDS ?= 60
 
-.PHONY: all demo install test test-c test-asan test-asan-binding test-tsan test-fuzz test-python bench clean
+.PHONY: all demo install test test-c test-asan test-asan-binding test-tsan test-fuzz test-python bench clean \
+	fuzz-long test-kill-long
 
 all: test
 
@@ -63,7 +64,8 @@ test-asan-binding: $(STAMP)
 	LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
 	    ASAN_OPTIONS=detect_leaks=0 PYTHONPATH=$(ASAN_BINDING)/site \
 	    $(PY) -m pytest -q -p no:cacheprovider tests/python/test_codec.py tests/python/test_dataloader.py \
-	    tests/python/test_cachelib.py tests/python/test_sized.py tests/python/test_prefetch.py -k "not spawn and not forkserver"
+	    tests/python/test_cachelib.py tests/python/test_sized.py tests/python/test_prefetch.py \
+	    tests/python/test_bad_input.py tests/python/test_worker_kill.py -k "not spawn and not forkserver"
 
 # ThreadSanitizer runs the concurrent tests (label "concurrent").
 test-tsan: $(STAMP)
@@ -72,6 +74,22 @@ test-tsan: $(STAMP)
 test-fuzz: $(STAMP)
 	FUZZ_SECONDS=$(FUZZ_SECONDS) CMAKE=$(abspath $(VENV)/bin/cmake) NINJA=$(abspath $(VENV)/bin/ninja) \
 	    scripts/fuzz.sh
+
+# Each libFuzzer target for FUZZ_LONG_SECONDS (10 minutes by default), one
+# at a time, merging what it finds into tests/fuzz/corpus/ (docs/reliability.md).
+FUZZ_LONG_SECONDS ?= 600
+fuzz-long: $(STAMP)
+	FUZZ_SECONDS=$(FUZZ_LONG_SECONDS) FUZZ_MERGE=1 CMAKE=$(abspath $(VENV)/bin/cmake) \
+	    NINJA=$(abspath $(VENV)/bin/ninja) nice -n 10 scripts/fuzz.sh
+
+# The kill test at scale: KILL_READS reads checked while workers are killed
+# (docs/reliability.md records the figures). `make test` runs 100,000.
+KILL_READS ?= 1000000
+test-kill-long: $(STAMP)
+	$(VENV)/bin/cmake -S . -B build/ctest -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) \
+	    -DOPT4_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release > /dev/null
+	$(VENV)/bin/cmake --build build/ctest -j $(JOBS) --target test_pool_kill
+	build/ctest/test_pool_kill $(KILL_READS)
 
 # Every Python test, the slow ones included (a bare pytest deselects them).
 test-python: install

@@ -1,8 +1,19 @@
 #!/usr/bin/env bash
 # Fuzz smoke for `make test`: build the libFuzzer targets with clang and run
-# each for FUZZ_SECONDS, starting from the checked-in corpus (which the plain
-# ctest run also replays). Installs clang from Debian's packages when it is
-# missing and we are root; otherwise says so and skips.
+# each for FUZZ_SECONDS, one after the other, starting from the checked-in
+# corpus (which the plain ctest run also replays). Installs clang from
+# Debian's packages when it is missing and we are root; otherwise says so and
+# skips.
+#
+# Targets (tests/fuzz/): fuzz_plan_load (the plan-file loader),
+# fuzz_pool_header (the checks before a pool found in /dev/shm is used, then
+# the runtime over whatever passed), fuzz_pool_ops (random operation
+# sequences against the engine in one process, with oracles).
+#
+# `make fuzz-long` runs each for 10 minutes (FUZZ_SECONDS=600) with
+# FUZZ_MERGE=1: what the run found is merged (-merge=1, so only inputs that
+# add coverage) into tests/fuzz/corpus/<target>/, to be committed. FUZZ_TARGETS
+# limits the run to some targets ("fuzz_pool_ops fuzz_pool_header").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-60}
@@ -26,9 +37,12 @@ fi
 CC=clang "$cmake" -S . -B build/fuzz -G Ninja -DCMAKE_MAKE_PROGRAM="$ninja" \
   -DOPT4_BUILD_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 "$cmake" --build build/fuzz >/dev/null
+merge=${FUZZ_MERGE:-0}
+only=${FUZZ_TARGETS:-}
 for target in build/fuzz/fuzz_*; do
   [ -x "$target" ] || continue
   name=$(basename "$target")
+  if [ -n "$only" ] && [[ " $only " != *" $name "* ]]; then continue; fi
   work=build/fuzz/corpus-$name
   mkdir -p "$work"
   cp tests/fuzz/corpus/"$name"/* "$work"/
@@ -37,4 +51,9 @@ for target in build/fuzz/fuzz_*; do
     -artifact_prefix=build/fuzz/ -print_final_stats=1 2> "build/fuzz/$name.log" \
     || { tail -50 "build/fuzz/$name.log"; echo "fuzz: $name FAILED (see build/fuzz/$name.log; the input is build/fuzz/crash-*)"; exit 1; }
   grep -E "stat::number_of_executed_units|stat::new_units_added" "build/fuzz/$name.log" | sed 's/^/  /'
+  if [ "$merge" = "1" ]; then
+    before=$(ls tests/fuzz/corpus/"$name" | wc -l)
+    "$target" -merge=1 -max_len=4096 tests/fuzz/corpus/"$name" "$work" 2> "build/fuzz/$name.merge.log"
+    echo "  corpus: $before -> $(ls tests/fuzz/corpus/"$name" | wc -l) inputs in tests/fuzz/corpus/$name"
+  fi
 done

@@ -430,14 +430,63 @@ _BAD_MAGIC_HINT = (
 )
 
 
-def load_plan(path: str | os.PathLike[str]) -> Plan:
-    """Open a plan file (memory-mapped, validated completely before use)."""
+def _is_pickle(path: str) -> bool:
+    """Whether the file starts as a pickle of protocol 2 or later does (what
+    the earlier design's precompute step wrote)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return False
+    return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
+def _load_legacy_pickle(path: str) -> Plan:
+    """The earlier design's precomputed file: a pickled dict whose
+    ``future_index`` is the captured sequence. Only on explicit request:
+    unpickling runs whatever code the file names."""
+    import pickle
+
+    with open(path, "rb") as f:
+        obj = pickle.load(f)  # noqa: S301 - the caller passed allow_pickle=True
+    seq = obj.get("future_index") if isinstance(obj, dict) else obj
+    if seq is None:
+        raise PlanFileError(f"{path}: a pickle without 'future_index': not an earlier "
+                            "OPT4TorchDataSet precomputed file")
+    try:
+        arr = np.asarray(seq, dtype=np.int64)
+    except (TypeError, ValueError) as exc:
+        raise PlanFileError(f"{path}: its 'future_index' is not a sequence of item ids ({exc})") from None
+    result = sequence_plan(arr)
+    result.path = path
+    return result
+
+
+def load_plan(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> Plan:
+    """Open a plan file (memory-mapped, validated completely before use).
+
+    ``allow_pickle=True`` also reads the earlier OPT4TorchDataSet's pickled
+    precomputed files (as a sequence-only plan: save it to convert it). Off by
+    default, because unpickling a file runs code chosen by whoever wrote it.
+    """
     path = os.fspath(path)
+    if "\0" in path:
+        raise ValueError(f"{path!r}: a path cannot contain a NUL byte")
     if not os.path.exists(path):
         raise FileNotFoundError(f"no plan file at {path!r}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path!r} is a directory, not a plan file")
     try:
         handle = _engine.open_plan(path)
     except PlanFileError as exc:
+        if getattr(exc, "code_name", "") == "OPT4_EBADMAGIC" and _is_pickle(path):
+            if allow_pickle:
+                return _load_legacy_pickle(path)
+            raise _with_message(exc, f"{path}: {exc}. It is a pickle, from the earlier "
+                                "OPT4TorchDataSet: unpickling runs code from the file, so it is "
+                                "refused. Regenerate it with `opt4torch precompute`, or, if you "
+                                "trust the file, load_plan(path, allow_pickle=True) and save() "
+                                "the result as a plan file") from None
         hint = _BAD_MAGIC_HINT if getattr(exc, "code_name", "") == "OPT4_EBADMAGIC" else ""
         raise _with_message(exc, f"{path}: {exc}{hint}") from None
     return Plan(handle, path=path)

@@ -327,8 +327,10 @@ class SharedOPTCacheDecorator(_Follower):
         self._plan_path = os.fspath(precomputed_path)
         self._rendezvous = os.path.join(tempfile.gettempdir(),
                                         f"opt4-{os.getuid()}-{os.getpid()}-{secrets.token_hex(8)}.pool")
-        with open(self._rendezvous, "w"):
-            pass
+        # In a shared temporary directory: created new (never an existing file
+        # or a symlink someone placed there), readable by this user only.
+        os.close(os.open(self._rendezvous, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600))
         self._local = threading.local()
         self._seq = self.plan.seq
         self._finalizer = _shared_finalizer(self, self._rendezvous, self._owner_pid)
@@ -358,7 +360,9 @@ class SharedOPTCacheDecorator(_Follower):
         pool = getattr(self._local, "pool", None)
         if pool is not None:
             return pool
-        with open(self._rendezvous, "r+") as f:
+        with os.fdopen(os.open(self._rendezvous, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC), "r+") as f:
+            if os.fstat(f.fileno()).st_uid != os.getuid():
+                raise PermissionError(f"{self._rendezvous} is not this user's file: refused")
             fcntl.flock(f, fcntl.LOCK_EX)
             name = f.read().strip()
             if not name:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib
 import inspect
@@ -18,6 +19,7 @@ import json
 import os
 import secrets
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +36,46 @@ __all__ = ["main", "precompute_main"]
 
 class UsageError(Exception):
     """A command line that cannot be run as given; the message says why."""
+
+
+def _check_output(path: str, what: str = "output") -> str:
+    """A path from the user for a file to write: refused early, with the
+    reason, if it cannot be one."""
+    if not path or "\0" in path:
+        raise UsageError(f"--{what} {path!r} is not a usable file name")
+    if os.path.isdir(path):
+        raise UsageError(f"--{what} {path!r} is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    probe = parent
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if probe and not os.path.isdir(probe):
+        raise UsageError(f"--{what} {path!r}: {probe!r} is a file, not a directory")
+    return path
+
+
+@contextlib.contextmanager
+def _open_new(path: str, mode: str = "w") -> Any:
+    """Write a file beside path and rename it over path once complete: a
+    symlink placed at path is replaced, never written through, and a failed
+    write leaves no half-written file."""
+    parent = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=".opt4-", suffix=".tmp")  # O_EXCL, mode 0600
+    try:
+        with os.fdopen(fd, mode, newline="" if "b" not in mode else None) as f:
+            yield f
+        os.chmod(tmp, 0o644 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 # ---- shared parsing helpers ----
@@ -148,6 +190,7 @@ def _precompute_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_precompute(args: argparse.Namespace) -> int:
+    _check_output(args.output)
     progress = False if args.quiet else None
     started = time.perf_counter()
     if args.trace is not None:
@@ -192,7 +235,7 @@ def _cmd_precompute(args: argparse.Namespace) -> int:
                             progress=progress)
     parent = os.path.dirname(os.path.abspath(args.output))
     os.makedirs(parent, exist_ok=True)
-    result.save(args.output)
+    result.save(args.output)  # a temporary file renamed over the path: never through a symlink
     if not args.quiet:
         print(f"wrote {args.output}: {_summary(result)} in {time.perf_counter() - started:.2f} s")
     return 0
@@ -339,11 +382,13 @@ def _write_rows(rows: list[dict[str, Any]], fmt: str, out: Any, fields: Sequence
 
 
 def _write_outputs(rows: list[dict[str, Any]], out_dir: str, plots: bool) -> list[str]:
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UsageError(f"--out {out_dir!r} is a file; give a directory")
     os.makedirs(out_dir, exist_ok=True)
     written = []
     for name, fmt in (("results.csv", "csv"), ("results.json", "json")):
         path = os.path.join(out_dir, name)
-        with open(path, "w", newline="") as f:
+        with _open_new(path) as f:
             _write_rows(rows, fmt, f, _SWEEP_FIELDS)
         written.append(path)
     if plots:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from . import _engine
+from . import _engine, _messages
 from ._codec import decode, decode_at, encode, encoded_size, make_arrays
 from ._plan import Plan, plan as build_plan
 from .capture import capture_epochs
@@ -383,7 +383,12 @@ class CachedDataset(tud.Dataset):
         # One call into C reads the batch and decodes its HITs (arrays and
         # tensors through make_arrays, as views of data); rest holds
         # (i, status, item, a, b) for everything else.
-        out, data, rest = pool.get_batch(positions, make_arrays)
+        try:
+            out, data, rest = pool.get_batch(positions, make_arrays)
+        except (_engine.InvalidInputError, OverflowError, TypeError) as exc:
+            if all(0 <= int(t) < self.accesses for t in positions):
+                raise
+            raise _messages.bad_positions(positions, self.accesses) from exc
         if rest:
             self._finish_batch(pool, positions, out, data, rest)
         if self.transform is not None:
@@ -882,7 +887,13 @@ class DataLoader(tud.DataLoader):
         self._batches_done = 0
         if self._positions._resume is not None:
             self._batches_done = self._positions._resume[1]
-        return _CountingIter(self, super().__iter__())
+        try:
+            it = super().__iter__()
+        except (TypeError, AttributeError) as exc:  # pickling for spawn/forkserver workers
+            if not _messages.is_pickling_error(exc):
+                raise
+            raise _messages.unpicklable_dataset(exc, self.multiprocessing_context) from exc
+        return _CountingIter(self, it)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch`` (default: the next one)."""

@@ -347,10 +347,17 @@ static uint32_t claim_miss(opt4_pool *pool, _Atomic uint32_t *claim) {
       }
       continue;
     }
-    if (st == CL_READY || st == CL_SELF || st == CL_ABANDONED || st == CL_DONE ||
-        st == CL_READING) {
-      /* SELF/ABANDONED/DONE/READING here: this position was served before
-       * (a retry): load. READY: take it. */
+    if (st == CL_SELF) {
+      /* Served before, by a consumer that may have died before it stored:
+       * load and store again. The put stores it, or finds it written or
+       * being written and marks the generation failed, so its readers never
+       * wait for a store that will not come (test_pool_kill). */
+      got = CL_SELF;
+      break;
+    }
+    if (st == CL_READY || st == CL_ABANDONED || st == CL_DONE || st == CL_READING) {
+      /* ABANDONED/DONE/READING here: this position was served before (a
+       * retry): load. READY: take it. */
       got = st == CL_READY ? CL_READY : CL_ABANDONED;
       break;
     }

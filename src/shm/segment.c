@@ -12,6 +12,7 @@
  * its pools are stale.
  */
 #include "layout.h"
+#include "check.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -77,6 +78,15 @@ int opt4__proc_alive(pid_t pid, uint64_t start) {
 
 /* ---- records ---- */
 
+/* A record's reclaimer: the pid of the process reclaiming it, kept in the
+ * record's spare word (proc_rec.reserved), 0 when nobody is. A process can
+ * be killed halfway through reclaiming someone else's record; without this,
+ * that record would stay "being reclaimed" for good, and a hazard or a
+ * writing mark left in it would make every later wait on its page run to
+ * the timeout (test_pool_kill found it). With it, the next process finds
+ * the reclaimer dead too and finishes the job. */
+static uint32_t reclaimer_load(proc_rec *r) { return __atomic_load_n(&r->reserved, __ATOMIC_ACQUIRE); }
+
 void opt4__pool_reclaim(opt4_pool *pool, uint32_t rec) {
   proc_rec *r = &pool->procs[rec];
   for (int c = 0; c < C_COUNT; c++) {
@@ -86,8 +96,11 @@ void opt4__pool_reclaim(opt4_pool *pool, uint32_t rec) {
   atomic_store(&r->hazard, 0);
   atomic_store(&r->writing, 0);
   atomic_store(&r->start, 0);
-  atomic_store_explicit(&r->pid, 0, memory_order_release);
   atomic_fetch_sub(&pool->h->attached, 1);
+  atomic_store_explicit(&r->pid, 0, memory_order_release);
+  /* Last: killed before this, the record is free and names a dead
+   * reclaimer, which the next reclaim of it takes over. */
+  __atomic_store_n(&r->reserved, 0, __ATOMIC_RELEASE);
 }
 
 /* A record being reclaimed holds this pid, so nobody else touches it. */
@@ -96,9 +109,18 @@ void opt4__pool_reclaim(opt4_pool *pool, uint32_t rec) {
 int opt4__pool_reclaim_if_dead(opt4_pool *pool, uint32_t rec) {
   proc_rec *r = &pool->procs[rec];
   uint32_t pid = atomic_load(&r->pid);
-  if (pid == 0 || pid == PID_RECLAIMING) return 0;
-  if (opt4__proc_alive((pid_t)pid, atomic_load(&r->start))) return 0;
-  if (!atomic_compare_exchange_strong(&r->pid, &pid, PID_RECLAIMING)) return 0;
+  if (pid == 0) return 0;
+  if (pid != PID_RECLAIMING && opt4__proc_alive((pid_t)pid, atomic_load(&r->start))) return 0;
+  /* Become the reclaimer: only if nobody is, or the one who was is dead. */
+  uint32_t by = reclaimer_load(r), me = (uint32_t)getpid();
+  if (by != 0 && opt4__proc_alive((pid_t)by, 0)) return 0;
+  if (!__atomic_compare_exchange_n(&r->reserved, &by, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return 0;
+  /* Then take the record from the dead process (or from the dead reclaimer). */
+  if (!atomic_compare_exchange_strong(&r->pid, &pid, PID_RECLAIMING)) {
+    __atomic_compare_exchange_n(&r->reserved, &me, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    return 0;
+  }
   opt4__pool_reclaim(pool, rec);
   return 1;
 }
@@ -140,10 +162,37 @@ static int map_fd(int fd, size_t size, int writable, void **out) {
   return 0;
 }
 
-static int create_segment(const char *name, uint64_t size, int *fd_out) {
+/* The segment's entry in SHM_DIR, not followed if it is a symlink. */
+static int shm_lstat(const char *name, struct stat *st) {
+  char path[sizeof SHM_DIR + POOL_NAME_MAX + 8];
+  snprintf(path, sizeof path, SHM_DIR "%s", name);
+  return lstat(path, st);
+}
+
+int opt4__segment_create(const char *name, uint64_t size, int *fd_out) {
+  /* O_EXCL: a name that exists (a squatter's file, a symlink, a stale pool)
+   * is refused, never opened or followed. glibc's shm_open adds O_NOFOLLOW. */
   int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0)
-    return opt4__fail(OPT4_ESHM, "cannot create shared memory %s: %s", name, strerror(errno));
+  if (fd < 0) {
+    int e = errno;
+    struct stat st;
+    if (e == EEXIST && shm_lstat(name, &st) == 0)
+      return opt4__fail(OPT4_ESHM, "cannot create shared memory %s: the name is taken (%s owned "
+                        "by uid %u, mode %03o); it was not opened. If it is not yours, someone "
+                        "else created it: remove it as its owner or root, or start again (the "
+                        "next run picks another name)", name,
+                        S_ISLNK(st.st_mode) ? "a symlink" : "a segment", (unsigned)st.st_uid,
+                        (unsigned)(st.st_mode & 0777));
+    return opt4__fail(OPT4_ESHM, "cannot create shared memory %s: %s", name, strerror(e));
+  }
+  /* The umask may have cleared bits of 0600 but can never add any; set it
+   * exactly so that attachers, which insist on 0600, accept it. */
+  if (fchmod(fd, 0600) != 0) {
+    int e = errno;
+    close(fd);
+    shm_unlink(name);
+    return opt4__fail(OPT4_ESHM, "cannot set mode 0600 on %s: %s", name, strerror(e));
+  }
   int err = posix_fallocate(fd, 0, (off_t)size);
   if (err != 0) {
     close(fd);
@@ -286,9 +335,9 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   snprintf(meta_name, sizeof meta_name, "%s.meta", pool->name);
 
   int fd = -1, mfd = -1;
-  rc = create_segment(pool->name, size, &fd);
+  rc = opt4__segment_create(pool->name, size, &fd);
   if (rc != 0) goto fail;
-  rc = create_segment(meta_name, meta_size, &mfd);
+  rc = opt4__segment_create(meta_name, meta_size, &mfd);
   if (rc != 0) {
     close(fd);
     shm_unlink(pool->name);
@@ -378,6 +427,183 @@ fail:
   return rc;
 }
 
+/* ---- checking a pool before use ---- */
+
+/* Whether count elements of elem bytes at off, aligned to align, lie in
+ * [lo, hi), without overflow. */
+static int region_ok(uint64_t off, uint64_t count, uint64_t elem, uint64_t align, uint64_t lo,
+                     uint64_t hi) {
+  if (off % align != 0 || off < lo || off > hi) return 0;
+  return elem == 0 || count <= (hi - off) / elem;
+}
+
+#define BAD_POOL(...) opt4__fail(OPT4_EPOOL, __VA_ARGS__)
+
+int opt4__pool_check_header(const void *base, size_t size, const void *meta, size_t msize,
+                            uint32_t uid, const char *name) {
+  if (base == NULL || meta == NULL) return opt4__fail(OPT4_EINVAL, "base or meta is NULL");
+  if (size < POOL_HEADER_SIZE || msize < sizeof(meta_header))
+    return BAD_POOL("%s is not an opt4 pool (segments of %zu and %zu bytes are too small)", name,
+                    size, msize);
+  const pool_header *h = (const pool_header *)base;
+  const meta_header *mh = (const meta_header *)meta;
+  if (memcmp(h->magic, POOL_MAGIC, 8) != 0 || memcmp(mh->magic, META_MAGIC, 8) != 0)
+    return BAD_POOL("%s is not an opt4 pool (bad magic)", name);
+  /* The creator writes the magic last, after a release fence. */
+  atomic_thread_fence(memory_order_acquire);
+  if (h->layout != POOL_LAYOUT || mh->layout != POOL_LAYOUT)
+    return BAD_POOL("pool %s has layout %u; this library uses %u (mixed opt4torch versions in "
+                    "one run?)", name, h->layout != POOL_LAYOUT ? h->layout : mh->layout,
+                    POOL_LAYOUT);
+  if (h->header_size != POOL_HEADER_SIZE || mh->header_size != sizeof(meta_header))
+    return BAD_POOL("pool %s has header sizes %u and %u; this library uses %u and %zu", name,
+                    h->header_size, mh->header_size, POOL_HEADER_SIZE, sizeof(meta_header));
+  if (h->owner_uid != uid)
+    return BAD_POOL("pool %s says it belongs to uid %u, not to this user (%u): refused", name,
+                    h->owner_uid, uid);
+  if (h->segment_size != size || h->meta_size != msize || mh->size != msize)
+    return BAD_POOL("pool %s is inconsistent: its header gives sizes %llu and %llu, the "
+                    "segments are %zu and %zu bytes", name, (unsigned long long)h->segment_size,
+                    (unsigned long long)h->meta_size, size, msize);
+  if (h->fingerprint != mh->fingerprint || h->accesses != mh->accesses ||
+      h->items != mh->items || h->generations != mh->generations)
+    return BAD_POOL("pool %s is inconsistent: its two segments describe different plans", name);
+  if (h->accesses > OPT4_MAX_ACCESSES || h->items == 0 || h->items > OPT4_MAX_ITEMS ||
+      h->generations > h->accesses || h->generations > (uint64_t)RT_MAX_GENS + 1)
+    return BAD_POOL("pool %s is inconsistent: %llu accesses, %llu items, %llu generations", name,
+                    (unsigned long long)h->accesses, (unsigned long long)h->items,
+                    (unsigned long long)h->generations);
+  if (h->max_procs == 0 || h->max_procs > (1u << 20) || h->page_size == 0 ||
+      h->page_size > ((uint64_t)1 << 40) || h->pages > UINT32_MAX)
+    return BAD_POOL("pool %s is inconsistent: %u process records, %llu pages of %llu bytes",
+                    name, h->max_procs, (unsigned long long)h->pages,
+                    (unsigned long long)h->page_size);
+  /* The main segment's regions, in order, each after the one before. */
+  const uint64_t gens = h->generations, sz = size;
+  uint64_t end = POOL_HEADER_SIZE;
+  if (!region_ok(h->procs_off, h->max_procs, sizeof(proc_rec), 64, end, sz))
+    return BAD_POOL("pool %s is inconsistent: process records out of bounds", name);
+  end = h->procs_off + (uint64_t)h->max_procs * sizeof(proc_rec);
+  if (!region_ok(h->states_off, h->pages, sizeof(page_state), 64, end, sz))
+    return BAD_POOL("pool %s is inconsistent: page states out of bounds", name);
+  end = h->states_off + h->pages * sizeof(page_state);
+  if (!region_ok(h->failed_off, (gens + 63) / 64, 8, 8, end, sz))
+    return BAD_POOL("pool %s is inconsistent: failed-generation bitmap out of bounds", name);
+  end = h->failed_off + (gens + 63) / 64 * 8;
+  if (h->occ_count_off != 0) {
+    if (!region_ok(h->occ_count_off, h->items, 4, 8, end, sz))
+      return BAD_POOL("pool %s is inconsistent: occurrence counters out of bounds", name);
+    end = h->occ_count_off + h->items * 4;
+  }
+  /* Claims: one per generation always, one per BYPASS with staging. */
+  if (h->bypasses != mh->bypasses || h->bypasses > h->accesses ||
+      h->bypasses + gens > h->accesses)
+    return BAD_POOL("pool %s is inconsistent: %llu bypasses", name,
+                    (unsigned long long)h->bypasses);
+  if (h->staging_slots > ((uint64_t)1 << 20) || h->staging_slot_bytes > ((uint64_t)1 << 32) + 4096 ||
+      (h->staging_slots != 0) != (h->bclaim_off != 0) ||
+      (h->staging_slots != 0 && (h->staging_slot_bytes == 0 || h->staging_slot_bytes % 4096 != 0)))
+    return BAD_POOL("pool %s is inconsistent: %llu staging slots of %llu bytes", name,
+                    (unsigned long long)h->staging_slots,
+                    (unsigned long long)h->staging_slot_bytes);
+  if (!region_ok(h->gclaim_off, gens, 4, 4, end, sz))
+    return BAD_POOL("pool %s is inconsistent: generation claims out of bounds", name);
+  end = h->gclaim_off + gens * 4;
+  if (h->bclaim_off != 0) {
+    if (!region_ok(h->bclaim_off, h->bypasses, 4, 4, end, sz))
+      return BAD_POOL("pool %s is inconsistent: bypass claims out of bounds", name);
+    end = h->bclaim_off + h->bypasses * 4;
+  }
+  if (!region_ok(h->slot_len_off, h->staging_slots, sizeof(slot_state), 8, end, sz))
+    return BAD_POOL("pool %s is inconsistent: staging slot states out of bounds", name);
+  end = h->slot_len_off + h->staging_slots * sizeof(slot_state);
+  /* Then the payload pages and the staging slots, which end the segment. */
+  if (!region_ok(h->payload_off, h->pages, h->page_size, 64, end, sz) ||
+      h->staging_off != h->payload_off + h->pages * h->page_size ||
+      !region_ok(h->staging_off, h->staging_slots, h->staging_slot_bytes, 64, h->staging_off, sz) ||
+      h->staging_off + h->staging_slots * h->staging_slot_bytes != sz)
+    return BAD_POOL("pool %s is inconsistent: payload and staging do not end the segment", name);
+  /* The meta segment's arrays (read-only, so order does not matter). */
+  const uint64_t ms = msize, lo = sizeof(meta_header);
+  if (!region_ok(mh->seq_off, h->accesses, 4, 4, lo, ms) ||
+      !region_ok(mh->rt_off, h->accesses, 4, 4, lo, ms) ||
+      !region_ok(mh->gens_off, gens, sizeof(gen_rec), 8, lo, ms) ||
+      !region_ok(mh->list_off, mh->list_len, sizeof(list_ent), 4, lo, ms) ||
+      !region_ok(mh->bpos_off, mh->bypasses, 4, 4, lo, ms))
+    return BAD_POOL("pool %s is inconsistent: plan arrays out of bounds", name);
+  if ((h->occ_count_off != 0) != (mh->occ_start_off != 0) ||
+      (mh->occ_start_off != 0) != (mh->occ_pos_off != 0))
+    return BAD_POOL("pool %s is inconsistent: half an occurrence index", name);
+  if (mh->occ_start_off != 0 && (!region_ok(mh->occ_start_off, h->items + 1, 8, 8, lo, ms) ||
+                                 !region_ok(mh->occ_pos_off, h->accesses, 4, 4, lo, ms)))
+    return BAD_POOL("pool %s is inconsistent: occurrence index out of bounds", name);
+  return 0;
+}
+
+int opt4__pool_check_meta(const void *base, size_t size, const void *meta, size_t msize,
+                          const char *name) {
+  (void)size;
+  (void)msize;
+  const pool_header *h = (const pool_header *)base;
+  const meta_header *mh = (const meta_header *)meta;
+  const uint8_t *m = (const uint8_t *)meta;
+  const uint32_t *seq = (const uint32_t *)(const void *)(m + mh->seq_off);
+  const uint32_t *rt = (const uint32_t *)(const void *)(m + mh->rt_off);
+  const gen_rec *gr = (const gen_rec *)(const void *)(m + mh->gens_off);
+  const list_ent *le = (const list_ent *)(const void *)(m + mh->list_off);
+  const uint32_t *bpos = (const uint32_t *)(const void *)(m + mh->bpos_off);
+  const uint64_t T = h->accesses, G = h->generations;
+  for (uint64_t k = 0; k < h->bypasses; k++)
+    if (bpos[k] >= T || rt[bpos[k]] != ((OPT4_OP_BYPASS << 30) | (uint32_t)k))
+      return BAD_POOL("pool %s: BYPASS %llu's position is inconsistent", name,
+                      (unsigned long long)k);
+  for (uint64_t t = 0; t < T; t++) {
+    uint32_t v = rt[t], kind = RT_KIND(v), g = RT_GEN(v);
+    if (seq[t] >= h->items) return BAD_POOL("pool %s: item %u at position %llu is out of range",
+                                            name, seq[t], (unsigned long long)t);
+    if (kind == OPT4_OP_BYPASS) {
+      /* The low bits are the BYPASS's ordinal, and bpos maps it back. */
+      if (g >= h->bypasses || bpos[g] != t)
+        return BAD_POOL("pool %s: BYPASS at position %llu has a bad ordinal %u", name,
+                        (unsigned long long)t, g);
+      continue;
+    }
+    if (kind > OPT4_OP_BYPASS || g >= G)
+      return BAD_POOL("pool %s: position %llu has a bad decision 0x%08x", name,
+                      (unsigned long long)t, v);
+    if (kind == OPT4_OP_ADMIT ? gr[g].admit != t : gr[g].admit >= t)
+      return BAD_POOL("pool %s: position %llu names generation %u, admitted at %u", name,
+                      (unsigned long long)t, g, gr[g].admit);
+  }
+  for (uint64_t g = 0; g < G; g++) {
+    const gen_rec *r = &gr[g];
+    if (r->admit >= T || rt[r->admit] != ((OPT4_OP_ADMIT << 30) | (uint32_t)g) ||
+        r->last_read >= T || r->reads > T || r->npages == 0 ||
+        r->list_off > mh->list_len || r->npages > mh->list_len - r->list_off)
+      return BAD_POOL("pool %s: generation %llu is inconsistent", name, (unsigned long long)g);
+    for (uint32_t i = 0; i < r->npages; i++) {
+      const list_ent *e = &le[r->list_off + i];
+      if (e->page >= h->pages || (e->prev_gen != NO_GEN && e->prev_gen >= g))
+        return BAD_POOL("pool %s: generation %llu's page list is inconsistent", name,
+                        (unsigned long long)g);
+    }
+  }
+  if (mh->occ_start_off != 0) {
+    const uint64_t *start = (const uint64_t *)(const void *)(m + mh->occ_start_off);
+    const uint32_t *pos = (const uint32_t *)(const void *)(m + mh->occ_pos_off);
+    if (start[0] != 0 || start[h->items] != T)
+      return BAD_POOL("pool %s: occurrence index is inconsistent", name);
+    for (uint64_t i = 0; i < h->items; i++) {
+      if (start[i + 1] < start[i] || start[i + 1] > T)
+        return BAD_POOL("pool %s: occurrence index is inconsistent", name);
+      for (uint64_t k = start[i]; k < start[i + 1]; k++)
+        if (pos[k] >= T || seq[pos[k]] != i || (k > start[i] && pos[k] <= pos[k - 1]))
+          return BAD_POOL("pool %s: occurrence index is inconsistent", name);
+    }
+  }
+  return 0;
+}
+
 static int open_map(const char *name, int writable, void **map, size_t *size) {
   int fd = shm_open(name, writable ? O_RDWR | O_CLOEXEC : O_RDONLY | O_CLOEXEC, 0);
   if (fd < 0)
@@ -388,10 +614,20 @@ static int open_map(const char *name, int writable, void **map, size_t *size) {
     close(fd);
     return opt4__fail(OPT4_EPOOL, "pool segment %s is too small to be a pool", name);
   }
-  if (st.st_uid != getuid()) {
+  /* Pools are this user's and nobody else's: a segment owned by another
+   * uid, or that others may read or write, was not made by this library
+   * (or has been tampered with), so it is refused before it is mapped. */
+  if (!S_ISREG(st.st_mode) || st.st_uid != getuid()) {
     close(fd);
-    return opt4__fail(OPT4_EPOOL, "pool segment %s belongs to uid %u, not to this user (%u)",
+    return opt4__fail(OPT4_EPOOL, "pool segment %s belongs to uid %u, not to this user (%u): "
+                      "refused (a pool name taken by another user?)",
                       name, (unsigned)st.st_uid, (unsigned)getuid());
+  }
+  if ((st.st_mode & 077) != 0) {
+    close(fd);
+    return opt4__fail(OPT4_EPOOL, "pool segment %s has mode %03o; pools are created 0600, so "
+                      "this one was made or changed by something else: refused",
+                      name, (unsigned)(st.st_mode & 0777));
   }
   *size = (size_t)st.st_size;
   int rc = map_fd(fd, *size, writable, map);
@@ -424,27 +660,8 @@ int opt4_pool_attach(const char *name, opt4_pool **out) {
   if (rc != 0) goto fail;
   pool->meta = meta;
   pool->meta_size = msize;
-  const pool_header *h = (const pool_header *)base;
-  const meta_header *mh = (const meta_header *)meta;
-  if (size < POOL_HEADER_SIZE || memcmp(h->magic, POOL_MAGIC, 8) != 0 ||
-      memcmp(mh->magic, META_MAGIC, 8) != 0) {
-    rc = opt4__fail(OPT4_EPOOL, "%s is not an opt4 pool (bad magic)", name);
-    goto fail;
-  }
-  atomic_thread_fence(memory_order_acquire);
-  if (h->layout != POOL_LAYOUT || mh->layout != POOL_LAYOUT) {
-    rc = opt4__fail(OPT4_EPOOL, "pool %s has layout %u; this library uses %u (mixed "
-                    "opt4torch versions in one run?)", name, h->layout, POOL_LAYOUT);
-    goto fail;
-  }
-  if (h->segment_size != size || h->meta_size != msize || mh->size != msize ||
-      h->payload_off + h->pages * h->page_size != h->staging_off ||
-      h->staging_off + h->staging_slots * h->staging_slot_bytes != size ||
-      h->bypasses != mh->bypasses ||
-      h->fingerprint != mh->fingerprint || h->owner_uid != (uint32_t)getuid()) {
-    rc = opt4__fail(OPT4_EPOOL, "pool %s is inconsistent (sizes or fingerprint)", name);
-    goto fail;
-  }
+  rc = opt4__pool_check_header(base, size, meta, msize, (uint32_t)getuid(), name);
+  if (rc != 0) goto fail;
   bind_views(pool);
   rc = opt4__pool_register(pool);
   if (rc != 0) goto fail;
@@ -511,7 +728,8 @@ static int read_owner(const char *name, uint32_t *pid, uint64_t *start, uint64_t
   if (fd < 0) return -1;
   struct stat st;
   pool_header h;
-  int ok = fstat(fd, &st) == 0 && st.st_size >= (off_t)sizeof h &&
+  int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid() &&
+           st.st_size >= (off_t)sizeof h &&
            pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && memcmp(h.magic, POOL_MAGIC, 8) == 0;
   close(fd);
   if (!ok) return -1;
@@ -559,6 +777,10 @@ int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx) {
     char name[POOL_NAME_MAX];
     name[0] = '/';
     memcpy(name + 1, e->d_name, len + 1); /* len + 2 <= POOL_NAME_MAX, checked above */
+    /* Another user's file under this user's prefix is a squatter's, not a
+     * pool of ours: not listed, so never taken for stale and removed. */
+    struct stat st;
+    if (shm_lstat(name, &st) != 0 || st.st_uid != getuid()) continue;
     uint32_t pid = 0;
     uint64_t start = 0, bytes = 0;
     int alive = 0;
@@ -581,6 +803,12 @@ int opt4_pool_remove(const char *name, int force) {
   if (name == NULL || strncmp(name, "/opt4-", 6) != 0 || strchr(name + 1, '/') ||
       strlen(name) >= POOL_NAME_MAX)
     return opt4__fail(OPT4_EINVAL, "\"%s\" is not an opt4 pool name", name ? name : "(null)");
+  /* Never remove what is not this user's, even with force (root could). A
+   * symlink of ours is removed as a name, never followed. */
+  struct stat st;
+  if (shm_lstat(name, &st) == 0 && st.st_uid != getuid())
+    return opt4__fail(OPT4_EPOOL, "%s belongs to uid %u, not to this user (%u): not removed", name,
+                      (unsigned)st.st_uid, (unsigned)getuid());
   uint32_t pid;
   uint64_t start, bytes;
   if (!force) {

@@ -33,3 +33,17 @@ def script(name: str) -> str:
     if not os.path.exists(path):
         raise RuntimeError(f"{name} is not installed beside {sys.executable}: run `make install`")
     return path
+
+
+
+def leaked_since(before: set[str]) -> set[str]:
+    """Pools that appeared since `before` and are owned by this process: a
+    test's leak. On a machine where another job of the same user runs its own
+    tests at the same time (the shared dev machine), that job's pools come
+    and go, live ones and, for a moment, those of owners it killed on purpose;
+    none of them is this run's. Pools of this run's own subprocesses are
+    checked by the tests that make them."""
+    from opt4torch import _engine
+
+    me = os.getpid()
+    return {p["name"] for p in _engine.pool_list() if p["name"] not in before and p["owner_pid"] == me}

@@ -22,6 +22,7 @@ from datasets_for_tests import Checked, Mixed, Resized, Unaligned, expected_tens
 from torch.utils.data import RandomSampler
 
 import opt4torch
+from conftest import leaked_since
 from opt4torch import _engine, reference
 
 N_ITEMS, CAPACITY, BATCH, EPOCHS = 240, 80, 16, 2
@@ -35,7 +36,7 @@ def our_pools() -> set[str]:
 def no_leaked_pools():
     before = our_pools()
     yield
-    leaked = our_pools() - before
+    leaked = leaked_since(before)
     assert not leaked, f"pools left behind: {leaked}"
 
 

@@ -1,7 +1,8 @@
 # OPT4TorchDataset developer entry points. Everything runs from a fresh clone:
 # the first target that needs it creates .venv with the pinned dependencies.
 #
-#   make demo    capture a seeded sampler, plan, compare OPT with LRU/FIFO
+#   make demo    capture a seeded sampler, plan, compare OPT with LRU/FIFO; then train a
+#                small CNN end to end against no cache, LRU and in memory (tables, plots in out/)
 #   make test    every test: C (plain, ASan+UBSan, TSan), the binding under ASan+UBSan, fuzz smoke, Python
 #   make bench   the benchmarks (writes bench/results/*.json)
 #   make bench-e2e  a real training loop on an emulated slow store, every cache side by side

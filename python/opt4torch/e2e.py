@@ -813,6 +813,7 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
     ap.add_argument("--data", default="out/e2e-data", help="where the JPEGs and the record file go "
                     "(made once, reused; a disk, not tmpfs, for O_DIRECT)")
     ap.add_argument("--out", default="bench/results", help="where e2e.md, e2e.json and the plots go")
+    ap.add_argument("--name", default="e2e", help="file name prefix of the outputs (default: %(default)s)")
     ap.add_argument("--no-plots", action="store_true")
     a = ap.parse_args(argv)
     setup = Setup(images=a.images, classes=a.classes, image_size=a.image_size, crop=a.crop, epochs=a.epochs,
@@ -829,6 +830,6 @@ def main(argv: Sequence[str] | None = None, machine: dict[str, Any] | None = Non
     result = run(setup, path, log=lambda m: print(m, file=sys.stderr))
     result["command"] = ["python", "bench/e2e.py", *(argv if argv is not None else sys.argv[1:])]
     print(markdown(result))
-    written = write_outputs(result, a.out, machine, plots=not a.no_plots)
+    written = write_outputs(result, a.out, machine, prefix=a.name, plots=not a.no_plots)
     print("\nwrote " + ", ".join(written))
     return 0

@@ -735,7 +735,7 @@ def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]
         ax.set_title(s)
         ax.set_xlabel("epoch time (s), median")
         ax.set_xlim(0, max(vals) * 1.25)
-        ax.invert_yaxis() if ax is axes[0][0] else None
+    axes[0][0].invert_yaxis()  # shared by all panels: the first configuration on top
     axes[0][0].set_yticks(range(len(configs)), configs)
     fig.suptitle("Epoch time, median (lower is better)")
     fig.tight_layout()
@@ -744,21 +744,22 @@ def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]
     plt.close(fig)
     written.append(p)
 
-    fig, axes = plt.subplots(1, len(samplers), figsize=(4.2 * len(samplers) + 1, 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(samplers), figsize=(4.2 * len(samplers) + 1, 0.42 * len(configs) + 1.6),
+                             sharey=True, squeeze=False)
     for ax, s in zip(axes[0], samplers):
-        for c in configs:
-            v = summ[s][c]
-            ax.scatter(v["storage_bytes"] / 1e6, v["epoch_s"], color=colour[c], s=30)
-            ax.annotate(f"{c} ({v['hit_rate']:.0%})", (v["storage_bytes"] / 1e6, v["epoch_s"]), fontsize=7,
-                        xytext=(4, 2), textcoords="offset points")
+        rates = [summ[s][c]["hit_rate"] * 100 for c in configs]
+        ax.barh(range(len(configs)), rates, color=[colour[c] for c in configs])
+        for i, c in enumerate(configs):
+            ax.text(rates[i], i, f" {rates[i]:.0f}%, {summ[s][c]['storage_bytes'] / 1e6:.1f} MB read",
+                    va="center", fontsize=8)
         ax.set_title(s)
-        ax.set_xlabel("MB read from storage")
-        ax.set_ylabel("epoch time (s)")
-        ax.set_ylim(bottom=0)
-        ax.set_xlim(-1, max(summ[s][c]["storage_bytes"] for c in configs) / 1e6 * 1.45 + 1)
-    fig.suptitle("Bytes read and epoch time (hit rate in brackets)")
+        ax.set_xlabel("hit rate (%), and MB read from storage")
+        ax.set_xlim(0, 165)
+    axes[0][0].invert_yaxis()
+    axes[0][0].set_yticks(range(len(configs)), configs)
+    fig.suptitle("Hit rate and bytes read from storage (higher hit rate, fewer bytes: better)")
     fig.tight_layout()
-    p = os.path.join(out_dir, f"{prefix}-bytes-vs-time.png")
+    p = os.path.join(out_dir, f"{prefix}-hits.png")
     fig.savefig(p, dpi=110)
     plt.close(fig)
     written.append(p)
@@ -815,6 +816,8 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
     ap.add_argument("--out", default="bench/results", help="where e2e.md, e2e.json and the plots go")
     ap.add_argument("--name", default="e2e", help="file name prefix of the outputs (default: %(default)s)")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--from-json", default=None, metavar="PATH",
+                    help="do not run: rewrite the table and plots of an earlier run's JSON")
     a = ap.parse_args(argv)
     setup = Setup(images=a.images, classes=a.classes, image_size=a.image_size, crop=a.crop, epochs=a.epochs,
                   batch=a.batch, workers=a.workers, capacity=a.capacity, latency=a.latency,
@@ -826,6 +829,13 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
 
 def main(argv: Sequence[str] | None = None, machine: dict[str, Any] | None = None) -> int:
     setup, a = _argv_setup(argv)
+    if a.from_json:
+        with open(a.from_json) as f:
+            result = json.load(f)
+        machine = result.pop("machine", None) or machine
+        print(markdown(result))
+        print("\nwrote " + ", ".join(write_outputs(result, a.out, machine, prefix=a.name, plots=not a.no_plots)))
+        return 0
     path = prepare_data(a.data, setup, log=lambda m: print(m, file=sys.stderr))
     result = run(setup, path, log=lambda m: print(m, file=sys.stderr))
     result["command"] = ["python", "bench/e2e.py", *(argv if argv is not None else sys.argv[1:])]

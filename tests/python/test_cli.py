@@ -150,7 +150,7 @@ def test_demo_runs(tmp_path) -> None:
     # The end-to-end part: the table, its files (all inside --out), and the
     # hits observed with worker processes are the plan's.
     assert "| OPT + prefetch |" in r.stdout and "| in memory |" in r.stdout
-    for name in ("e2e.md", "e2e.json", "e2e-epoch-time.png", "e2e-bytes-vs-time.png"):
+    for name in ("e2e.md", "e2e.json", "e2e-epoch-time.png", "e2e-hits.png"):
         assert (tmp_path / "out" / name).exists(), name
     observed = re.search(r"hits observed\s+([\d,]+)", r.stdout)
     promised = re.search(r"hits the plan promised\s+([\d,]+)\s+fallbacks 0, timeouts 0", r.stdout)

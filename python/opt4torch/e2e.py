@@ -669,7 +669,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{'O_DIRECT' if s.direct else 'buffered reads'} ({lat['read_note']}) and "
         f"{s.latency * 1e3:g} ms + mean record / {s.bandwidth / 1e6:g} MB/s = {lat['latency_s'] * 1e3:.2f} ms "
         f"per read, emulated in C for every reader. OPT + prefetch: {s.threads} C threads. "
-        f"Medians of {s.repeats} repeat(s).",
+        + (f"Medians of {s.repeats} repeats." if s.repeats > 1 else "One run each: single numbers, not medians."),
         "",
     ]
     for sampler, rows in summ.items():

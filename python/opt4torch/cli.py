@@ -663,7 +663,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="only list")
     p.set_defaults(func=_cmd_cleanup)
 
-    p = sub.add_parser("demo", help="capture, plan and compare with LRU/FIFO on a generated default")
+    p = sub.add_parser("demo", help="capture, plan and compare with LRU/FIFO on a generated default, "
+                                    "then train a small CNN end to end against no cache, LRU and in memory")
     p.add_argument("--items", type=int, default=50_000, help="dataset size (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=5, help="epochs (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)

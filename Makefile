@@ -1,9 +1,11 @@
 # OPT4TorchDataset developer entry points. Everything runs from a fresh clone:
 # the first target that needs it creates .venv with the pinned dependencies.
 #
-#   make demo    capture a seeded sampler, plan, compare OPT with LRU/FIFO
+#   make demo    capture a seeded sampler, plan, compare OPT with LRU/FIFO; then train a
+#                small CNN end to end against no cache, LRU and in memory (tables, plots in out/)
 #   make test    every test: C (plain, ASan+UBSan, TSan), the binding under ASan+UBSan, fuzz smoke, Python
 #   make bench   the benchmarks (writes bench/results/*.json)
+#   make bench-e2e  a real training loop on an emulated slow store, every cache side by side
 
 PYTHON ?= python3
 VENV   := .venv
@@ -15,7 +17,7 @@ JOBS   ?= 2
 # the checked-in corpus is replayed either way).
 FUZZ_SECONDS ?= 60
 
-.PHONY: all demo install test test-c test-asan test-asan-binding test-tsan test-fuzz test-python bench clean \
+.PHONY: all demo install test test-c test-asan test-asan-binding test-tsan test-fuzz test-python bench bench-e2e clean \
 	fuzz-long test-kill-long
 
 all: test
@@ -103,6 +105,13 @@ bench: install
 	$(PY) bench/sim_speed.py
 	CMAKE=$(abspath $(VENV)/bin/cmake) $(PY) bench/lookup.py
 	$(PY) bench/compat_modes.py
+
+# End to end: a small CNN trained on generated JPEGs read from an emulated slow
+# store, under no cache, cachetools, a shared LRU, a static cache, OPT, OPT +
+# prefetch and in memory; writes bench/results/e2e.{md,json} and the plots
+# (the data is generated once into out/e2e-data).
+bench-e2e: install
+	$(PY) bench/e2e.py
 
 clean:
 	rm -rf build dist out *.egg-info

@@ -519,95 +519,55 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-class _FileImages:
-    """The demo's dataset: images stored one per file, zlib-compressed (the
-    core of PNG), read and decompressed on every load, so a load costs about
-    what decoding a small image does (~0.3 ms here for 3x128x128)."""
-
-    def __init__(self, root: str, n: int, shape: tuple[int, int, int]) -> None:
-        self.root, self.n, self.shape = root, n, shape
-
-    @staticmethod
-    def make(root: str, n: int, shape: tuple[int, int, int], seed: int) -> _FileImages:
-        import zlib
-
-        rng = np.random.default_rng(seed)
-        h, w, c = shape
-        y, x = np.mgrid[0:h, 0:w]
-        noise = rng.integers(0, 8, size=shape)
-        os.makedirs(root, exist_ok=True)
-        for i in range(n):
-            # Smooth gradients with a little noise: compressible, like a photo.
-            a, b = rng.integers(1, 9, size=2)
-            img = ((x * a + y * b + i)[..., None] + noise) % 256
-            with open(os.path.join(root, f"{i:06d}.z"), "wb") as f:
-                f.write(zlib.compress(img.astype(np.uint8).tobytes(), 1))
-        return _FileImages(root, n, shape)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        import zlib
-
-        import torch
-
-        with open(os.path.join(self.root, f"{i:06d}.z"), "rb") as f:
-            data = np.frombuffer(zlib.decompress(f.read()), dtype=np.uint8).reshape(self.shape)
-        return torch.from_numpy(data.transpose(2, 0, 1).copy()), i
+#: The demo's end-to-end configurations (bench/e2e.py runs all of them).
+DEMO_CONFIGS = ("no cache", "LRU (cachetools)", "OPT", "OPT + prefetch", "in memory")
 
 
 def _demo_loader(args: argparse.Namespace) -> None:
-    """The product end to end: a generated image dataset on disk, trained for
-    a few epochs through opt4torch.DataLoader with worker processes."""
-    import tempfile
+    """The product end to end, small: generated JPEGs in a record file on an
+    emulated slow store, a CNN trained for a few epochs with two workers,
+    against no cache, a per-worker LRU and everything in memory."""
+    from . import e2e
 
-    import torch
-    from torch.utils.data import DataLoader as TorchLoader, RandomSampler
+    configs = list(DEMO_CONFIGS)
+    try:
+        import cachetools  # noqa: F401
+    except ImportError:
+        configs.remove("LRU (cachetools)")
+        print("(cachetools is not installed: the per-worker LRU row is left out; pip install cachetools)")
+    setup = e2e.Setup(images=args.loader_items, epochs=3, repeats=1, latency=args.latency,
+                      seed=args.seed, configs=configs, samplers=["shuffle"])
+    print(f"End to end: a small CNN trained {setup.epochs} epochs on {setup.images:,} generated JPEGs, "
+          f"{setup.workers} workers, cache of {setup.capacity:.0%}; every configuration reads one record file "
+          f"with O_DIRECT and {setup.latency * 1e3:g} ms + size/{setup.bandwidth / 1e6:g} MB/s per read "
+          "(an emulated remote store). One run each, so single numbers, not medians.")
+    t0 = time.perf_counter()
+    path = e2e.prepare_data(os.path.join(args.out, "e2e-data"), setup, log=lambda m: print("  " + m))
+    result = e2e.run(setup, path, log=lambda m: print(m, flush=True))
+    result["command"] = ["opt4torch", "demo"]
+    print()
+    print(e2e.markdown(result))
+    pf = result["runs"]["shuffle"].get("OPT + prefetch", [None])[0]
+    if pf is not None:
+        print(f"\nOPT + prefetch, exactly as planned:\n"
+              f"  samples served             {pf['samples']:,}\n"
+              f"  hits observed              {pf['hits']:,}\n"
+              f"  hits the plan promised     {pf['plan_hits']:,}   fallbacks {pf['fallbacks']}, "
+              f"timeouts {pf['timeouts']}\n"
+              f"  bytes read from storage    {pf['storage_bytes']:,} (the plan's misses: {pf['plan_miss_bytes']:,})")
+    written = e2e.write_outputs(result, args.out, plots=_have_matplotlib())
+    print(f"\nTable and plots written to {os.path.abspath(args.out)}/: "
+          + ", ".join(os.path.basename(p) for p in written)
+          + f" ({time.perf_counter() - t0:.0f} s). The full comparison (cachetools LFU/FIFO/RR, a shared "
+          "LRU, a static cache; sampling with replacement and class-balanced): make bench-e2e")
 
-    from . import DataLoader
-    from .sim import simulate
 
-    n, epochs, workers = args.loader_items, 3, 2
-    with tempfile.TemporaryDirectory(prefix="opt4-demo-") as root:
-        t0 = time.perf_counter()
-        ds = _FileImages.make(root, n, (128, 128, 3), args.seed)
-        print(f"opt4torch.DataLoader: {n:,} generated images on disk (3x128x128, zlib), {epochs} epochs, "
-              f"{workers} workers, cache of half the decoded data ({time.perf_counter() - t0:.1f} s to write)")
-        timings = {}
-        for name in ("torch DataLoader", "opt4torch.DataLoader"):
-            if name.startswith("torch"):
-                loader: Any = TorchLoader(ds, batch_size=64, num_workers=workers,
-                                          sampler=RandomSampler(ds, generator=torch.Generator().manual_seed(args.seed)))
-            else:
-                loader = DataLoader(ds, batch_size=64, shuffle=True, seed=args.seed, num_workers=workers,
-                                    cache_items=n // 2, epochs=epochs, multiprocessing_context="fork")
-            t0 = time.perf_counter()
-            checked = 0
-            for _ in range(epochs):
-                for x, idx in loader:
-                    checked += len(idx)
-            timings[name] = time.perf_counter() - t0
-            if name.startswith("opt4torch"):
-                st = loader.cache.stats()
-                plan = loader.cache.plan
-                lru = simulate("lru", plan.seq, n // 2, items=n)["hits"]
-                loader.cache.close()
-        print(f"  samples served             {checked:,}")
-        print(f"  hits observed              {st['hits']:,} ({st['hit_rate']:.2%})")
-        print(f"  hits the plan promised     {st['plan_hits']:,}   fallbacks {st['fallbacks']}, timeouts {st['timeouts']}")
-        print(f"  LRU at the same size       {lru:,} hits (simulated on the same order)")
-        for name, sec in timings.items():
-            print(f"  {name:<26} {sec:.2f} s for {epochs} epochs")
-        t0 = time.perf_counter()
-        probe = min(n, 200)
-        for i in range(probe):
-            ds[i]
-        per_item_ms = (time.perf_counter() - t0) / probe * 1e3
-        print(f"  (wall times on a shared 2-core machine are noisy; the hit counts are exact. An item\n"
-              f"   here loads in {per_item_ms:.2f} ms from the page cache; a hit saves that load, so the\n"
-              f"   cache pays where loading costs more: slow or network storage, heavy decoding)")
-
+def _have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 # ---- record files ----
@@ -748,14 +708,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="only list")
     p.set_defaults(func=_cmd_cleanup)
 
-    p = sub.add_parser("demo", help="capture, plan and compare with LRU/FIFO on a generated default")
+    p = sub.add_parser("demo", help="capture, plan and compare with LRU/FIFO on a generated default, "
+                                    "then train a small CNN end to end against no cache, LRU and in memory")
     p.add_argument("--items", type=int, default=50_000, help="dataset size (default: %(default)s)")
     p.add_argument("--epochs", type=int, default=5, help="epochs (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--capacities", default="10%,25%,50%,75%", help="cache sizes (default: %(default)s)")
     p.add_argument("--out", default="out", help="directory for the plans (default: %(default)s)")
-    p.add_argument("--loader-items", type=int, default=2000,
-                   help="images in the DataLoader part (0 skips it; default: %(default)s)")
+    p.add_argument("--loader-items", type=int, default=1000,
+                   help="JPEGs in the end-to-end training part (0 skips it; default: %(default)s)")
+    p.add_argument("--latency", type=float, default=0.005,
+                   help="seconds of emulated latency per read in the training part (default: %(default)s)")
     p.set_defaults(func=_cmd_demo)
     return parser
 

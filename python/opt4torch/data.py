@@ -231,19 +231,20 @@ class OPTCache:
             # before they can be stored), or the wait timeout.
             import time
 
+            # Wait while the prefetchers make progress. The rest of the head
+            # start may wait on reads only the workers make (an ADMIT whose
+            # slot still holds an item to be read, a full staging ring: a
+            # small cache against a large head start), so once nothing has
+            # loaded for a while, stop waiting rather than wait out the timeout.
             now = time.monotonic()
             deadline = now + self._pool.info()["wait_timeout_ms"] / 1000
-            last, since = -1, now
-            while now < deadline:
-                left = self._pool.prefetch_pending(*head_start)
-                if left == 0:
-                    break
-                if left != last:
-                    last, since = left, now
-                elif now - since > 0.05:
-                    break
+            pending, progress_at = self._pool.prefetch_pending(*head_start), now
+            while pending and now < deadline and now - progress_at < 0.05:
                 time.sleep(0.0005)
                 now = time.monotonic()
+                left = self._pool.prefetch_pending(*head_start)
+                if left < pending:
+                    pending, progress_at = left, now
 
     def stop_prefetch(self) -> None:
         """Stop the prefetcher's threads (their items in hand go back to the

@@ -142,11 +142,16 @@ def test_python_dash_m_and_version() -> None:
 
 
 def test_demo_runs(tmp_path) -> None:
-    r = run("demo", "--items", "2000", "--epochs", "3", "--out", str(tmp_path / "out"))
+    r = run("demo", "--items", "2000", "--epochs", "3", "--out", str(tmp_path / "out"),
+            "--loader-items", "120", "--latency", "0.001")
     assert r.returncode == 0, r.stderr
     assert "OPT" in r.stdout and "LRU" in r.stdout
     assert opt4torch.load_plan(tmp_path / "out" / "demo-shuffle.opt4").accesses == 6000
-    # The DataLoader part: the hits observed with worker processes are the plan's.
+    # The end-to-end part: the table, its files (all inside --out), and the
+    # hits observed with worker processes are the plan's.
+    assert "| OPT + prefetch |" in r.stdout and "| in memory |" in r.stdout
+    for name in ("e2e.md", "e2e.json", "e2e-epoch-time.png", "e2e-hits.png"):
+        assert (tmp_path / "out" / name).exists(), name
     observed = re.search(r"hits observed\s+([\d,]+)", r.stdout)
     promised = re.search(r"hits the plan promised\s+([\d,]+)\s+fallbacks 0, timeouts 0", r.stdout)
     assert observed and promised, r.stdout

@@ -304,3 +304,29 @@ def test_prefetch_argument_errors(record_path: str) -> None:
         opt4torch.DataLoader(rf, batch_size=4, cache_items=10, lookahead=0)
     with pytest.raises(ValueError, match="staging_slots"):
         opt4torch.DataLoader(rf, batch_size=4, cache_items=10, staging_slots=-1)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_head_start_does_not_wait_out_the_timeout(record_path: str) -> None:
+    """A cache much smaller than the head start (the batches handed out
+    first): part of the head start can only load after the workers read, so
+    the first batch must not wait for all of it (it waited the whole
+    wait_timeout, 10 s, before)."""
+    rf = RecordFile(record_path, latency=0.0002)
+    loader = opt4torch.DataLoader(rf, batch_size=64, shuffle=True, seed=1, num_workers=2,
+                                  multiprocessing_context="fork", cache_items=10, epochs=2,
+                                  staging_slots=4, prefetch_threads=4, collate_fn=list)
+    try:
+        t0 = time.monotonic()
+        it = iter(loader)
+        next(it)
+        first = time.monotonic() - t0
+        for _ in it:
+            pass
+        for _ in loader:
+            pass
+        st = loader.cache.stats()
+        assert st["hits"] == st["plan_hits"] and st["fallbacks"] == 0, st
+        assert first < 5.0, f"the first batch took {first:.1f} s"
+    finally:
+        loader.cache.close()

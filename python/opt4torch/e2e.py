@@ -1,0 +1,845 @@
+"""End to end: a real training loop, the caches users would otherwise write,
+side by side (``bench/e2e.py``; a small version ends ``opt4torch demo``).
+
+The data: a generated image-classification dataset of JPEG files in the
+``ImageFolder`` layout (classes of unequal sizes), packed into one record file
+(:func:`opt4torch.records.image_folder_to_records`). Every configuration reads
+it through the same reader, :class:`opt4torch.records.RecordFile` with
+``O_DIRECT`` (no page cache) and an emulated latency per read applied in C,
+whoever reads (a worker, or a prefetch thread). Bandwidth is folded into that
+latency: ``latency + mean record size / bandwidth`` for every read, the same for
+every configuration (the C prefetcher reads without Python, so a Python-side
+bandwidth sleep would not apply to it).
+
+What is cached is the record (the encoded JPEG and its label). Decoding with
+PIL and a random crop and flip run after the cache, in the DataLoader workers;
+a small CNN trains on the batches in the main process (one thread, CPU).
+
+Configurations (see :data:`CONFIGS`): no cache; per-worker ``cachetools``
+LRU, LFU, FIFO and RR caches of C items each (as users write them: W workers
+hold W x C items in all); one LRU shared by the workers through a
+``multiprocessing`` manager; a static cache of the first C distinct items,
+shared by the workers; opt4torch's OPT, without and with prefetch; and
+everything in memory (the limit). Each configuration runs in its own process,
+so its CPU time and peak memory are its own.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import mmap
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Setup", "CONFIGS", "SAMPLERS", "prepare_data", "run", "markdown", "plot", "targets"]
+
+#: The configurations, in the order the tables list them.
+CONFIGS = (
+    "no cache",
+    "LRU (cachetools)",
+    "LFU (cachetools)",
+    "FIFO (cachetools)",
+    "RR (cachetools)",
+    "shared LRU",
+    "static",
+    "OPT",
+    "OPT + prefetch",
+    "in memory",
+)
+CACHETOOLS = {"LRU (cachetools)": "LRUCache", "LFU (cachetools)": "LFUCache",
+              "FIFO (cachetools)": "FIFOCache", "RR (cachetools)": "RRCache"}
+#: Sampling: epoch shuffle, uniform with replacement, class-balanced weighted.
+SAMPLERS = ("shuffle", "replacement", "balanced")
+
+
+@dataclass
+class Setup:
+    """One run's parameters (bench/e2e.py's options)."""
+
+    images: int = 1000
+    classes: int = 10
+    image_size: int = 80          # generated images are image_size x image_size JPEGs
+    crop: int = 64                # random crop the model sees
+    epochs: int = 3
+    batch: int = 64
+    workers: int = 2
+    capacity: float = 0.5         # cache size as a share of the images (items)
+    latency: float = 0.005        # seconds per read, before bandwidth
+    bandwidth: float = 100e6      # bytes/s of one read, folded into the latency
+    direct: bool = True
+    threads: int = 32             # prefetch threads
+    lookahead: int = 4096
+    repeats: int = 3
+    seed: int = 0
+    configs: list[str] = field(default_factory=lambda: list(CONFIGS))
+    samplers: list[str] = field(default_factory=lambda: list(SAMPLERS))
+
+    @property
+    def capacity_items(self) -> int:
+        return max(1, int(round(self.capacity * self.images)))
+
+
+# ---- the data ----
+
+
+def _class_sizes(n: int, classes: int) -> list[int]:
+    """Unequal classes (sizes proportional to 1/(k+1)), so class-balanced
+    sampling draws the small classes' images more often."""
+    w = np.array([1.0 / (k + 1) for k in range(classes)])
+    sizes = np.floor(w / w.sum() * n).astype(int)
+    sizes = np.maximum(sizes, 1)
+    sizes[0] += n - int(sizes.sum())
+    return [int(s) for s in sizes]
+
+
+def make_image_folder(root: str, n: int, classes: int, size: int, seed: int) -> None:
+    """``root/class_k/img_i.jpg``: each class a colour and a stripe direction,
+    with noise, so the CNN has something to learn."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:size, 0:size].astype(np.float32)
+    i = 0
+    for k, count in enumerate(_class_sizes(n, classes)):
+        d = os.path.join(root, f"class_{k:02d}")
+        os.makedirs(d, exist_ok=True)
+        colour = rng.uniform(40, 215, size=3).astype(np.float32)
+        angle = math.pi * k / classes
+        stripes = np.sin((x * math.cos(angle) + y * math.sin(angle)) / 3.0)[..., None]
+        for _ in range(count):
+            noise = rng.normal(0, 25, size=(size, size, 3)).astype(np.float32)
+            shift = rng.uniform(-30, 30, size=3).astype(np.float32)
+            img = np.clip(colour + shift + 40 * stripes + noise, 0, 255).astype(np.uint8)
+            Image.fromarray(img).save(os.path.join(d, f"img_{i:06d}.jpg"), quality=90)
+            i += 1
+
+
+def prepare_data(data_dir: str, setup: Setup, log: Callable[[str], None] = print) -> str:
+    """The record file for ``setup`` in ``data_dir`` (made once: reused when
+    its description matches)."""
+    from .records import image_folder_to_records
+
+    os.makedirs(data_dir, exist_ok=True)
+    desc = {"images": setup.images, "classes": setup.classes, "image_size": setup.image_size,
+            "seed": setup.seed, "version": 1}
+    path = os.path.join(data_dir, f"images-{setup.images}-{setup.image_size}px.rec")
+    stamp = path + ".made"
+    if os.path.exists(path) and os.path.exists(stamp):
+        with open(stamp) as f:
+            if json.load(f) == desc:
+                return path
+    t0 = time.perf_counter()
+    root = os.path.join(data_dir, f"images-{setup.images}-{setup.image_size}px")
+    if os.path.isdir(root):
+        import shutil
+
+        shutil.rmtree(root)
+    make_image_folder(root, setup.images, setup.classes, setup.image_size, setup.seed)
+    image_folder_to_records(root, path, progress=False)
+    with open(stamp, "w") as f:
+        json.dump(desc, f)
+    log(f"generated {setup.images:,} JPEGs of {setup.image_size}x{setup.image_size} in {setup.classes} classes "
+        f"under {root}/ and packed them into {path} ({time.perf_counter() - t0:.1f} s)")
+    return path
+
+
+# ---- after the cache: decode, random crop, random flip ----
+
+
+class DecodeCropFlip:
+    """``(jpeg bytes, label) -> (float tensor 3 x crop x crop, label)``: PIL
+    decodes, then a random crop and a random horizontal flip (torch's RNG,
+    which the DataLoader seeds per worker)."""
+
+    def __init__(self, crop: int) -> None:
+        self.crop = int(crop)
+
+    def __call__(self, sample: Any) -> Any:
+        import torch
+        from PIL import Image
+
+        data, label = sample
+        img = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        h, w = img.shape[:2]
+        c = self.crop
+        top = int(torch.randint(0, h - c + 1, ()).item())
+        left = int(torch.randint(0, w - c + 1, ()).item())
+        img = img[top:top + c, left:left + c]
+        if torch.rand(()).item() < 0.5:
+            img = img[:, ::-1]
+        x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).float().div_(255.0)
+        return x, int(label)
+
+
+def make_model(classes: int) -> Any:
+    import torch.nn as nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, classes),
+    )
+
+
+def make_sampler(kind: str, labels: np.ndarray, seed: int) -> Any:
+    """A fresh seeded sampler: every configuration gets the same order."""
+    import torch
+    from torch.utils.data import RandomSampler, WeightedRandomSampler
+
+    n = len(labels)
+    g = torch.Generator().manual_seed(seed)
+    if kind == "shuffle":
+        return RandomSampler(range(n), generator=g)
+    if kind == "replacement":
+        return RandomSampler(range(n), replacement=True, num_samples=n, generator=g)
+    if kind == "balanced":
+        counts = np.bincount(labels)
+        weights = torch.as_tensor(1.0 / counts[labels], dtype=torch.double)
+        return WeightedRandomSampler(weights, num_samples=n, replacement=True, generator=g)
+    raise ValueError(f"unknown sampler {kind!r} (one of {', '.join(SAMPLERS)})")
+
+
+# ---- the datasets of the baselines, as users would write them ----
+
+
+def _shared_int64(n: int) -> np.ndarray:
+    """Zeros in an anonymous shared mapping: forked workers write to it."""
+    return np.frombuffer(mmap.mmap(-1, max(8, 8 * n)), dtype=np.int64)[:n]
+
+
+def _worker_id() -> int:
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return info.id if info is not None else 0
+
+
+class _NoCache:
+    def __init__(self, rf: Any, transform: Callable[[Any], Any]) -> None:
+        self.rf, self.transform = rf, transform
+
+    def __len__(self) -> int:
+        return len(self.rf)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.transform(self.rf[i])
+
+
+class _InMemory(_NoCache):
+    def __init__(self, items: list[Any], transform: Callable[[Any], Any]) -> None:
+        self.items, self.transform = items, transform
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.transform(self.items[i])
+
+
+class _PerWorkerCache(_NoCache):
+    """``cachetools.<Policy>(maxsize=C)`` in each worker process (made lazily,
+    so each worker has its own, kept across epochs by persistent workers)."""
+
+    def __init__(self, rf: Any, policy: str, capacity: int, workers: int,
+                 transform: Callable[[Any], Any]) -> None:
+        super().__init__(rf, transform)
+        self.policy, self.capacity = policy, capacity
+        self.counts = _shared_int64(2 * max(1, workers))  # hits, misses per worker
+        self._cache: Any = None
+        self._pid = -1
+
+    def __getitem__(self, i: int) -> Any:
+        if self._pid != os.getpid():
+            import cachetools
+
+            self._cache = getattr(cachetools, self.policy)(maxsize=self.capacity)
+            self._pid = os.getpid()
+        w = _worker_id()
+        sample = self._cache.get(i)
+        if sample is None:
+            self.counts[2 * w + 1] += 1
+            sample = self.rf[i]
+            self._cache[i] = sample
+        else:
+            self.counts[2 * w] += 1
+        return self.transform(sample)
+
+
+class _LRUStore:
+    """The shared LRU, living in a manager process; every get and put is a
+    round trip to it from the workers."""
+
+    def __init__(self, capacity: int) -> None:
+        import cachetools
+
+        self._cache = cachetools.LRUCache(maxsize=capacity)
+        self._lock = threading.Lock()  # the manager serves each connection on a thread
+        self.hits = self.misses = 0
+
+    def get(self, key: int) -> Any:
+        with self._lock:
+            value = self._cache.get(key)
+            if value is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            return value
+
+    def put(self, key: int, value: Any) -> None:
+        with self._lock:
+            self._cache[key] = value
+
+    def counts(self) -> tuple[int, int]:
+        return self.hits, self.misses
+
+
+def _lru_manager() -> Any:
+    from multiprocessing.managers import BaseManager
+
+    class LRUManager(BaseManager):
+        pass
+
+    LRUManager.register("LRUStore", _LRUStore)
+    return LRUManager(ctx=mp.get_context("fork"))
+
+
+class _SharedLRU(_NoCache):
+    def __init__(self, rf: Any, store: Any, transform: Callable[[Any], Any]) -> None:
+        super().__init__(rf, transform)
+        self.store = store
+
+    def __getitem__(self, i: int) -> Any:
+        sample = self.store.get(i)
+        if sample is None:
+            sample = self.rf[i]
+            self.store.put(i, sample)
+        return self.transform(sample)
+
+
+class _StaticShared(_NoCache):
+    """A static cache (CoorDL's and MinIO's): the first C distinct items the
+    run reads are kept for good, in one shared mapping all workers use."""
+
+    def __init__(self, rf: Any, keep: np.ndarray, workers: int, transform: Callable[[Any], Any]) -> None:
+        super().__init__(rf, transform)
+        self.slot_of = {int(item): s for s, item in enumerate(keep.tolist())}
+        sizes = rf.item_sizes()
+        self.slot_bytes = int(sizes.max())
+        self.buf = mmap.mmap(-1, max(1, len(keep)) * self.slot_bytes)
+        self.lens = _shared_int64(len(keep))  # 0: not loaded yet
+        self.labels = rf.labels
+        self.counts = _shared_int64(2 * max(1, workers))
+
+    def __getitem__(self, i: int) -> Any:
+        w = _worker_id()
+        s = self.slot_of.get(int(i))
+        if s is not None and self.lens[s] > 0:
+            self.counts[2 * w] += 1
+            at = s * self.slot_bytes
+            sample = (self.buf[at:at + int(self.lens[s])], int(self.labels[i]))
+        else:
+            self.counts[2 * w + 1] += 1
+            sample = self.rf[i]
+            if s is not None:
+                at = s * self.slot_bytes
+                self.buf[at:at + len(sample[0])] = sample[0]
+                self.lens[s] = len(sample[0])  # after the bytes: readers check it first
+        return self.transform(sample)
+
+
+# ---- measuring one configuration (in its own process) ----
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+                out.extend(kids)
+                todo.extend(kids)
+        except OSError:
+            pass
+    return out
+
+
+def _pss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class _PeakMemory(threading.Thread):
+    """Samples the PSS of this process and its descendants (workers, the
+    manager) every 0.2 s: shared pages count once in all, split among their users."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak = 0
+        self._stop_event = threading.Event()
+
+    def sample(self) -> None:
+        me = os.getpid()
+        self.peak = max(self.peak, sum(_pss(p) for p in [me, *_descendants(me)]))
+
+    def run(self) -> None:
+        while not self._stop_event.wait(0.2):
+            self.sample()
+
+    def stop(self) -> int:
+        self._stop_event.set()
+        self.join()
+        self.sample()
+        return self.peak
+
+
+def _cpu_seconds() -> float:
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
+def _shutdown(loader: Any) -> None:
+    """Join the persistent workers now, so their CPU time is counted."""
+    it = getattr(loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+
+
+def run_config(name: str, sampler_kind: str, path: str, setup: Setup) -> dict[str, Any]:
+    """Train ``setup.epochs`` epochs under configuration ``name``; the counters."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader as TorchLoader
+
+    from .records import RecordFile
+
+    torch.set_num_threads(1)
+    cpu0 = _cpu_seconds()
+    mem = _PeakMemory()
+    mem.start()
+    latency = setup.latency
+    rf = RecordFile(path, direct=setup.direct, latency=0.0)
+    sizes = rf.item_sizes()
+    latency += float(sizes.mean()) / setup.bandwidth if setup.bandwidth > 0 else 0.0
+    rf.set_latency(latency)
+    labels = rf.labels
+    n, c, w = len(rf), setup.capacity_items, setup.workers
+    transform = DecodeCropFlip(setup.crop)
+    common = dict(batch_size=setup.batch, num_workers=w, persistent_workers=w > 0,
+                  multiprocessing_context="fork" if w > 0 else None)
+    out: dict[str, Any] = {"config": name, "sampler": sampler_kind, "latency_s": latency,
+                           "read_note": rf.info()["note"]}
+    items: list[Any] | None = None
+    if name == "in memory":
+        plain = RecordFile(path)
+        items = [plain[i] for i in range(n)]
+        plain.close()
+    before = rf.info()
+    manager = None
+    torch.manual_seed(setup.seed)
+    model = make_model(setup.classes)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    t0 = time.perf_counter()
+    ds: Any = None
+    if name in ("OPT", "OPT + prefetch"):
+        from .data import DataLoader
+
+        prefetch = name == "OPT + prefetch"
+        loader: Any = DataLoader(rf, sampler=make_sampler(sampler_kind, labels, setup.seed), cache_items=c,
+                                 epochs=setup.epochs, transform=transform, prefetch=prefetch,
+                                 prefetch_threads=setup.threads, lookahead=setup.lookahead,
+                                 progress=False, **common)
+    else:
+        if name == "no cache":
+            ds = _NoCache(rf, transform)
+        elif name == "in memory":
+            ds = _InMemory(items, transform)  # type: ignore[arg-type]
+        elif name in CACHETOOLS:
+            ds = _PerWorkerCache(rf, CACHETOOLS[name], c, w, transform)
+        elif name == "shared LRU":
+            manager = _lru_manager()
+            manager.start()
+            ds = _SharedLRU(rf, manager.LRUStore(c), transform)
+        elif name == "static":
+            from .capture import capture
+
+            seq = capture(make_sampler(sampler_kind, labels, setup.seed), setup.epochs)
+            _, first = np.unique(seq, return_index=True)
+            keep = seq[np.sort(first)][:c]
+            ds = _StaticShared(rf, keep, w, transform)
+        else:
+            raise ValueError(f"unknown configuration {name!r} (one of {', '.join(CONFIGS)})")
+        loader = TorchLoader(ds, sampler=make_sampler(sampler_kind, labels, setup.seed), **common)
+    setup_s = time.perf_counter() - t0
+
+    epoch_s, samples, label_sum, loss = [], 0, 0, float("nan")
+    for _ in range(setup.epochs):
+        e0 = time.perf_counter()
+        for x, y in loader:
+            logits = model(x)
+            l = F.cross_entropy(logits, y)
+            opt.zero_grad()
+            l.backward()
+            opt.step()
+            samples += len(y)
+            label_sum += int(y.sum())
+            loss = float(l.detach())
+        epoch_s.append(time.perf_counter() - e0)
+    seconds = time.perf_counter() - t0
+    _shutdown(loader)
+    after = rf.info()
+    out.update(seconds=seconds, setup_s=setup_s, epoch_s=epoch_s, samples=samples, label_sum=label_sum,
+               final_loss=loss, storage_reads=after["reads"] - before["reads"],
+               storage_bytes=after["bytes_read"] - before["bytes_read"], accesses=samples)
+    if name in ("OPT", "OPT + prefetch"):
+        st = loader.cache.stats()
+        plan = loader.cache.plan
+        out.update(hits=st["hits"], plan_hits=plan.hits, stall_rate=st["stall_rate"],
+                   prefetched=st["prefetched"], stalls=st["stalls"], fallbacks=st["fallbacks"], timeouts=st["timeouts"],
+                   prefetch_dropped=st["prefetch_dropped"],
+                   plan_miss_bytes=int(sizes[plan.seq[plan.kinds != 0]].sum()),
+                   plan_label_sum=int(labels[plan.seq].sum()))
+        loader.cache.close()
+    elif name == "shared LRU":
+        hits, misses = ds.store.counts()
+        out.update(hits=hits, stall_rate=misses / max(1, samples))
+        manager.shutdown()  # type: ignore[union-attr]
+    elif name in CACHETOOLS or name == "static":
+        out.update(hits=int(ds.counts[0::2].sum()), stall_rate=int(ds.counts[1::2].sum()) / max(1, samples))
+    elif name == "no cache":
+        out.update(hits=0, stall_rate=1.0)
+    else:
+        out.update(hits=samples, stall_rate=0.0)
+    out["hit_rate"] = out["hits"] / max(1, samples)
+    del loader
+    out["cpu_s"] = _cpu_seconds() - cpu0
+    out["peak_memory_bytes"] = mem.stop()
+    rf.close()
+    return out
+
+
+def _child(conn: Any, name: str, sampler_kind: str, path: str, setup: Setup) -> None:
+    try:
+        conn.send(("ok", run_config(name, sampler_kind, path, setup)))
+    except BaseException:  # report any failure to the parent, then exit
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def run_isolated(name: str, sampler_kind: str, path: str, setup: Setup, timeout: float = 1800) -> dict[str, Any]:
+    """:func:`run_config` in a forked child process of its own."""
+    ctx = mp.get_context("fork")
+    here, there = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child, args=(there, name, sampler_kind, path, setup))
+    p.start()
+    there.close()
+    try:
+        if not here.poll(timeout):
+            raise TimeoutError(f"{name} / {sampler_kind} did not finish in {timeout:.0f} s")
+        status, value = here.recv()
+    except EOFError:
+        raise RuntimeError(f"{name} / {sampler_kind}: the process died (exit code {p.exitcode})") from None
+    finally:
+        p.join(timeout=60)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    if status != "ok":
+        raise RuntimeError(f"{name} / {sampler_kind} failed:\n{value}")
+    return value
+
+
+# ---- the run, its summary, table and plots ----
+
+
+def _import_once() -> None:
+    """Import here what every configuration's process needs, so the forked
+    children start with it (torch.optim imports torch._dynamo: seconds)."""
+    import torch
+    import torch.nn.functional  # noqa: F401
+    from PIL import Image  # noqa: F401
+
+    from . import _prefetch, data, records  # noqa: F401
+
+    torch.optim.SGD(make_model(2).parameters(), lr=0.1)
+    try:
+        import cachetools  # noqa: F401
+    except ImportError:
+        pass
+
+
+def run(setup: Setup, path: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every sampler x configuration x repeat (configurations interleaved in
+    each repeat, so drifts in the machine's load hit all alike)."""
+    for name in setup.configs:
+        if name not in CONFIGS:
+            raise ValueError(f"unknown configuration {name!r} (one of {', '.join(CONFIGS)})")
+    _import_once()
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {c: [] for c in setup.configs} for s in setup.samplers}
+    t_start = time.perf_counter()
+    for s in setup.samplers:
+        for r in range(setup.repeats):
+            for c in setup.configs:
+                res = run_isolated(c, s, path, setup)
+                runs[s][c].append(res)
+                log(f"  {s:<11} repeat {r + 1}/{setup.repeats}  {c:<18} {res['seconds']:6.2f} s  "
+                    f"hit rate {res['hit_rate']:6.1%}")
+    summary = {s: {c: summarize(runs[s][c]) for c in setup.configs} for s in setup.samplers}
+    return {"setup": asdict(setup), "summary": summary, "runs": runs,
+            "wall_s": time.perf_counter() - t_start}
+
+
+def summarize(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    def med(key: str) -> float:
+        return float(statistics.median(r[key] for r in rs))
+
+    x = rs[0]
+    out = {"seconds": med("seconds"), "epoch_s": med("seconds") / len(x["epoch_s"]),
+           "samples": x["samples"], "hit_rate": med("hit_rate"), "storage_bytes": med("storage_bytes"),
+           "stall_rate": med("stall_rate"), "cpu_s": med("cpu_s"), "peak_memory_bytes": med("peak_memory_bytes"),
+           "final_loss": med("final_loss"), "repeats": len(rs)}
+    out["samples_per_s"] = out["samples"] / out["seconds"]
+    if "plan_miss_bytes" in x:
+        out["plan_miss_bytes"] = x["plan_miss_bytes"]
+        out["plan_hits"] = x["plan_hits"]
+        out["exact"] = all(r["storage_bytes"] == r["plan_miss_bytes"] and r["hits"] == r["plan_hits"] for r in rs)
+    return out
+
+
+def _mb(b: float) -> str:
+    return f"{b / 1e6:,.1f} MB"
+
+
+def targets(result: dict[str, Any], sampler: str = "shuffle") -> list[tuple[str, str, bool | None]]:
+    """The issue's targets, on one sampler: (what, measured, met)."""
+    summ = result["summary"].get(sampler, {})
+    t = {c: v["seconds"] for c, v in summ.items()}
+    rows: list[tuple[str, str, bool | None]] = []
+    if "OPT + prefetch" not in t:
+        return rows
+    pf = t["OPT + prefetch"]
+    if "no cache" in t:
+        r = t["no cache"] / pf
+        rows.append(("OPT + prefetch at least 3x faster than no cache", f"{r:.2f}x", r >= 3))
+    ct = [c for c in CACHETOOLS if c in t]
+    if ct:
+        best = min(ct, key=lambda c: t[c])
+        r = t[best] / pf
+        rows.append((f"at least 1.5x faster than the best cachetools policy ({best})", f"{r:.2f}x", r >= 1.5))
+    if "in memory" in t:
+        r = pf / t["in memory"] - 1
+        rows.append(("within 10 % of everything in memory", f"{r:+.1%}", r <= 0.10))
+    exact = [summ[c].get("exact") for c in ("OPT", "OPT + prefetch") if c in summ]
+    rows.append(("bytes read equal the plan's predicted miss bytes (and hits the plan's)",
+                 "equal in every run" if all(exact) else "NOT equal", all(exact)))
+    return rows
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s = Setup(**result["setup"])
+    summ = result["summary"]
+    lat = next(iter(next(iter(result["runs"].values())).values()))[0]
+    lines = [
+        f"{s.images:,} JPEGs ({s.image_size}x{s.image_size}, {s.classes} classes), {s.epochs} epochs, batch {s.batch}, "
+        f"{s.workers} workers, capacity {s.capacity:.0%} ({s.capacity_items:,} items), a small CNN on "
+        f"{s.crop}x{s.crop} random crops (CPU, 1 thread). Storage: one record file read with "
+        f"{'O_DIRECT' if s.direct else 'buffered reads'} ({lat['read_note']}) and "
+        f"{s.latency * 1e3:g} ms + mean record / {s.bandwidth / 1e6:g} MB/s = {lat['latency_s'] * 1e3:.2f} ms "
+        f"per read, emulated in C for every reader. OPT + prefetch: {s.threads} C threads. "
+        + (f"Medians of {s.repeats} repeats." if s.repeats > 1 else "One run each: single numbers, not medians."),
+        "",
+    ]
+    for sampler, rows in summ.items():
+        base = rows.get("no cache", {}).get("seconds")
+        mem = rows.get("in memory", {}).get("seconds")
+        lines += [f"**{sampler}**" + {"shuffle": " (epoch shuffle: RandomSampler)",
+                                      "replacement": " (RandomSampler(replacement=True))",
+                                      "balanced": " (class-balanced WeightedRandomSampler)"}.get(sampler, ""), "",
+                  "| configuration | epoch time | samples/s | vs no cache | vs in memory | hit rate | read from storage "
+                  "| stall rate | CPU time | peak memory |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for c, v in rows.items():
+            read = _mb(v["storage_bytes"])
+            if "plan_miss_bytes" in v:
+                read += " (plan: " + ("equal" if v.get("exact") else _mb(v["plan_miss_bytes"])) + ")"
+            lines.append(
+                f"| {c} | {v['epoch_s']:.2f} s | {v['samples_per_s']:,.0f} | "
+                f"{(base / v['seconds']) if base else float('nan'):.2f}x | "
+                f"{(v['seconds'] / mem) if mem else float('nan'):.2f}x | {v['hit_rate']:.1%} | {read} | "
+                f"{v['stall_rate']:.1%} | {v['cpu_s']:.1f} s | {v['peak_memory_bytes'] / 2**20:,.0f} MiB |")
+        lines.append("")
+    tg = targets(result)
+    if tg:
+        lines += ["Targets (epoch shuffle, measured side by side in this run):", ""]
+        for what, val, ok in tg:
+            lines.append(f"- {what}: {val} ({'met' if ok else 'NOT met'})")
+        lines.append("")
+    lines += [
+        "Notes: per-worker cachetools caches hold C items in each of the workers (W x C in all); the shared "
+        "LRU lives in a multiprocessing manager process (each lookup a round trip); the static cache keeps "
+        "the first C distinct items read, shared by the workers; the in-memory configuration reads the "
+        "records once before timing. Hit rate counts every access, first reads included. The stall rate "
+        "is the share of accesses that waited for storage (a synchronous miss, or a prefetch still in "
+        "flight). CPU time: the training process, its workers and helpers; peak memory: their summed PSS, "
+        "sampled every 0.2 s.",
+    ]
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]:
+    """Epoch time per configuration and sampler, and hit rate against bytes
+    read; PNGs in ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summ = result["summary"]
+    samplers = list(summ)
+    configs = list(next(iter(summ.values())))
+    colour = {c: ("#c0392b" if c.startswith("OPT") else "#7f8c8d" if c in ("no cache", "in memory")
+                  else "#2980b9") for c in configs}
+    written = []
+    fig, axes = plt.subplots(1, len(samplers), figsize=(4.2 * len(samplers) + 1, 0.42 * len(configs) + 1.6),
+                             sharey=True, squeeze=False)
+    for ax, s in zip(axes[0], samplers):
+        vals = [summ[s][c]["epoch_s"] for c in configs]
+        ax.barh(range(len(configs)), vals, color=[colour[c] for c in configs])
+        for i, v in enumerate(vals):
+            ax.text(v, i, f" {v:.1f} s", va="center", fontsize=8)
+        if "in memory" in summ[s]:
+            ax.axvline(summ[s]["in memory"]["epoch_s"], color="k", ls="--", lw=0.8)
+        ax.set_title(s)
+        ax.set_xlabel("epoch time (s)" + (", median" if result["setup"].get("repeats", 1) > 1 else ""))
+        ax.set_xlim(0, max(vals) * 1.25)
+    axes[0][0].invert_yaxis()  # shared by all panels: the first configuration on top
+    axes[0][0].set_yticks(range(len(configs)), configs)
+    fig.suptitle("Epoch time (lower is better; dashed: in memory)")
+    fig.tight_layout()
+    p = os.path.join(out_dir, f"{prefix}-epoch-time.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    written.append(p)
+
+    fig, axes = plt.subplots(1, len(samplers), figsize=(4.2 * len(samplers) + 1, 0.42 * len(configs) + 1.6),
+                             sharey=True, squeeze=False)
+    for ax, s in zip(axes[0], samplers):
+        rates = [summ[s][c]["hit_rate"] * 100 for c in configs]
+        ax.barh(range(len(configs)), rates, color=[colour[c] for c in configs])
+        for i, c in enumerate(configs):
+            ax.text(rates[i], i, f" {rates[i]:.0f}%, {summ[s][c]['storage_bytes'] / 1e6:.1f} MB read",
+                    va="center", fontsize=8)
+        ax.set_title(s)
+        ax.set_xlabel("hit rate (%), and MB read from storage")
+        ax.set_xlim(0, 165)
+    axes[0][0].invert_yaxis()
+    axes[0][0].set_yticks(range(len(configs)), configs)
+    fig.suptitle("Hit rate and bytes read from storage (higher hit rate, fewer bytes: better)")
+    fig.tight_layout()
+    p = os.path.join(out_dir, f"{prefix}-hits.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    written.append(p)
+    return written
+
+
+def write_outputs(result: dict[str, Any], out_dir: str, machine: dict[str, Any] | None = None,
+                  prefix: str = "e2e", plots: bool = True) -> list[str]:
+    """``<prefix>.md``, ``<prefix>.json`` and the plots in ``out_dir``."""
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    md = os.path.join(out_dir, f"{prefix}.md")
+    with open(md, "w") as f:
+        f.write(f"# End to end: `{' '.join(result.get('command', []))}`\n\n" if result.get("command") else "")
+        f.write(markdown(result) + "\n")
+        if machine:
+            f.write("\nMachine: " + ", ".join(f"{k} {v}" for k, v in machine.items()) + "\n")
+    written.append(md)
+    js = os.path.join(out_dir, f"{prefix}.json")
+    with open(js, "w") as f:
+        json.dump({**result, "machine": machine}, f, indent=1)
+    written.append(js)
+    if plots:
+        written += plot(result, out_dir, prefix)
+    return written
+
+
+def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
+    import argparse
+
+    d = Setup()
+    ap = argparse.ArgumentParser(prog="bench/e2e.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=d.images)
+    ap.add_argument("--classes", type=int, default=d.classes)
+    ap.add_argument("--image-size", type=int, default=d.image_size)
+    ap.add_argument("--crop", type=int, default=d.crop)
+    ap.add_argument("--epochs", type=int, default=d.epochs)
+    ap.add_argument("--batch", type=int, default=d.batch)
+    ap.add_argument("--workers", type=int, default=d.workers)
+    ap.add_argument("--capacity", type=float, default=d.capacity, help="cache size, a share of the images")
+    ap.add_argument("--latency", type=float, default=d.latency, help="seconds per read (emulated)")
+    ap.add_argument("--bandwidth", type=float, default=d.bandwidth,
+                    help="bytes/s per read, folded into the latency (0: none)")
+    ap.add_argument("--buffered", action="store_true", help="read without O_DIRECT")
+    ap.add_argument("--threads", type=int, default=d.threads, help="prefetch threads")
+    ap.add_argument("--lookahead", type=int, default=d.lookahead)
+    ap.add_argument("--repeats", type=int, default=d.repeats)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of: " + ", ".join(CONFIGS))
+    ap.add_argument("--samplers", default=",".join(SAMPLERS), help="comma-separated, of: " + ", ".join(SAMPLERS))
+    ap.add_argument("--data", default="out/e2e-data", help="where the JPEGs and the record file go "
+                    "(made once, reused; a disk, not tmpfs, for O_DIRECT)")
+    ap.add_argument("--out", default="bench/results", help="where e2e.md, e2e.json and the plots go")
+    ap.add_argument("--name", default="e2e", help="file name prefix of the outputs (default: %(default)s)")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--from-json", default=None, metavar="PATH",
+                    help="do not run: rewrite the table and plots of an earlier run's JSON")
+    a = ap.parse_args(argv)
+    setup = Setup(images=a.images, classes=a.classes, image_size=a.image_size, crop=a.crop, epochs=a.epochs,
+                  batch=a.batch, workers=a.workers, capacity=a.capacity, latency=a.latency,
+                  bandwidth=a.bandwidth, direct=not a.buffered, threads=a.threads, lookahead=a.lookahead,
+                  repeats=a.repeats, seed=a.seed, configs=[c.strip() for c in a.configs.split(",") if c.strip()],
+                  samplers=[s.strip() for s in a.samplers.split(",") if s.strip()])
+    return setup, a
+
+
+def main(argv: Sequence[str] | None = None, machine: dict[str, Any] | None = None) -> int:
+    setup, a = _argv_setup(argv)
+    if a.from_json:
+        with open(a.from_json) as f:
+            result = json.load(f)
+        machine = result.pop("machine", None) or machine
+        print(markdown(result))
+        print("\nwrote " + ", ".join(write_outputs(result, a.out, machine, prefix=a.name, plots=not a.no_plots)))
+        return 0
+    path = prepare_data(a.data, setup, log=lambda m: print(m, file=sys.stderr))
+    result = run(setup, path, log=lambda m: print(m, file=sys.stderr))
+    result["command"] = ["python", "bench/e2e.py", *(argv if argv is not None else sys.argv[1:])]
+    print(markdown(result))
+    written = write_outputs(result, a.out, machine, prefix=a.name, plots=not a.no_plots)
+    print("\nwrote " + ", ".join(written))
+    return 0

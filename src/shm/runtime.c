@@ -382,6 +382,26 @@ static uint32_t claim_miss(opt4_pool *pool, _Atomic uint32_t *claim) {
   return got;
 }
 
+/* res for a read of the pool (read_gen's st): a HIT, counted as counter,
+ * with reason; TOO_SMALL; or a fallback to the source, counted. */
+static int read_result(opt4_pool *pool, uint32_t st, uint64_t len, int counter, uint32_t reason,
+                       opt4_get_result *res) {
+  if (st == OPT4_GET_HIT) {
+    count(pool, counter, 1);
+    res->status = OPT4_GET_HIT;
+    res->reason = reason;
+    res->len = len;
+  } else if (st == OPT4_GET_TOO_SMALL) {
+    res->status = st;
+    res->len = len;
+  } else {
+    count(pool, C_FALLBACKS, 1);
+    res->status = OPT4_GET_LOAD;
+    res->reason = OPT4_REASON_FALLBACK;
+  }
+  return 0;
+}
+
 int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t batch_len,
                   void *dst, size_t dst_cap, opt4_get_result *res) {
   if (pool == NULL || res == NULL || (dst == NULL && dst_cap > 0))
@@ -438,28 +458,14 @@ int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t bat
       count(pool, C_ADMITS, 1);
       return 0;
     }
+    /* Abandoned, or stored and then lost: load, and leave the store to the
+     * prefetcher that holds it. */
+    st = OPT4_GET_LOAD;
     if (got == CL_READY) {
       st = read_gen(pool, g, dst, dst_cap, &w, &len);
       wait_done(pool, &w);
-      if (st == OPT4_GET_HIT) {
-        count(pool, C_PF_SERVED, 1);
-        res->status = OPT4_GET_HIT;
-        res->reason = OPT4_REASON_PREFETCHED;
-        res->len = len;
-        return 0;
-      }
-      if (st == OPT4_GET_TOO_SMALL) {
-        res->status = st;
-        res->len = len;
-        return 0;
-      }
     }
-    /* Abandoned, or stored and then lost: load, and leave the store to the
-     * prefetcher that holds it. */
-    count(pool, C_FALLBACKS, 1);
-    res->status = OPT4_GET_LOAD;
-    res->reason = OPT4_REASON_FALLBACK;
-    return 0;
+    return read_result(pool, st, len, C_PF_SERVED, OPT4_REASON_PREFETCHED, res);
   }
   default: break;
   }
@@ -475,21 +481,7 @@ int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t bat
   }
   st = read_gen(pool, g, dst, dst_cap, &w, &len);
   wait_done(pool, &w);
-  if (st == OPT4_GET_HIT) {
-    count(pool, C_HITS, 1);
-    res->status = OPT4_GET_HIT;
-    res->len = len;
-    return 0;
-  }
-  if (st == OPT4_GET_TOO_SMALL) {
-    res->status = st;
-    res->len = len;
-    return 0;
-  }
-  count(pool, C_FALLBACKS, 1);
-  res->status = OPT4_GET_LOAD;
-  res->reason = OPT4_REASON_FALLBACK;
-  return 0;
+  return read_result(pool, st, len, C_HITS, 0, res);
 }
 
 int opt4_pool_note_read(opt4_pool *pool, uint64_t t) {

@@ -47,3 +47,18 @@ def leaked_since(before: set[str]) -> set[str]:
 
     me = os.getpid()
     return {p["name"] for p in _engine.pool_list() if p["name"] not in before and p["owner_pid"] == me}
+
+
+@pytest.fixture
+def no_leaked_pools():
+    """Fails the test if it leaves a pool of this process behind (use with
+    ``pytestmark = pytest.mark.usefixtures("no_leaked_pools")``)."""
+    import gc
+
+    from opt4torch import _engine
+
+    before = {p["name"] for p in _engine.pool_list()}
+    yield
+    gc.collect()
+    leaked = leaked_since(before)
+    assert not leaked, f"pools left behind: {leaked}"

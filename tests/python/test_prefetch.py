@@ -9,7 +9,6 @@ loads it, the prefetcher or the worker that needs it.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import threading
@@ -28,17 +27,7 @@ from opt4torch.records import RecordFile, image_folder_to_records, write_records
 N_ITEMS, CAPACITY, BATCH, EPOCHS = 300, 100, 16, 3
 
 
-def our_pools() -> set[str]:
-    return {p["name"] for p in _engine.pool_list()}
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_pools():
-    before = our_pools()
-    yield
-    gc.collect()
-    leaked = our_pools() - before
-    assert not leaked, f"pools left behind: {leaked}"
+pytestmark = pytest.mark.usefixtures("no_leaked_pools")
 
 
 def record_bytes(i: int) -> bytes:

@@ -226,9 +226,6 @@ class OPTCache:
                 self._prefetch_box[0] = ThreadPrefetcher(self.name, dataset, threads, lookahead,
                                                          allow_pickle)
         if head_start is not None:
-            # Until the misses there are loaded, or the prefetcher stops
-            # getting further (items that must wait for the workers' reads
-            # before they can be stored), or the wait timeout.
             import time
 
             # Wait while the prefetchers make progress. The rest of the head

@@ -672,6 +672,11 @@ fail:
   return rc;
 }
 
+void opt4__pool_set_safe_point(opt4_pool *pool, uint64_t (*fn)(void *ctx), void *ctx) {
+  pool->safe_point = fn;
+  pool->safe_ctx = ctx;
+}
+
 void opt4_pool_close(opt4_pool *pool) {
   if (pool == NULL) return;
   /* Release our record only if it is ours: a forked child holding its

@@ -3,7 +3,8 @@
 #
 #   make demo    capture a seeded sampler, plan, compare OPT with LRU/FIFO; then train a
 #                small CNN end to end against no cache, LRU and in memory (tables, plots in out/)
-#   make test    every test: C (plain, ASan+UBSan, TSan), the binding under ASan+UBSan, fuzz smoke, Python
+#   make test    every test: C (plain, ASan+UBSan, TSan), the binding under ASan+UBSan, fuzz smoke, Python;
+#                every stage runs, then one summary table (scripts/test_stages.py)
 #   make bench   the benchmarks (writes bench/results/*.json)
 #   make bench-e2e  a real training loop on an emulated slow store, every cache side by side
 
@@ -28,15 +29,25 @@ $(STAMP): requirements-dev.txt
 	$(PIP) install --quiet -r requirements-dev.txt
 	@touch $@
 
-# Build and install the package (C engine + extension) into .venv.
-install: $(STAMP)
+# Build and install the package (C engine + extension) into .venv, again
+# only when a source file changed since the last install.
+SOURCES   := $(shell find src include binding python third_party -type f \( -name '*.c' -o -name '*.h' \
+               -o -name '*.py' -o -name '*.pyi' -o -name 'py.typed' \) 2>/dev/null) CMakeLists.txt pyproject.toml
+INSTALLED := $(VENV)/.opt4-installed
+$(INSTALLED): $(STAMP) $(SOURCES)
 	$(PIP) install --quiet --no-build-isolation --no-deps --force-reinstall .
+	@touch $@
+
+install: $(INSTALLED)
 
 demo: install
 	$(VENV)/bin/opt4torch demo
 
-test: install test-c test-asan test-asan-binding test-tsan test-fuzz test-python
-	@echo "all tests passed"
+# Every stage runs, whatever fails before it; one summary at the end
+# (scripts/test_stages.py), and the exit status says whether all passed.
+TEST_STAGES := test-c test-asan test-asan-binding test-tsan test-fuzz test-python
+test: install
+	@$(PY) scripts/test_stages.py $(TEST_STAGES)
 
 define ctest_build
 	$(VENV)/bin/cmake -S . -B build/$(1) -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) \
@@ -67,7 +78,8 @@ test-asan-binding: $(STAMP)
 	    ASAN_OPTIONS=detect_leaks=0 PYTHONPATH=$(ASAN_BINDING)/site \
 	    $(PY) -m pytest -q -p no:cacheprovider tests/python/test_codec.py tests/python/test_dataloader.py \
 	    tests/python/test_cachelib.py tests/python/test_sized.py tests/python/test_prefetch.py \
-	    tests/python/test_bad_input.py tests/python/test_worker_kill.py -k "not spawn and not forkserver"
+	    tests/python/test_bad_input.py tests/python/test_worker_kill.py tests/python/test_fork_safety.py \
+	    -k "not spawn and not forkserver"
 
 # ThreadSanitizer runs the concurrent tests (label "concurrent").
 test-tsan: $(STAMP)

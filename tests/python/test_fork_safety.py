@@ -50,7 +50,7 @@ def check_positions(loader: opt4torch.DataLoader, epochs: int, item_of) -> int:
     return t
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(300)
 def test_record_prefetch_across_200_epochs_of_fork_workers(tmp_path) -> None:
     path = tmp_path / "d.rec"
     write_records(path, (record_bytes(i) for i in range(N_ITEMS)))
@@ -97,7 +97,7 @@ class LockedLoads(Dataset):
             return torch.full((4,), float(i)), i
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(300)
 def test_thread_prefetch_across_200_epochs_of_fork_workers() -> None:
     loader = opt4torch.DataLoader(LockedLoads(), batch_size=BATCH, shuffle=True, seed=12, num_workers=2,
                                   multiprocessing_context="fork", persistent_workers=False,

@@ -253,12 +253,16 @@ def test_thread_prefetch_for_any_dataset(tmp_path) -> None:
 
 def test_prefetch_threads_stop_with_the_cache(record_path: str) -> None:
     baseline = threading.active_count()
-    ds = CountingSlow(N_ITEMS, None, delay=0.0)
+    # Slow enough loads that the threads cannot have loaded every miss of
+    # the plan (about 500, 20 ms each, 3 threads) by the time we look: with
+    # instant loads they sometimes had, finished, and were gone.
+    ds = CountingSlow(N_ITEMS, None, delay=0.02)
     loader = opt4torch.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=1, cache_items=CAPACITY,
                                   epochs=2, prefetch=True, prefetch_threads=3)
     it = iter(loader)
     next(it)  # the first batch starts the prefetcher
     assert threading.active_count() >= baseline + 3
+    assert loader.cache.stats()["prefetcher"]["finished"] == 0
     del it  # dropped mid-epoch
     loader.cache.close()
     assert threading.active_count() == baseline

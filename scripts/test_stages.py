@@ -29,7 +29,8 @@ import time
 
 LOG_DIR = os.path.join("build", "test-logs")
 
-_CTEST = re.compile(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)")
+# ctest 4 leaves out ", 0 tests failed" when none failed.
+_CTEST = re.compile(r"(\d+)% tests passed(?:, (\d+) tests? failed)? out of (\d+)")
 _CTEST_SKIP = re.compile(r"\(\s*(Skipped|Not Run|Disabled)\s*\)")
 _PYTEST = re.compile(r"^=*\s*(\d+ \w+(?:, \d+ \w+)*) in [\d.]+s")
 _PYTEST_PART = re.compile(r"(\d+) (\w+)")
@@ -45,7 +46,7 @@ def count(lines: list[str]) -> tuple[int, int, int, str]:
     for line in lines:
         m = _CTEST.search(line)
         if m:
-            total, bad = int(m.group(3)), int(m.group(2))
+            total, bad = int(m.group(3)), int(m.group(2) or 0)
             passed += total - bad
             failed += bad
             continue

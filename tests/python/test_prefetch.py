@@ -275,16 +275,22 @@ def test_prefetch_threads_stop_with_the_cache(record_path: str) -> None:
 
 def test_break_mid_epoch_with_prefetch(record_path: str) -> None:
     rf = RecordFile(record_path)
+    # A wait for a position the break skipped would last the whole
+    # wait_timeout, whatever its value; 60 s, not less, so that a wait that
+    # is only slow (a loaded machine, the ASan build: one such wait passed
+    # 5 s there) is not mistaken for one.
     loader = opt4torch.DataLoader(rf, batch_size=BATCH, shuffle=True, seed=2, num_workers=2,
-                                  cache_items=CAPACITY, epochs=2, collate_fn=list, wait_timeout=5)
+                                  cache_items=CAPACITY, epochs=2, collate_fn=list, wait_timeout=60)
     try:
         for k, _ in enumerate(loader):
             if k == 4:
                 break
+        t0 = time.monotonic()
         for batch in loader:  # the next epoch, whole
             assert all(len(d) > 0 for d, _ in batch)
         st = loader.cache.stats()
         assert st["timeouts"] == 0, st
+        assert time.monotonic() - t0 < 50
     finally:
         loader.cache.close()
 

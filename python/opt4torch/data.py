@@ -478,6 +478,16 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         self._resume = (int(epoch), int(batches_done), start)
         return start
 
+    def abandon(self) -> None:
+        """The loop left this epoch early (a ``break``): none of its positions
+        that have not run will. Declared at once, not when the next epoch
+        starts, so that a worker still loading a batch nobody will take (or a
+        prefetcher holding one of its items) gives up instead of waiting for
+        reads that will not come. Positions already handed to workers fall
+        back to the source if they run now; their batches are dropped."""
+        e = self.epoch
+        self.cache.set_floor(self.floors[e + 1] if e + 1 < len(self.floors) else self.cache.plan.accesses)
+
     def resume_floor(self, floor: int) -> None:
         """Resume with this floor instead: a node's ranks sharing one pool
         resume at the earliest next batch among them."""
@@ -521,19 +531,35 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
 
 
 class _CountingIter:
-    """The DataLoader iterator, counting batches for state_dict()."""
+    """The DataLoader iterator, counting batches for state_dict(); dropped
+    before the end of its epoch, it declares the rest of the epoch skipped
+    (:meth:`PositionBatchSampler.abandon`) before torch shuts its workers down."""
 
     def __init__(self, loader: DataLoader, it: Any) -> None:
         self._loader = loader
         self._it = it
+        self._started = self._done = False
 
     def __iter__(self) -> _CountingIter:
         return self
 
     def __next__(self) -> Any:
-        batch = next(self._it)
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._done = True
+            raise
+        self._started = True
         self._loader._batches_done += 1
         return batch
+
+    def __del__(self) -> None:
+        # Before self._it goes (torch's iterator joins its workers then).
+        # Not with ranks sharing a pool: the others may still run this epoch.
+        loader = self.__dict__.get("_loader")
+        if (loader is not None and self.__dict__.get("_started") and not self.__dict__.get("_done")
+                and not loader.shared_across_ranks):
+            loader._positions.abandon()
 
     def __len__(self) -> int:
         return len(self._it)

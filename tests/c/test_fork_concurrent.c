@@ -32,6 +32,18 @@ static void on_alarm(int sig) {
   alarmed = 1;
 }
 
+/* Items 0..n-1 with item_fill's bytes, as a record file. */
+static void write_items(const char *path, uint32_t n) {
+  opt4_records_writer *w = NULL;
+  ASSERT_OK(opt4_records_writer_open(path, &w));
+  uint8_t buf[PAGE];
+  for (uint32_t i = 0; i < n; i++) {
+    item_fill(i, buf);
+    ASSERT_OK(opt4_records_writer_add(w, buf, item_len(i)));
+  }
+  ASSERT_OK(opt4_records_writer_finish(w));
+}
+
 /* A forked consumer: serve [first, last) in batches (child k of CHILDREN
  * takes every CHILDREN-th batch), touching malloc and stdio as a worker
  * does. Exit 0 if every item was right, 2 if not. */
@@ -52,14 +64,7 @@ static void test_fork_rounds(void) {
   char path[128];
   snprintf(path, sizeof path, "./opt4-test-%d-fork.rec", (int)getpid());
   const uint32_t N = 400;
-  opt4_records_writer *w = NULL;
-  ASSERT_OK(opt4_records_writer_open(path, &w));
-  uint8_t buf[PAGE];
-  for (uint32_t i = 0; i < N; i++) {
-    item_fill(i, buf);
-    ASSERT_OK(opt4_records_writer_add(w, buf, item_len(i)));
-  }
-  ASSERT_OK(opt4_records_writer_finish(w));
+  write_items(path, N);
   opt4_records *src = NULL;
   ASSERT_OK(opt4_records_open(path, 0, &src));
   opt4_records_set_latency(src, 50000); /* 50 us a read: threads are mid-read at forks */
@@ -134,14 +139,7 @@ static void test_fork_rounds(void) {
 static void test_stop_in_child(void) {
   char path[128];
   snprintf(path, sizeof path, "./opt4-test-%d-forkstop.rec", (int)getpid());
-  opt4_records_writer *w = NULL;
-  ASSERT_OK(opt4_records_writer_open(path, &w));
-  uint8_t buf[PAGE];
-  for (uint32_t i = 0; i < 50; i++) {
-    item_fill(i, buf);
-    ASSERT_OK(opt4_records_writer_add(w, buf, item_len(i)));
-  }
-  ASSERT_OK(opt4_records_writer_finish(w));
+  write_items(path, 50);
   opt4_records *src = NULL;
   ASSERT_OK(opt4_records_open(path, 0, &src));
   opt4_plan *plan = random_plan(2000, 50, 10, 5);
@@ -163,10 +161,18 @@ static void test_stop_in_child(void) {
   int status = 0;
   ASSERT(waitpid(kid, &status, 0) == kid);
   ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  /* The parent's threads work on after the child's stop: they store items
+   * ahead of a consumer that has not started (bounded: 10 s). */
+  opt4_prefetcher_stats ps;
+  for (int i = 0; i < 10000; i++) {
+    ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
+    if (ps.stored >= 8) break;
+    usleep(1000);
+  }
+  ASSERT(ps.stored >= 8);
   follow_counts fc = {0, 0, 0, 0};
   for (uint64_t b = 0; b < in.accesses; b += BATCH)
     follow_batch(pool, b, b + BATCH < in.accesses ? b + BATCH : in.accesses, &fc);
-  opt4_prefetcher_stats ps;
   ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
   opt4_prefetcher_stop(pf);
   opt4_pool_stats st;

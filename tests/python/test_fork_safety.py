@@ -50,6 +50,21 @@ def check_positions(loader: opt4torch.DataLoader, epochs: int, item_of) -> int:
     return t
 
 
+def assert_exact_and_parked(loader: opt4torch.DataLoader, item_of, kind: str) -> None:
+    """Run every epoch: every sample right, the plan's hits, and the
+    prefetch threads parked for every fork."""
+    assert check_positions(loader, EPOCHS, item_of) == EPOCHS * N_ITEMS
+    st = loader.cache.stats()
+    assert st["fallbacks"] == 0 and st["timeouts"] == 0, st
+    assert st["hits"] == st["plan_hits"], st
+    pf = st["prefetcher"]
+    assert pf["kind"] == kind and st["prefetched"] > 0, st
+    # Every epoch forked two workers while the threads ran (the first
+    # epoch's workers are forked before the prefetcher starts).
+    assert pf["parks"] >= 2 * (EPOCHS - 1), pf
+    assert pf["park_timeouts"] == 0, pf
+
+
 @pytest.mark.timeout(300)
 def test_record_prefetch_across_200_epochs_of_fork_workers(tmp_path) -> None:
     path = tmp_path / "d.rec"
@@ -66,16 +81,7 @@ def test_record_prefetch_across_200_epochs_of_fork_workers(tmp_path) -> None:
             assert data == record_bytes(i)
             return i
 
-        assert check_positions(loader, EPOCHS, item_of) == EPOCHS * N_ITEMS
-        st = loader.cache.stats()
-        assert st["fallbacks"] == 0 and st["timeouts"] == 0, st
-        assert st["hits"] == st["plan_hits"], st
-        pf = st["prefetcher"]
-        assert pf["kind"] == "records" and st["prefetched"] > 0, st
-        # Every epoch forked two workers while the threads ran (the first
-        # epoch's workers are forked before the prefetcher starts).
-        assert pf["parks"] >= 2 * (EPOCHS - 1), pf
-        assert pf["park_timeouts"] == 0, pf
+        assert_exact_and_parked(loader, item_of, "records")
     finally:
         loader.cache.close()
 
@@ -109,13 +115,7 @@ def test_thread_prefetch_across_200_epochs_of_fork_workers() -> None:
             assert torch.equal(x, torch.full((4,), float(i)))
             return i
 
-        assert check_positions(loader, EPOCHS, item_of) == EPOCHS * N_ITEMS
-        st = loader.cache.stats()
-        assert st["fallbacks"] == 0 and st["timeouts"] == 0, st
-        assert st["hits"] == st["plan_hits"], st
-        pf = st["prefetcher"]
-        assert pf["kind"] == "threads" and st["prefetched"] > 0, st
-        assert pf["parks"] >= 2 * (EPOCHS - 1) and pf["park_timeouts"] == 0, pf
+        assert_exact_and_parked(loader, item_of, "threads")
     finally:
         loader.cache.close()
 

@@ -329,3 +329,36 @@ def test_head_start_does_not_wait_out_the_timeout(record_path: str) -> None:
         assert first < 5.0, f"the first batch took {first:.1f} s"
     finally:
         loader.cache.close()
+
+
+def test_records_are_packed_tightly(tmp_path) -> None:
+    """2-4 KiB records (small JPEGs): the file is within 5 % of the data."""
+    rng = np.random.default_rng(3)
+    items = [rng.integers(0, 256, size=int(n), dtype=np.uint8).tobytes() for n in rng.integers(2048, 4097, 500)]
+    rf = write_records(tmp_path / "small.rec", items)
+    data = sum(len(x) for x in items)
+    size = os.path.getsize(tmp_path / "small.rec")
+    assert size <= data * 1.05, (size, data)
+    assert all(RecordFile(tmp_path / "small.rec", direct=True)[i] == items[i] for i in range(0, 500, 37))
+    assert rf.info()["total_bytes"] == data
+
+
+def test_a_record_file_changed_under_its_reader(tmp_path, record_path: str) -> None:
+    """Overwritten in place (cp over it) or cut short while open: an error
+    that says what happened, never another record's bytes."""
+    import shutil
+
+    path = tmp_path / "live.rec"
+    shutil.copy(record_path, path)
+    rf = RecordFile(path, with_labels=False)
+    assert rf[148] == record_bytes(148)
+    other = tmp_path / "other.rec"
+    write_records(other, (bytes(reversed(record_bytes(i))) for i in range(N_ITEMS)))
+    with open(other, "rb") as src, open(path, "r+b") as dst:  # what `cp other.rec live.rec` does
+        dst.write(src.read())
+        dst.truncate()
+    with pytest.raises(opt4torch.Opt4Error, match="does not match its checksum: the file was changed"):
+        rf[148]
+    os.truncate(path, 5000)
+    with pytest.raises(opt4torch.Opt4Error, match="shorter than the .* it had when opened"):
+        rf[200]

@@ -705,7 +705,7 @@ typedef struct opt4_prefetcher_opts {
   opt4_frame_fn frame; /* NULL: records are stored as they are */
   void *frame_ctx;
   /* Bytes of loaded items the threads may hold while those wait for their
-   * place in the pool (0: 64 MiB); each thread holds 1 to 32 of them. */
+   * place in the pool (0: 4 MiB); each thread holds 1 to 32 of them. */
   uint64_t pending_bytes;
 } opt4_prefetcher_opts;
 

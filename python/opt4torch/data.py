@@ -568,6 +568,11 @@ class _CountingIter:
         return getattr(self._it, name)
 
 
+#: Bytes the staging ring takes by default (64 slots at most, 8 at least):
+#: memory beyond the cache that prefetching needs for the items it loads
+#: ahead that the cache does not keep (BYPASSes).
+STAGING_BUDGET = 4 << 20
+
 #: Bytes added to each given item size for the record header (type, shape).
 CODEC_MARGIN = 128
 
@@ -732,7 +737,7 @@ class DataLoader(tud.DataLoader):
         if prefetch and (isinstance(lookahead, bool) or int(lookahead) < 1):
             raise ValueError(f"lookahead must be a positive number of positions, got {lookahead!r}")
         if staging_slots is None:
-            staging_slots = 64 if prefetch else 0
+            pass  # chosen once the slot size is known (see STAGING_BUDGET)
         elif isinstance(staging_slots, bool) or not 0 <= int(staging_slots) <= 1 << 20:
             raise ValueError(f"staging_slots must be between 0 and 1048576, got {staging_slots!r}")
         n_items = len(dataset)
@@ -808,6 +813,12 @@ class DataLoader(tud.DataLoader):
             capacity = min(capacity, n_items)  # a cache larger than the data holds all of it
             plan = build_plan(seq, capacity, bypass, items=n_items, progress=progress, description=desc)
             pool_page = page
+
+        if staging_slots is None:
+            # A slot holds the largest item (sized plans) or one page.
+            sizes = plan.item_sizes
+            slot = int(sizes.max()) if sizes is not None and len(sizes) else int(pool_page or plan.page_size or 1)
+            staging_slots = max(8, min(64, STAGING_BUDGET // max(slot, 1))) if prefetch else 0
 
         # 3. The plan and the pool (one per node when shared across ranks:
         # local rank 0 creates it, the others attach by name).

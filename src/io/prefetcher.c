@@ -50,7 +50,9 @@
 #define DEFAULT_THREADS 8u
 #define MAX_THREADS 256u
 #define DEFAULT_LOOKAHEAD 4096u
-#define DEFAULT_PENDING_BYTES ((uint64_t)64 << 20)
+/* Loaded items the threads may hold while they wait for their place, in
+ * all: 4 MiB, 1 to 32 items a thread (bench/RESULTS.md, memory). */
+#define DEFAULT_PENDING_BYTES ((uint64_t)4 << 20)
 #define PARK_TIMEOUT_NS ((uint64_t)10 * 1000000000u)
 
 typedef struct pf_thread {

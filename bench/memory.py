@@ -37,29 +37,6 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def pss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def tree(pid: int) -> list[int]:
-    out = [pid]
-    try:
-        for t in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{t}/children") as f:
-                for c in f.read().split():
-                    out += tree(int(c))
-    except OSError:
-        pass
-    return out
-
-
 def by_mapping(pid: int) -> collections.Counter[str]:
     """PSS bytes by kind of mapping."""
     out: collections.Counter[str] = collections.Counter()
@@ -103,7 +80,9 @@ def one_run(config: str, cache_mb: int, workers: int, path: str) -> dict[str, An
     for k, _ in enumerate(it):
         if k == len(loader) - 2:
             break
-    procs = tree(os.getpid())
+    from opt4torch.e2e import _descendants, _pss  # the e2e harness measures memory the same way
+
+    procs = [os.getpid(), *_descendants(os.getpid())]
     maps: collections.Counter[str] = collections.Counter()
     for p in procs:
         maps.update(by_mapping(p))
@@ -111,7 +90,7 @@ def one_run(config: str, cache_mb: int, workers: int, path: str) -> dict[str, An
     # PSS of a library's pages depends on how many other processes on the
     # machine map the same file, so it moves with whatever else runs.
     own = sum(v for k, v in maps.items() if not k.startswith("files"))
-    out = {"total": sum(pss(p) for p in procs), "own": own, "processes": len(procs), "maps": dict(maps)}
+    out = {"total": sum(_pss(p) for p in procs), "own": own, "processes": len(procs), "maps": dict(maps)}
     del it
     if config != "torch":
         loader.cache.close()

@@ -32,18 +32,6 @@ static void on_alarm(int sig) {
   alarmed = 1;
 }
 
-/* Items 0..n-1 with item_fill's bytes, as a record file. */
-static void write_items(const char *path, uint32_t n) {
-  opt4_records_writer *w = NULL;
-  ASSERT_OK(opt4_records_writer_open(path, &w));
-  uint8_t buf[PAGE];
-  for (uint32_t i = 0; i < n; i++) {
-    item_fill(i, buf);
-    ASSERT_OK(opt4_records_writer_add(w, buf, item_len(i)));
-  }
-  ASSERT_OK(opt4_records_writer_finish(w));
-}
-
 /* A forked consumer: serve [first, last) in batches (child k of CHILDREN
  * takes every CHILDREN-th batch), touching malloc and stdio as a worker
  * does. Exit 0 if every item was right, 2 if not. */

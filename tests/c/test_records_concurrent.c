@@ -16,18 +16,6 @@ static void tmp_path(char *buf, size_t cap, const char *name) {
   snprintf(buf, cap, "./opt4-test-%d-%s", (int)getpid(), name);
 }
 
-/* Items 0..n-1 with item_fill's bytes (lengths 16..PAGE-1). */
-static void write_items(const char *path, uint32_t n) {
-  opt4_records_writer *w = NULL;
-  ASSERT_OK(opt4_records_writer_open(path, &w));
-  uint8_t buf[PAGE];
-  for (uint32_t i = 0; i < n; i++) {
-    item_fill(i, buf);
-    ASSERT_OK(opt4_records_writer_add(w, buf, item_len(i)));
-  }
-  ASSERT_OK(opt4_records_writer_finish(w));
-}
-
 static void test_write_and_read(void) {
   char path[128];
   tmp_path(path, sizeof path, "rw.rec");

@@ -384,11 +384,10 @@ class CachedDataset(tud.Dataset):
         self._local = threading.local()
 
     def __getitems__(self, positions: Sequence[int]) -> list[Any]:
-        if len(positions) and int(positions[0]) < 0:
+        if isinstance(positions, _Unplanned):
             # A batch past what the plan covers (an epoch that ran longer
-            # than the cut the plan expected): item i comes as -(i + 1), and
-            # is loaded, not cached.
-            out = self._load([-int(t) - 1 for t in positions])
+            # than the cut the plan expected): item indices, loaded, not cached.
+            out = self._load(list(positions))
             return [self.transform(x) for x in out] if self.transform is not None else out
         pool = self._pool()
         # One call into C reads the batch and decodes its HITs (arrays and
@@ -445,6 +444,13 @@ class CachedDataset(tud.Dataset):
 # ---- the sampler side (runs in the main process) ----
 
 
+class _Unplanned(list):
+    """A batch of item indices (not positions) past what the plan covers: an
+    epoch that runs on past the cut a re-plan expected. Loaded, not cached.
+    A type of its own, so that no position, in range or not, is ever taken
+    for one; it pickles to spawned workers by name."""
+
+
 class PositionBatchSampler(tud.Sampler[list[int]]):
     """Batches of positions, epoch by epoch, exactly as captured.
 
@@ -470,8 +476,8 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         #: Positions the prefetcher loads before the first batch is handed out.
         self.head_start = 0
         #: Per epoch, batches of item indices past what the plan covers
-        #: (handed out as -(i + 1): loaded, not cached). Empty unless a
-        #: re-plan expects epochs cut short (DataLoader._replan).
+        #: (handed out as _Unplanned batches: loaded, not cached). Empty
+        #: unless a re-plan expects epochs cut short (DataLoader._replan).
         self.tails: list[list[np.ndarray]] = [[] for _ in lengths]
         #: How the last epoch ended: (epoch, batches run) if the loop left it
         #: early, (epoch, None) if it ran to its end.
@@ -553,10 +559,7 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
             else:
                 yield from range(start, start + n)
         for items in self.tails[e][max(0, skip - len(self.starts[e])):]:
-            if self.batched:
-                yield [-int(i) - 1 for i in items]
-            else:
-                yield from (-int(i) - 1 for i in items)
+            yield _Unplanned(items.tolist())  # re-plans happen only for batched loaders
 
 
 class _CountingIter:

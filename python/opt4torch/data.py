@@ -657,9 +657,6 @@ def _probe_item_bytes(dataset: Any, seq: np.ndarray, allow_pickle: bool, probes:
 #: The largest position count the engine takes (an unsigned 64-bit word, kept
 #: clear of its top bit).
 _MAX_POSITIONS = (1 << 63) - 1
-#: The longest wait_timeout, in seconds: the engine counts it in milliseconds
-#: in 32 bits.
-_MAX_WAIT_TIMEOUT = ((1 << 32) - 1) // 1000
 
 
 def _is_int(value: Any) -> bool:
@@ -681,10 +678,11 @@ def _check_arguments(batch_size: Any, cache_bytes: Any, cache_items: Any, wait_t
             parse_bytes(cache_bytes)
         except ValueError as exc:
             raise ValueError(f"cache_bytes: {exc}") from None
+    # The engine counts it in whole milliseconds (0 would mean its default),
+    # then in 64-bit nanoseconds (which 1e9 s keeps clear of overflow).
     if (isinstance(wait_timeout, bool) or not isinstance(wait_timeout, (int, float, np.integer, np.floating))
-            or not 0 < wait_timeout <= _MAX_WAIT_TIMEOUT):
-        raise ValueError(f"wait_timeout must be a positive number of seconds up to {_MAX_WAIT_TIMEOUT}, "
-                         f"got {wait_timeout!r}")
+            or not 0.001 <= wait_timeout <= 1e9):
+        raise ValueError(f"wait_timeout must be a number of seconds from 0.001 to 1e9, got {wait_timeout!r}")
     if not _is_int(lookahead) or not 1 <= lookahead <= _MAX_POSITIONS:
         raise ValueError(f"lookahead must be a positive integer number of positions up to 2**63 - 1, "
                          f"got {lookahead!r}")

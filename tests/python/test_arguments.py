@@ -48,7 +48,9 @@ def forked_loader(epochs: int = 2, **kw) -> opt4torch.DataLoader:
         ({"cache_bytes": "0x1000"}, r"cache_bytes: not a size in bytes: '0x1000' \(try 8GiB"),
         ({"cache_items": 2.7}, r"cache_items must be an integer number of items, got 2.7 \(float\)"),
         ({"cache_items": True}, r"cache_items must be an integer number of items, got True \(bool\)"),
-        ({"cache_items": 3, "wait_timeout": -1}, r"wait_timeout must be a positive number of seconds .*got -1"),
+        ({"cache_items": 3, "wait_timeout": -1}, r"wait_timeout must be a number of seconds from 0.001 to "
+                                                 r"1e9, got -1"),
+        ({"cache_items": 3, "wait_timeout": float("inf")}, r"wait_timeout must be a number of seconds .*got inf"),
         ({"cache_items": 3, "lookahead": 10**30, "prefetch": True},
          r"lookahead must be a positive integer number of positions up to 2\*\*63 - 1, got 10{30}"),
     ],

@@ -14,24 +14,13 @@ import pytest
 from datasets_for_tests import Checked
 
 import opt4torch
-from conftest import leaked_since, script
-from opt4torch import _engine
+from conftest import script
 
 #: Iterator cases run with this wait_timeout and must end well under it.
 WAIT = 10.0
 FAST = WAIT / 2
 
-
-def our_pools() -> set[str]:
-    return {p["name"] for p in _engine.pool_list()}
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_pools():
-    before = our_pools()
-    yield
-    leaked = leaked_since(before)
-    assert not leaked, f"pools left behind: {leaked}"
+pytestmark = pytest.mark.usefixtures("no_leaked_pools")
 
 
 def forked_loader(epochs: int = 2, **kw) -> opt4torch.DataLoader:
@@ -123,29 +112,42 @@ def test_dropped_iterator_does_not_block_a_new_one() -> None:
 
 
 def test_two_threads_on_one_loader_one_is_refused_fast() -> None:
+    """Thread a is mid-epoch (it holds after its first batch until b is done)
+    when thread b runs list(dl): b is refused at once, a finishes its epoch."""
     loader = forked_loader(epochs=2)
     results: dict[str, object] = {}
-    start = threading.Barrier(2)
+    a_started, b_done = threading.Event(), threading.Event()
 
-    def run(name: str) -> None:
-        start.wait()
+    def a() -> None:
+        n = 0
+        for i, batch in enumerate(loader):
+            n += len(batch[1])
+            if i == 0:
+                a_started.set()
+                b_done.wait(FAST)
+        results["a"] = n
+
+    def b() -> None:
+        a_started.wait(FAST)
         try:
-            results[name] = sum(len(b[1]) for b in loader)
+            results["b"] = sum(len(batch[1]) for batch in loader)
         except RuntimeError as exc:
-            results[name] = exc
+            results["b"] = exc
+        finally:
+            b_done.set()
 
     try:
         t0 = time.monotonic()
-        threads = [threading.Thread(target=run, args=(n,)) for n in "ab"]
+        threads = [threading.Thread(target=a), threading.Thread(target=b)]
         for th in threads:
             th.start()
         for th in threads:
-            th.join(FAST)
+            th.join(2 * FAST)
         elapsed = time.monotonic() - t0
         assert not any(th.is_alive() for th in threads), f"still running after {elapsed:.1f} s"
-        got = sorted(results.values(), key=lambda v: isinstance(v, RuntimeError))
-        assert got[0] == 40, results
-        assert isinstance(got[1], RuntimeError) and "already has a live iterator" in str(got[1]), results
+        assert elapsed < FAST, f"took {elapsed:.1f} s with wait_timeout={WAIT}"
+        assert results["a"] == 40, results
+        assert isinstance(results["b"], RuntimeError) and "already has a live iterator" in str(results["b"]), results
         assert loader.cache.stats()["timeouts"] == 0
     finally:
         loader.cache.close()
@@ -192,13 +194,16 @@ def test_simulate_refuses_capacity_over_100_percent() -> None:
     assert r.returncode == 0, r.stderr
 
 
-def test_simulate_checks_out_before_the_sweep(tmp_path) -> None:
+def test_simulate_checks_out_before_the_sweep() -> None:
     t0 = time.monotonic()
     # A sweep that takes minutes: the check must come first.
     r = simulate("--pattern", "all", "--items", "1000000", "--epochs", "20", "--out", "/dev/full")
     assert r.returncode == 2, r.stderr
     assert "--out '/dev/full' exists and is not a directory" in r.stderr
     assert r.stdout == "" and time.monotonic() - t0 < 30
+
+
+def test_simulate_checks_out_is_writable_first(tmp_path) -> None:
     locked = tmp_path / "ro"
     locked.mkdir()
     locked.chmod(0o500)

@@ -773,7 +773,8 @@ class DataLoader(tud.DataLoader):
 
     The order is captured from ``sampler`` (or ``batch_sampler``, or
     ``shuffle``) once, for all epochs, and then replayed: each ``iter(loader)``
-    is the next epoch. ``loader.cache.stats()`` gives the counters.
+    is the next epoch, one iterator at a time (a second ``iter()`` while one is
+    live raises). ``loader.cache.stats()`` gives the counters.
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,

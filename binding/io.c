@@ -411,10 +411,11 @@ static PyObject *prefetcher_stats(PrefetcherObject *self, PyObject *Py_UNUSED(ig
   if (self->pf == NULL) return PyErr_Format(PyExc_ValueError, "the prefetcher is stopped");
   opt4_prefetcher_stats st;
   opt4_prefetcher_stats_get(self->pf, &st);
-  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:d,s:I,s:I}", "loaded", (unsigned long long)st.loaded, "bytes",
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:d,s:I,s:I,s:K,s:K}", "loaded", (unsigned long long)st.loaded, "bytes",
                        (unsigned long long)st.bytes, "stored", (unsigned long long)st.stored, "errors",
                        (unsigned long long)st.errors, "idle_seconds", (double)st.idle_ns / 1e9, "threads",
-                       st.threads, "finished", st.finished);
+                       st.threads, "finished", st.finished, "parks", (unsigned long long)st.parks,
+                       "park_timeouts", (unsigned long long)st.park_timeouts);
 }
 
 static PyObject *prefetcher_get_running(PrefetcherObject *self, void *Py_UNUSED(c)) {

@@ -705,7 +705,7 @@ typedef struct opt4_prefetcher_opts {
   opt4_frame_fn frame; /* NULL: records are stored as they are */
   void *frame_ctx;
   /* Bytes of loaded items the threads may hold while those wait for their
-   * place in the pool (0: 64 MiB); each thread holds 1 to 32 of them. */
+   * place in the pool (0: 4 MiB); each thread holds 1 to 32 of them. */
   uint64_t pending_bytes;
 } opt4_prefetcher_opts;
 
@@ -716,11 +716,21 @@ typedef struct opt4_prefetcher_stats {
   uint64_t errors;  /* reads that failed (their consumers load them) */
   uint64_t idle_ns; /* time the threads found nothing to do in the window */
   uint32_t threads, finished; /* threads started, and those done */
+  uint64_t parks;         /* forks the threads were parked for */
+  uint64_t park_timeouts; /* threads a fork did not find parked in time (10 s) */
 } opt4_prefetcher_stats;
 
 /* Start prefetching the pool named pool_name from src (which must stay open
  * until the prefetcher is stopped). The threads run until every miss of
  * the plan is claimed, or opt4_prefetcher_stop(). They block all signals.
+ *
+ * Fork: fork() from any thread while a prefetcher runs is safe. Handlers
+ * installed with pthread_atfork park every prefetch thread at a point where
+ * it holds no lock before the fork and let them go on in the parent after
+ * it; the child has no prefetch threads, and opt4_prefetcher_stop() there
+ * only frees the child's copy (it neither stops nor disturbs the parent's
+ * threads). A fork waits for the threads to reach such a point: at most one
+ * record read each.
  * Errors: OPT4_EINVAL, OPT4_ENOMEM, those of opt4_pool_attach, OPT4_EIO
  * (no thread could start). */
 int opt4_prefetcher_start(const char *pool_name, opt4_records *src,

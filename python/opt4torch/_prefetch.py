@@ -27,6 +27,7 @@ from typing import Any
 
 from . import _engine
 from ._codec import encode
+from ._forksafe import ForkGate
 
 __all__ = ["RecordPrefetcher", "ThreadPrefetcher"]
 
@@ -69,6 +70,8 @@ class ThreadPrefetcher:
         self._counts = {"loaded": 0, "stored": 0, "errors": 0, "idle_seconds": 0.0}
         self._first_error: BaseException | None = None
         self._pid = os.getpid()
+        # Calling the dataset may take any lock: no fork while a thread does.
+        self._gate = ForkGate()
         self._threads = [threading.Thread(target=self._run, args=(pool_name,), daemon=True,
                                           name=f"opt4-prefetch-{i}") for i in range(threads)]
         for th in self._threads:
@@ -104,7 +107,8 @@ class ThreadPrefetcher:
                     elif status == _CLAIMED:
                         progressed = True
                         try:
-                            parts = encode(self._dataset[item], self._allow_pickle)
+                            with self._gate.busy():
+                                parts = encode(self._dataset[item], self._allow_pickle)
                         except Exception as e:  # the worker that needs it loads it, and sees the error
                             errors += 1
                             if self._first_error is None:
@@ -137,6 +141,8 @@ class ThreadPrefetcher:
         with self._lock:
             out = dict(self._counts)
         out["threads"] = len(self._threads)
+        out["parks"] = self._gate.parks
+        out["park_timeouts"] = self._gate.park_timeouts
         out["finished"] = sum(not th.is_alive() for th in self._threads)
         return out
 

@@ -14,11 +14,19 @@ from tqdm import tqdm
 __all__ = ["progress_bar"]
 
 
+class _Bar(tqdm):
+    # No monitor thread: our loops update their bars themselves, and a
+    # thread of ours must not be running (holding who knows what lock) when
+    # a DataLoader forks its workers. A subclass, so users' own bars keep
+    # tqdm's default.
+    monitor_interval = 0
+
+
 def progress_bar(*, total: int | None, desc: str, unit: str = "it", show: bool | None = None) -> Any:
     """A tqdm bar, or a silent stand-in with the same methods when not shown."""
     if show is None:
         show = sys.stderr.isatty()
-    return tqdm(
+    return _Bar(
         total=total,
         desc=desc,
         unit=unit,

@@ -595,7 +595,8 @@ def _have_matplotlib() -> bool:
 def _cmd_pack(args: argparse.Namespace) -> int:
     from .records import image_folder_to_records
 
-    rf = image_folder_to_records(args.root, args.output, progress=None if not args.quiet else False)
+    rf = image_folder_to_records(args.root, args.output, progress=None if not args.quiet else False,
+                                 follow_links=args.follow_links, allow_empty=args.allow_empty)
     info = rf.info()
     print(f"{args.output}: {info['count']} records in {len(rf.classes or [])} classes, "
           f"{info['total_bytes'] / 2**20:.1f} MiB of data ({info['file_size'] / 2**20:.1f} MiB file); "
@@ -719,6 +720,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("root", metavar="ROOT", help="the image folder: one subfolder per class")
     p.add_argument("output", metavar="OUTPUT", help="the record file to write")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--follow-links", action="store_true",
+                   help="pack files that symbolic links take outside ROOT (refused by default)")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="keep class folders with no image as classes (refused by default, as torchvision "
+                        "does); anything that is not a regular file is always refused, and empty "
+                        "(0-byte) files are packed with a warning")
     p.set_defaults(func=_cmd_pack)
 
     p = sub.add_parser("cleanup", help="list this user's shared-memory pools and remove stale ones",

@@ -384,7 +384,20 @@ class CachedDataset(tud.Dataset):
     def __getitem__(self, position: int) -> Any:
         return self.__getitems__([position])[0]
 
+    def retarget(self, pool_name: str, accesses: int) -> None:
+        """Serve another plan's pool (a re-plan, see DataLoader): workers
+        forked from now on attach it; this process's handle goes."""
+        self.pool_name = pool_name
+        self.accesses = int(accesses)
+        self._local = threading.local()
+
     def __getitems__(self, positions: Sequence[int]) -> list[Any]:
+        if len(positions) and int(positions[0]) < 0:
+            # A batch past what the plan covers (an epoch that ran longer
+            # than the cut the plan expected): item i comes as -(i + 1), and
+            # is loaded, not cached.
+            out = self._load([-int(t) - 1 for t in positions])
+            return [self.transform(x) for x in out] if self.transform is not None else out
         pool = self._pool()
         # One call into C reads the batch and decodes its HITs (arrays and
         # tensors through make_arrays, as views of data); rest holds
@@ -453,9 +466,9 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
 
     def __init__(self, starts: list[np.ndarray], lengths: list[np.ndarray], floors: list[int],
                  cache: OPTCache, batched: bool = True) -> None:
-        self.starts = starts
-        self.batches = lengths  # per epoch: int64 array of batch lengths
-        self.floors = floors
+        self.starts = list(starts)
+        self.batches = list(lengths)  # per epoch: int64 array of batch lengths
+        self.floors = list(floors)
         self.cache = cache
         self.batched = batched
         self._next_epoch = 0
@@ -464,10 +477,20 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         self.epoch = 0
         #: Positions the prefetcher loads before the first batch is handed out.
         self.head_start = 0
+        #: Per epoch, batches of item indices past what the plan covers
+        #: (handed out as -(i + 1): loaded, not cached). Empty unless a
+        #: re-plan expects epochs cut short (DataLoader._replan).
+        self.tails: list[list[np.ndarray]] = [[] for _ in lengths]
+        #: How the last epoch ended: (epoch, batches run) if the loop left it
+        #: early, (epoch, None) if it ran to its end.
+        self.observed: tuple[int, int | None] | None = None
 
     def __len__(self) -> int:
         e = min(self._next_epoch, len(self.batches) - 1)
-        return int(len(self.batches[e])) if self.batched else int(self.batches[e].sum())
+        tail = self.tails[e]
+        if self.batched:
+            return int(len(self.batches[e])) + len(tail)
+        return int(self.batches[e].sum()) + sum(len(b) for b in tail)
 
     def set_epoch(self, epoch: int) -> None:
         if not 0 <= epoch < len(self.batches):
@@ -485,6 +508,17 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
             start = int(self.starts[epoch][batches_done])
         self._resume = (int(epoch), int(batches_done), start)
         return start
+
+    def abandon(self, batches_run: int) -> None:
+        """The loop left this epoch early (a ``break``): none of its positions
+        that have not run will. Declared at once, not when the next epoch
+        starts, so that a worker still loading a batch nobody will take (or a
+        prefetcher holding one of its items) gives up instead of waiting for
+        reads that will not come. Positions already handed to workers fall
+        back to the source if they run now; their batches are dropped."""
+        e = self.epoch
+        self.observed = (e, int(batches_run))
+        self.cache.set_floor(self.floors[e + 1] if e + 1 < len(self.floors) else self.cache.plan.accesses)
 
     def resume_floor(self, floor: int) -> None:
         """Resume with this floor instead: a node's ranks sharing one pool
@@ -526,14 +560,22 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
                 yield list(range(start, start + n))
             else:
                 yield from range(start, start + n)
+        for items in self.tails[e][max(0, skip - len(self.starts[e])):]:
+            if self.batched:
+                yield [-int(i) - 1 for i in items]
+            else:
+                yield from (-int(i) - 1 for i in items)
 
 
 class _CountingIter:
-    """The DataLoader iterator, counting batches for state_dict()."""
+    """The DataLoader iterator, counting batches for state_dict(); dropped
+    before the end of its epoch, it declares the rest of the epoch skipped
+    (:meth:`PositionBatchSampler.abandon`) before torch shuts its workers down."""
 
     def __init__(self, loader: DataLoader, it: Any) -> None:
         self._loader = loader
         self._it = it
+        self._started = self._done = False
 
     def __iter__(self) -> _CountingIter:
         return self
@@ -541,9 +583,16 @@ class _CountingIter:
     def __next__(self) -> Any:
         try:
             batch = next(self._it)
-        except BaseException:
-            self._release()  # finished (or failed): a new iter() may start
+        except StopIteration:
+            self._done = True
+            self._release()
+            if self._started:
+                self._loader._positions.observed = (self._loader._positions.epoch, None)
             raise
+        except BaseException:
+            self._release()  # failed: a new iter() may start
+            raise
+        self._started = True
         self._loader._batches_done += 1
         return batch
 
@@ -553,12 +602,25 @@ class _CountingIter:
             if loader._live is not None and loader._live() is self:
                 loader._live = None
 
+    def __del__(self) -> None:
+        # Before self._it goes (torch's iterator joins its workers then).
+        # Not with ranks sharing a pool: the others may still run this epoch.
+        loader = self.__dict__.get("_loader")
+        if (loader is not None and self.__dict__.get("_started") and not self.__dict__.get("_done")
+                and not loader.shared_across_ranks):
+            loader._positions.abandon(loader._batches_done)
+
     def __len__(self) -> int:
         return len(self._it)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._it, name)
 
+
+#: Bytes the staging ring takes by default (64 slots at most, 8 at least):
+#: memory beyond the cache that prefetching needs for the items it loads
+#: ahead that the cache does not keep (BYPASSes).
+STAGING_BUDGET = 4 << 20
 
 #: Bytes added to each given item size for the record header (type, shape).
 CODEC_MARGIN = 128
@@ -806,7 +868,7 @@ class DataLoader(tud.DataLoader):
         if prefetch and (isinstance(lookahead, bool) or int(lookahead) < 1):
             raise ValueError(f"lookahead must be a positive number of positions, got {lookahead!r}")
         if staging_slots is None:
-            staging_slots = 64 if prefetch else 0
+            pass  # chosen once the slot size is known (see STAGING_BUDGET)
         elif isinstance(staging_slots, bool) or not 0 <= int(staging_slots) <= 1 << 20:
             raise ValueError(f"staging_slots must be between 0 and 1048576, got {staging_slots!r}")
         n_items = len(dataset)
@@ -851,8 +913,11 @@ class DataLoader(tud.DataLoader):
                 raise ValueError("per-item sizes need the cache size in bytes: give cache_bytes=")
             total = parse_bytes(cache_bytes)
             page = int(page_size) if page_size else _choose_page(sizes[np.unique(seq)])
-            plan = build_plan(seq, items=n_items, capacity_bytes=total, item_sizes=sizes, page_size=page,
-                              bypass=bypass, progress=progress, description=desc)
+            def make_plan(s: np.ndarray) -> Plan:
+                return build_plan(s, items=n_items, capacity_bytes=total, item_sizes=sizes, page_size=page,
+                                  bypass=bypass, progress=progress, description=desc)
+
+            plan = make_plan(seq)
             pool_page = 0  # the plan's
         else:
             if item_bytes is None:
@@ -881,8 +946,18 @@ class DataLoader(tud.DataLoader):
             if capacity < 1:
                 raise ValueError(f"cache_items must be at least 1, got {cache_items}")
             capacity = min(capacity, n_items)  # a cache larger than the data holds all of it
-            plan = build_plan(seq, capacity, bypass, items=n_items, progress=progress, description=desc)
+
+            def make_plan(s: np.ndarray) -> Plan:
+                return build_plan(s, capacity, bypass, items=n_items, progress=progress, description=desc)
+
+            plan = make_plan(seq)
             pool_page = page
+
+        if staging_slots is None:
+            # A slot holds the largest item (sized plans) or one page.
+            sizes = plan.item_sizes
+            slot = int(sizes.max()) if sizes is not None and len(sizes) else int(pool_page or plan.page_size or 1)
+            staging_slots = max(8, min(64, STAGING_BUDGET // max(slot, 1))) if prefetch else 0
 
         # 3. The plan and the pool (one per node when shared across ranks:
         # local rank 0 creates it, the others attach by name).
@@ -918,9 +993,33 @@ class DataLoader(tud.DataLoader):
             ahead = (prefetch_factor or 2) * num_workers if num_workers > 0 else 1
             self._positions.head_start = min(per_batch * ahead, int(lookahead))
         self._batches_done = 0
-        #: The live iterator (weakly: a dropped one no longer counts), under its lock.
-        self._live: weakref.ref[_CountingIter] | None = None
-        self._live_lock = threading.Lock()
+        except StopIteration:
+            self._done = True
+            if self._started:
+                self._loader._positions.observed = (self._loader._positions.epoch, None)
+            raise
+        self._started = True
+        self._loader._batches_done += 1
+        return batch
+
+    def __del__(self) -> None:
+        # Before self._it goes (torch's iterator joins its workers then).
+        # Not with ranks sharing a pool: the others may still run this epoch.
+        loader = self.__dict__.get("_loader")
+        if (loader is not None and self.__dict__.get("_started") and not self.__dict__.get("_done")
+                and not loader.shared_across_ranks):
+            loader._positions.abandon(loader._batches_done)
+        except BaseException:
+            self._release()  # finished (or failed): a new iter() may start
+            raise
+        self._loader._batches_done += 1
+        return batch
+
+    def _release(self) -> None:
+        loader = self._loader
+        with loader._live_lock:
+            if loader._live is not None and loader._live() is self:
+                loader._live = None
         loader_kwargs = dict(num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory,
                              timeout=timeout, worker_init_fn=worker_init_fn,
                              multiprocessing_context=multiprocessing_context, generator=generator,
@@ -1007,6 +1106,7 @@ class DataLoader(tud.DataLoader):
                     f"the cache of this loader ({self.cache.name}) was closed by cache.close(): its "
                     "shared memory is gone, so it cannot serve another epoch. Build a new "
                     "opt4torch.DataLoader to go on, and call cache.close() only when done with this one")
+            self._maybe_replan()
             self._batches_done = 0
             if self._positions._resume is not None:
                 self._batches_done = self._positions._resume[1]
@@ -1020,6 +1120,69 @@ class DataLoader(tud.DataLoader):
             self._live = weakref.ref(counting)
         return counting
 
+    # ---- epochs cut short: re-planning ----
+
+    def _maybe_replan(self) -> None:
+        """Before an epoch's workers start: if the last epoch ended otherwise
+        than the plan expects (cut after k batches by a break or Lightning's
+        limit_train_batches, or run whole where the plan expected a cut),
+        plan again what remains, expecting every later epoch to end the way
+        the last one did."""
+        ctx, pos = self._replan_from, self._positions
+        if ctx is None or pos.observed is None or pos._resume is not None:
+            return
+        _, k = pos.observed
+        pos.observed = None
+        if k == ctx["cut"] or pos._next_epoch >= len(pos.batches):
+            return
+        if k is not None and k >= max(len(x) for x in ctx["lengths"][pos._next_epoch:]):
+            k = None  # a cut no later epoch reaches is no cut
+            if ctx["cut"] is None:
+                return
+        self._replan(pos._next_epoch, k)
+
+    def _replan(self, first_epoch: int, cut: int | None) -> None:
+        """A new plan and pool for epochs ``first_epoch`` on, each cut to its
+        first ``cut`` batches (None: whole). Batches past the cut, if an epoch
+        runs on, are loaded and not cached. The new pool starts empty; the old
+        one is removed. Runs in the main process while no worker is running."""
+        ctx, pos = self._replan_from, self._positions
+        assert ctx is not None
+        seq, full_starts, full_lengths = ctx["seq"], ctx["starts"], ctx["lengths"]
+        pieces: list[np.ndarray] = []
+        starts, lengths, floors, tails = [], [], [], []
+        offset = 0
+        for e in range(first_epoch, len(full_lengths)):
+            lens = full_lengths[e]
+            n = len(lens) if cut is None else min(cut, len(lens))
+            begin = int(full_starts[e][0]) if len(lens) else 0
+            end = begin + int(lens[:n].sum())
+            pieces.append(seq[begin:end])
+            floors.append(offset)
+            starts.append(offset + np.concatenate(([0], np.cumsum(lens[:n])[:-1])).astype(np.int64)
+                          if n else np.empty(0, np.int64))
+            lengths.append(lens[:n])
+            tails.append([seq[int(a):int(a) + int(b)] for a, b in zip(full_starts[e][n:], lens[n:])])
+            offset += end - begin
+        new_seq = np.concatenate(pieces)
+        old = self.cache
+        if new_seq.size:
+            plan = ctx["make_plan"](new_seq)
+            cache = OPTCache(plan, ctx["pool_page"], wait_timeout=ctx["wait_timeout"],
+                             staging_slots=ctx["staging_slots"])
+            cache._storage = old._storage
+            if ctx["prefetch"] is not None:
+                ds, threads, lookahead, allow_pickle = ctx["prefetch"]
+                cache.configure_prefetch(ds, threads=threads, lookahead=lookahead, allow_pickle=allow_pickle)
+            self.cache = cache
+            pos.cache = cache
+            self.dataset.retarget(cache.name, plan.accesses)
+            old.close()
+        for i, e in enumerate(range(first_epoch, len(full_lengths))):
+            pos.starts[e], pos.batches[e], pos.floors[e], pos.tails[e] = starts[i], lengths[i], floors[i], tails[i]
+        ctx["cut"] = cut
+        self.replans.append((first_epoch, cut))
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch`` (default: the next one)."""
         self._positions.set_epoch(epoch)
@@ -1029,7 +1192,7 @@ class DataLoader(tud.DataLoader):
         return {
             "epoch": self._positions.epoch,
             "batches_done": self._batches_done,
-            "fingerprint": self.cache.plan.fingerprint,
+            "fingerprint": self._fingerprint,
             "epochs": len(self._positions.batches),
         }
 
@@ -1041,7 +1204,7 @@ class DataLoader(tud.DataLoader):
         (it is collective, like the constructor), with the state it saved at
         the same training step: the node resumes at its earliest next batch,
         and local rank 0 warms the one pool for all of them."""
-        if state.get("fingerprint") != self.cache.plan.fingerprint:
+        if state.get("fingerprint") != self._fingerprint:
             raise ValueError("this state was saved by a loader with another plan (sampler, seed, "
                              "epochs or dataset differ): it cannot resume here")
         start = self._positions.resume(int(state["epoch"]), int(state["batches_done"]))

@@ -671,8 +671,9 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [f"**{sampler}**" + {"shuffle": " (epoch shuffle: RandomSampler)",
                                       "replacement": " (RandomSampler(replacement=True))",
                                       "balanced": " (class-balanced WeightedRandomSampler)"}.get(sampler, ""), "",
-                  "| configuration | epoch time | samples/s | vs no cache | vs in memory | hit rate | read from storage "
-                  "| stall rate | CPU time | peak memory |",
+                  f"| configuration | time per epoch (mean of {s.epochs}) | samples/s | vs no cache | vs in memory "
+                  f"| hit rate ({s.epochs} epochs) | read from storage ({s.epochs} epochs) | stall rate "
+                  f"| CPU time ({s.epochs} epochs) | peak memory |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for c, v in rows.items():
             read = _mb(v["storage_bytes"])
@@ -703,8 +704,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]:
-    """Epoch time per configuration and sampler, and hit rate against bytes
-    read; PNGs in ``out_dir``."""
+    """Epoch time per configuration and sampler, and hit rate with bytes
+    read (two rows, one unit each); PNGs in ``out_dir``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -713,45 +714,56 @@ def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]
     summ = result["summary"]
     samplers = list(summ)
     configs = list(next(iter(summ.values())))
+    epochs = result["setup"].get("epochs", 1)
+    median = ", median" if result["setup"].get("repeats", 1) > 1 else ""
     colour = {c: ("#c0392b" if c.startswith("OPT") else "#7f8c8d" if c in ("no cache", "in memory")
                   else "#2980b9") for c in configs}
-    written = []
-    fig, axes = plt.subplots(1, len(samplers), figsize=(4.2 * len(samplers) + 1, 0.42 * len(configs) + 1.6),
-                             sharey=True, squeeze=False)
-    for ax, s in zip(axes[0], samplers):
-        vals = [summ[s][c]["epoch_s"] for c in configs]
+    # Wide enough for the titles with a single sampler (the demo's case).
+    width = max(7.0, 4.2 * len(samplers) + 1)
+    height = 0.42 * len(configs) + 1.6
+
+    def bars(ax: Any, vals: list[float], label: Callable[[float], str], xmax: float) -> None:
         ax.barh(range(len(configs)), vals, color=[colour[c] for c in configs])
         for i, v in enumerate(vals):
-            ax.text(v, i, f" {v:.1f} s", va="center", fontsize=8)
+            # Inside the bar's end when it is long, past it otherwise.
+            inside = v > 0.7 * xmax
+            ax.text(v, i, f"{label(v)} " if inside else f" {label(v)}", va="center", fontsize=8,
+                    ha="right" if inside else "left", color="white" if inside else "black")
+        ax.set_xlim(0, xmax)
+
+    written = []
+    fig, axes = plt.subplots(1, len(samplers), figsize=(width, height), sharey=True, squeeze=False,
+                             layout="constrained")
+    for ax, s in zip(axes[0], samplers):
+        vals = [summ[s][c]["epoch_s"] for c in configs]
+        bars(ax, vals, lambda v: f"{v:.1f} s", max(vals) * 1.2)
         if "in memory" in summ[s]:
             ax.axvline(summ[s]["in memory"]["epoch_s"], color="k", ls="--", lw=0.8)
         ax.set_title(s)
-        ax.set_xlabel("epoch time (s)" + (", median" if result["setup"].get("repeats", 1) > 1 else ""))
-        ax.set_xlim(0, max(vals) * 1.25)
+        ax.set_xlabel(f"time per epoch, s (mean of {epochs} epochs{median})")
     axes[0][0].invert_yaxis()  # shared by all panels: the first configuration on top
     axes[0][0].set_yticks(range(len(configs)), configs)
-    fig.suptitle("Epoch time (lower is better; dashed: in memory)")
-    fig.tight_layout()
+    fig.suptitle("Time per epoch (lower is better; dashed line: in memory)")
     p = os.path.join(out_dir, f"{prefix}-epoch-time.png")
     fig.savefig(p, dpi=110)
     plt.close(fig)
     written.append(p)
 
-    fig, axes = plt.subplots(1, len(samplers), figsize=(4.2 * len(samplers) + 1, 0.42 * len(configs) + 1.6),
-                             sharey=True, squeeze=False)
-    for ax, s in zip(axes[0], samplers):
+    fig, axes = plt.subplots(2, len(samplers), figsize=(width, 2 * height), sharey=True, squeeze=False,
+                             layout="constrained")
+    mb_max = max(summ[s][c]["storage_bytes"] for s in samplers for c in configs) / 1e6
+    for k, s in enumerate(samplers):
         rates = [summ[s][c]["hit_rate"] * 100 for c in configs]
-        ax.barh(range(len(configs)), rates, color=[colour[c] for c in configs])
-        for i, c in enumerate(configs):
-            ax.text(rates[i], i, f" {rates[i]:.0f}%, {summ[s][c]['storage_bytes'] / 1e6:.1f} MB read",
-                    va="center", fontsize=8)
-        ax.set_title(s)
-        ax.set_xlabel("hit rate (%), and MB read from storage")
-        ax.set_xlim(0, 165)
-    axes[0][0].invert_yaxis()
-    axes[0][0].set_yticks(range(len(configs)), configs)
-    fig.suptitle("Hit rate and bytes read from storage (higher hit rate, fewer bytes: better)")
-    fig.tight_layout()
+        bars(axes[0][k], rates, lambda v: f"{v:.0f} %", 100)
+        axes[0][k].set_title(s)
+        axes[0][k].set_xlabel(f"hit rate, % of all accesses ({epochs} epochs)")
+        mbs = [summ[s][c]["storage_bytes"] / 1e6 for c in configs]
+        bars(axes[1][k], mbs, lambda v: f"{v:.1f} MB", max(mb_max * 1.2, 1e-3))
+        axes[1][k].set_xlabel(f"read from storage, MB ({epochs} epochs)")
+    axes[0][0].invert_yaxis()  # once: every panel shares it
+    for row in axes:
+        row[0].set_yticks(range(len(configs)), configs)
+    fig.suptitle("Hit rate (higher is better) and bytes read from storage (lower is better)")
     p = os.path.join(out_dir, f"{prefix}-hits.png")
     fig.savefig(p, dpi=110)
     plt.close(fig)

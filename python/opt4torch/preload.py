@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
+from ._forksafe import ForkGate
 from ._plan import Plan, as_sequence
 from .device import map_tensors
 
@@ -314,6 +315,8 @@ class _Runtime:
         # Reentrant: close() may run in a thread that already holds it (from
         # a __del__ that the garbage collector calls there).
         self.cond = threading.Condition(threading.RLock())
+        # Loads call the dataset, which may take any lock: no fork meanwhile.
+        self.gate = ForkGate()
         self.stop = False
         self.jobs: deque[int] = deque()
         self.inflight: set[int] = set()
@@ -390,7 +393,8 @@ def _prefetch_loop(rt: _Runtime) -> None:
             key = rt.jobs.popleft()
             rt.inflight.add(key)
         try:
-            result: tuple[bool, Any] = (True, rt.dataset[rt.index_of(key)])
+            with rt.gate.busy():
+                result: tuple[bool, Any] = (True, rt.dataset[rt.index_of(key)])
         except BaseException as exc:  # the consumer loads it again and sees the error itself
             result = (False, exc)
         with cond:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -195,33 +197,108 @@ def write_records(path: str | os.PathLike[str], items: Iterable[Any], *,
     return RecordFile(out)
 
 
-def image_folder_to_records(root: str | os.PathLike[str], path: str | os.PathLike[str], *,
-                            extensions: Sequence[str] = IMAGE_EXTENSIONS,
-                            progress: bool | None = None) -> RecordFile:
-    """Pack an image folder in the ``ImageFolder`` layout (``root/<class>/<file>``)
-    into a record file: record ``i`` is the ``i``-th file's bytes as stored
-    (still encoded), in class order then file name order, as torchvision
-    numbers them; the sidecar keeps the classes, each record's label and its
-    source file. ``RecordFile(path)[i]`` is then ``(bytes, label)``."""
-    base = Path(root)
-    if not base.is_dir():
-        raise FileNotFoundError(f"{base} is not a folder (expected root/<class>/<image files>)")
-    exts = tuple(e.lower() for e in extensions)
+def _read_regular(path: Path) -> bytes:
+    """A regular file's bytes. Anything else (a FIFO, a device, a socket, a
+    link to one) is refused by what it is once opened, so nothing can block
+    on it or read forever (a link to /dev/urandom named x.jpg)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file ({_file_kind(st.st_mode)}): "
+                             "remove it from the image folder, or move it out of the way")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _scan_image_folder(base: Path, exts: tuple[str, ...], follow_links: bool,
+                       allow_empty: bool) -> tuple[list[str], list[Path], list[int]]:
+    """Classes, files and labels of an ImageFolder layout, as torchvision
+    numbers them (classes sorted, files sorted within each class, links to
+    folders followed), with these rules of our own: a file or folder that a
+    symbolic link takes outside ``base`` is refused unless ``follow_links``;
+    a class folder with no image is refused unless ``allow_empty`` (as
+    torchvision's ``allow_empty``)."""
+    real_base = os.path.realpath(base)
     classes = sorted(d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not classes:
         raise ValueError(f"{base} has no class folders (expected root/<class>/<image files>)")
     files: list[Path] = []
     labels: list[int] = []
+    empty: list[str] = []
     for label, cls in enumerate(classes):
+        before = len(files)
         for dirpath, _, names in sorted(os.walk(base / cls, followlinks=True)):
             for name in sorted(names):
-                if name.lower().endswith(exts):
-                    files.append(Path(dirpath) / name)
-                    labels.append(label)
+                if not name.lower().endswith(exts):
+                    continue
+                f = Path(dirpath) / name
+                real = os.path.realpath(f)
+                if not follow_links and os.path.commonpath([real, real_base]) != real_base:
+                    raise ValueError(f"{f} leads outside {base} (to {real}) through a symbolic link: "
+                                     "refused, so that packing a folder never packs files from elsewhere; "
+                                     "pass follow_links=True (opt4torch pack --follow-links) to pack it")
+                files.append(f)
+                labels.append(label)
+        if len(files) == before:
+            empty.append(cls)
+    if empty and not allow_empty:
+        raise ValueError(f"no image files ({', '.join(exts)}) in the class folder(s) "
+                         f"{', '.join(repr(c) for c in empty)} of {base}: torchvision's ImageFolder refuses "
+                         "such a layout too; remove the folder, or pass allow_empty=True "
+                         "(opt4torch pack --allow-empty) to keep it as a class with no images")
     if not files:
         raise ValueError(f"no image files ({', '.join(exts)}) under {base}")
-    rf = write_records(path, (f.read_bytes() for f in files), labels=labels, classes=classes,
-                       progress=progress, total=len(files))
+    return classes, files, labels
+
+
+def image_folder_to_records(root: str | os.PathLike[str], path: str | os.PathLike[str], *,
+                            extensions: Sequence[str] = IMAGE_EXTENSIONS,
+                            progress: bool | None = None, follow_links: bool = False,
+                            allow_empty: bool = False) -> RecordFile:
+    """Pack an image folder in the ``ImageFolder`` layout (``root/<class>/<file>``)
+    into a record file: record ``i`` is the ``i``-th file's bytes as stored
+    (still encoded), in class order then file name order, as torchvision
+    numbers them; the sidecar keeps the classes, each record's label and its
+    source file. ``RecordFile(path)[i]`` is then ``(bytes, label)``.
+
+    Unlike torchvision, which reads whatever the folder holds: a symbolic
+    link that leads outside ``root`` is refused unless ``follow_links``;
+    anything that is not a regular file (a FIFO, a device) is refused, naming
+    it; empty (0-byte) files are packed, as torchvision lists them, with a
+    warning naming them (they cannot be decoded). A class folder with no
+    image is refused unless ``allow_empty``, as torchvision does."""
+    base = Path(root)
+    if not base.is_dir():
+        raise FileNotFoundError(f"{base} is not a folder (expected root/<class>/<image files>)")
+    exts = tuple(e.lower() for e in extensions)
+    classes, files, labels = _scan_image_folder(base, exts, follow_links, allow_empty)
+    empty_files: list[Path] = []
+
+    def contents() -> Iterable[bytes]:
+        for f in files:
+            data = _read_regular(f)
+            if not data:
+                empty_files.append(f)
+            yield data
+
+    rf = write_records(path, contents(), labels=labels, classes=classes, progress=progress, total=len(files))
+    if empty_files:
+        shown = ", ".join(os.fspath(f) for f in empty_files[:5]) + (" ..." if len(empty_files) > 5 else "")
+        warnings.warn(f"{len(empty_files)} empty (0-byte) image file(s) packed as empty records, as "
+                      f"torchvision's ImageFolder lists them; decoding them will fail: {shown}",
+                      stacklevel=2)
     meta = json.loads(_sidecar(rf.path).read_text())
     meta["files"] = [os.fspath(f.relative_to(base)) for f in files]
     _write_sidecar(_sidecar(rf.path), meta)

@@ -8,6 +8,7 @@
 #include "opt4.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -44,6 +45,20 @@ int opt4__mul_size(size_t count, size_t size, size_t *out);
 /* ---- errors: record a sentence for opt4_errdetail() and return code. ---- */
 int opt4__fail(int code, const char *fmt, ...) OPT4__PRINTF(2, 3);
 void opt4__clear_detail(void);
+
+/* ---- futex: sleep until a 32-bit word changes (futex.c). ----
+ * opt4__futex_wait sleeps while *word == expect, until woken, for at most
+ * timeout_ns (0: no limit); 1 if the time ran out, else 0 (woken, changed,
+ * or a signal: callers re-check their condition). shared: the word is in
+ * memory shared between processes. */
+int opt4__futex_wait(_Atomic uint32_t *word, uint32_t expect, uint64_t timeout_ns, int shared);
+void opt4__futex_wake(_Atomic uint32_t *word, int shared);
+
+/* ---- pools: what other areas may ask of a handle (src/shm). ----
+ * fn is called, with ctx, inside the handle's bounded waits, where its
+ * thread holds no lock: a thread may park there (around fork). It returns
+ * the nanoseconds it kept the thread, not counted against the timeout. */
+void opt4__pool_set_safe_point(opt4_pool *pool, uint64_t (*fn)(void *ctx), void *ctx);
 
 /* ---- hashing (XXH3-64) ---- */
 typedef struct opt4__hasher opt4__hasher;

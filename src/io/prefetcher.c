@@ -7,11 +7,39 @@
  * the next miss in the window, reads the record with pread (O_DIRECT where
  * the reader has it), and hands it over; a failed read gives the claim back
  * so the consumer loads it. When the window has nothing to claim it sleeps,
- * backing off from 50 us to 1 ms, so a stalled consumer costs no CPU.
+ * backing off from 50 us to 1 ms, so a stalled consumer costs little CPU.
+ *
+ * Fork. No process may fork while one of these threads can hold a lock (the
+ * allocator's, stdio's, a sanitizer's): the child would inherit the lock
+ * held by a thread it does not have, and deadlock on first use. DataLoader
+ * forks its workers (every epoch, without persistent workers) while the
+ * prefetcher runs, so fork is part of the protocol:
+ *
+ *  - prepare (pthread_atfork, in the forking thread): take the registry
+ *    lock, open a new parking round in every running prefetcher (park =
+ *    round) and wake its idle threads; wait until every thread has reported
+ *    the round from a safe point, or is resting (done, waiting to be
+ *    stopped). Safe points hold nothing: the top of the loop, the idle
+ *    wait, and the sleeping part of the pool's bounded waits (the pool
+ *    handle's safe_point hook). Between two safe points a thread does a
+ *    bounded amount of work (one read, one copy), so the wait is short; it
+ *    is bounded all the same (PARK_TIMEOUT_NS, then the fork goes ahead and
+ *    the miss is counted in park_timeouts).
+ *  - parent: park = 0, wake the parked threads; release the lock.
+ *  - child: the child has no threads. Every prefetcher is marked orphaned,
+ *    so stopping it frees its memory without interrupting or joining
+ *    anything; release the lock.
+ *
+ * A thread reports a round by storing it in its own word while it is inside
+ * the safe point, and leaves only once park is 0; a round number, not a
+ * count, so a thread that has just been let go from one round and has not
+ * yet left cannot be taken as parked for the next. Start and stop hold the
+ * registry lock too, so no thread starts or exits across a fork.
  */
 #include "internal.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -22,13 +50,18 @@
 #define DEFAULT_THREADS 8u
 #define MAX_THREADS 256u
 #define DEFAULT_LOOKAHEAD 4096u
-#define DEFAULT_PENDING_BYTES ((uint64_t)64 << 20)
+/* Loaded items the threads may hold while they wait for their place, in
+ * all: 4 MiB, 1 to 32 items a thread (bench/RESULTS.md, memory). */
+#define DEFAULT_PENDING_BYTES ((uint64_t)4 << 20)
+#define PARK_TIMEOUT_NS ((uint64_t)10 * 1000000000u)
 
 typedef struct pf_thread {
   opt4_prefetcher *pf;
   opt4_pool *pool;
   pthread_t tid;
   int started;
+  _Atomic uint32_t parked; /* the last parking round seen from a safe point */
+  _Atomic uint32_t resting; /* done: waits, at a safe point, to be stopped */
 } pf_thread;
 
 struct opt4_prefetcher {
@@ -38,15 +71,101 @@ struct opt4_prefetcher {
   uint32_t pending; /* loaded items a thread may hold */
   pf_thread *threads;
   uint32_t n;
-  _Atomic int stop;
-  _Atomic uint64_t loaded, bytes, stored, errors, idle_ns;
+  _Atomic uint32_t stop;
+  _Atomic uint32_t park; /* the open parking round, 0 when none */
+  uint32_t round;        /* the last round opened (under reg_lock) */
+  int orphan;            /* a forked child's copy: its threads are not here */
+  opt4_prefetcher *reg_next;
+  _Atomic uint64_t loaded, bytes, stored, errors, idle_ns, parks, park_timeouts;
   _Atomic uint32_t finished;
 };
+
+/* ---- fork: the registry of running prefetchers, and parking ---- */
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static opt4_prefetcher *reg_head;
+static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
 
 static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A safe point: if a parking round is open, report it and sleep until the
+ * parent lets the threads go. Returns the nanoseconds spent parked. */
+static uint64_t pf_safe_point(void *arg) {
+  pf_thread *th = arg;
+  opt4_prefetcher *pf = th->pf;
+  uint32_t r = atomic_load_explicit(&pf->park, memory_order_acquire);
+  if (r == 0) return 0;
+  uint64_t t0 = now_ns();
+  while (r != 0) {
+    atomic_store_explicit(&th->parked, r, memory_order_release);
+    opt4__futex_wake(&th->parked, 0);
+    opt4__futex_wait(&pf->park, r, 0, 0);
+    r = atomic_load_explicit(&pf->park, memory_order_acquire);
+  }
+  return now_ns() - t0;
+}
+
+/* Whether thread th is at a safe point for round r (or resting, or never
+ * started); waits for it up to the deadline. */
+static int pf_wait_parked(pf_thread *th, uint32_t r, uint64_t deadline) {
+  for (;;) {
+    if (!th->started || atomic_load_explicit(&th->resting, memory_order_acquire)) return 1;
+    uint32_t seen = atomic_load_explicit(&th->parked, memory_order_acquire);
+    if (seen == r) return 1;
+    uint64_t now = now_ns();
+    if (now >= deadline) return 0;
+    /* Woken by the thread's report; the slice bounds a missed wake-up by a
+     * thread that went resting instead. */
+    uint64_t left = deadline - now;
+    opt4__futex_wait(&th->parked, seen, left < 10000000u ? left : 10000000u, 0);
+  }
+}
+
+static void fork_prepare(void) {
+  pthread_mutex_lock(&reg_lock);
+  for (opt4_prefetcher *pf = reg_head; pf != NULL; pf = pf->reg_next) {
+    pf->round = pf->round == UINT32_MAX ? 1 : pf->round + 1;
+    atomic_store_explicit(&pf->park, pf->round, memory_order_release);
+    opt4__futex_wake(&pf->park, 0); /* the idle ones */
+  }
+  uint64_t deadline = now_ns() + PARK_TIMEOUT_NS;
+  for (opt4_prefetcher *pf = reg_head; pf != NULL; pf = pf->reg_next) {
+    for (uint32_t i = 0; i < pf->n; i++)
+      if (!pf_wait_parked(&pf->threads[i], pf->round, deadline))
+        atomic_fetch_add_explicit(&pf->park_timeouts, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pf->parks, 1, memory_order_relaxed);
+  }
+}
+
+static void fork_parent(void) {
+  for (opt4_prefetcher *pf = reg_head; pf != NULL; pf = pf->reg_next) {
+    atomic_store_explicit(&pf->park, 0, memory_order_release);
+    opt4__futex_wake(&pf->park, 0);
+  }
+  pthread_mutex_unlock(&reg_lock);
+}
+
+static void fork_child(void) {
+  for (opt4_prefetcher *pf = reg_head; pf != NULL; pf = pf->reg_next) {
+    pf->orphan = 1;
+    atomic_store_explicit(&pf->park, 0, memory_order_relaxed);
+  }
+  pthread_mutex_unlock(&reg_lock);
+}
+
+static void reg_install(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
+/* Under reg_lock. */
+static void reg_remove(opt4_prefetcher *pf) {
+  for (opt4_prefetcher **p = &reg_head; *p != NULL; p = &(*p)->reg_next)
+    if (*p == pf) {
+      *p = pf->reg_next;
+      return;
+    }
 }
 
 /* One loaded item a thread holds until the pool can take it. */
@@ -119,6 +238,7 @@ static void *pf_main(void *arg) {
     if ((items[allocated].buf = malloc((size_t)pf->buf_len)) == NULL) break;
   if (allocated == 0) goto leave;
   while (!atomic_load_explicit(&pf->stop, memory_order_relaxed)) {
+    pf_safe_point(th);
     int progressed = 0;
     uint32_t kept = 0;
     /* Earliest first, and none after one that must wait: handing a later
@@ -155,9 +275,10 @@ static void *pf_main(void *arg) {
     }
     if (end && held == 0) break;
     if (!progressed) {
+      /* Idle: a timed sleep on the parking word, so that a fork never
+       * waits for the sleep to end. */
       uint64_t t0 = now_ns();
-      struct timespec ts = {0, backoff};
-      nanosleep(&ts, NULL);
+      opt4__futex_wait(&pf->park, 0, (uint64_t)backoff, 0);
       atomic_fetch_add_explicit(&pf->idle_ns, now_ns() - t0, memory_order_relaxed);
       backoff = backoff * 2 > 1000000 ? 1000000 : backoff * 2;
     } else {
@@ -171,6 +292,11 @@ leave:
   free(items);
   free(order);
   atomic_fetch_add(&pf->finished, 1);
+  /* Rest until stopped: a thread exits only inside opt4_prefetcher_stop,
+   * under the registry lock, so none is half way out across a fork. */
+  atomic_store_explicit(&th->resting, 1, memory_order_release);
+  opt4__futex_wake(&th->parked, 0);
+  while (!atomic_load_explicit(&pf->stop, memory_order_acquire)) opt4__futex_wait(&pf->stop, 0, 0, 0);
   return NULL;
 }
 
@@ -209,7 +335,10 @@ int opt4_prefetcher_start(const char *pool_name, opt4_records *src, const opt4_p
     pf->threads[i].pf = pf;
     rc = opt4_pool_attach(pool_name, &pf->threads[i].pool);
     if (rc != 0) goto fail;
+    opt4__pool_set_safe_point(pf->threads[i].pool, pf_safe_point, &pf->threads[i]);
   }
+  pthread_once(&reg_once, reg_install);
+  pthread_mutex_lock(&reg_lock);
   /* The threads block every signal: signals belong to the application's
    * threads (Python handles them in its main thread). */
   sigset_t all, old;
@@ -224,9 +353,13 @@ int opt4_prefetcher_start(const char *pool_name, opt4_records *src, const opt4_p
   }
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (started == 0) {
+    pthread_mutex_unlock(&reg_lock);
     rc = opt4__fail(OPT4_EIO, "could not start any prefetch thread");
     goto fail;
   }
+  pf->reg_next = reg_head;
+  reg_head = pf;
+  pthread_mutex_unlock(&reg_lock);
   *out = pf;
   return 0;
 fail:
@@ -242,6 +375,8 @@ int opt4_prefetcher_stats_get(opt4_prefetcher *pf, opt4_prefetcher_stats *out) {
   out->stored = atomic_load(&pf->stored);
   out->errors = atomic_load(&pf->errors);
   out->idle_ns = atomic_load(&pf->idle_ns);
+  out->parks = atomic_load(&pf->parks);
+  out->park_timeouts = atomic_load(&pf->park_timeouts);
   for (uint32_t i = 0; i < pf->n; i++) out->threads += (uint32_t)pf->threads[i].started;
   out->finished = atomic_load(&pf->finished);
   return 0;
@@ -249,15 +384,23 @@ int opt4_prefetcher_stats_get(opt4_prefetcher *pf, opt4_prefetcher_stats *out) {
 
 void opt4_prefetcher_stop(opt4_prefetcher *pf) {
   if (pf == NULL) return;
-  atomic_store(&pf->stop, 1);
-  /* A thread may be waiting to store an item (for the items it replaces to
-   * be read): interrupt, so it gives the item back at once. */
-  for (uint32_t i = 0; i < pf->n; i++)
-    if (pf->threads[i].pool != NULL) opt4_pool_interrupt(pf->threads[i].pool);
-  for (uint32_t i = 0; i < pf->n; i++) {
-    if (pf->threads[i].started) pthread_join(pf->threads[i].tid, NULL);
-    opt4_pool_close(pf->threads[i].pool);
+  pthread_once(&reg_once, reg_install);
+  pthread_mutex_lock(&reg_lock);
+  reg_remove(pf);
+  if (!pf->orphan) {
+    atomic_store(&pf->stop, 1);
+    opt4__futex_wake(&pf->stop, 0); /* the resting ones */
+    /* A thread may be waiting to store an item (for the items it replaces
+     * to be read): interrupt, so it gives the item back at once. */
+    for (uint32_t i = 0; i < pf->n; i++)
+      if (pf->threads[i].pool != NULL) opt4_pool_interrupt(pf->threads[i].pool);
+    for (uint32_t i = 0; i < pf->n; i++)
+      if (pf->threads[i].started) pthread_join(pf->threads[i].tid, NULL);
   }
+  pthread_mutex_unlock(&reg_lock);
+  /* A forked child's handles were its parent's: closing them releases
+   * nothing of the parent's (opt4_pool_close checks). */
+  for (uint32_t i = 0; i < pf->n; i++) opt4_pool_close(pf->threads[i].pool);
   opt4__free(pf->threads, (size_t)pf->n * sizeof *pf->threads);
   opt4__free(pf, sizeof *pf);
 }

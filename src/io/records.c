@@ -3,16 +3,21 @@
  * read by index with pread, optionally with O_DIRECT (no page cache).
  *
  * Layout (docs/records.md has it byte by byte):
- *   header (4096 bytes) | records, each at a multiple of align | index
- * The header gives the count, the alignment, where the index starts, the
- * file's size and the index's XXH3-64; the index is count entries of
- * (offset u64, length u64), little-endian. Records start at multiples of
- * align (4096) so that a direct read of one needs no read of its neighbour's
- * first block, and the index comes last so that a writer can stream.
+ *   header (4096 bytes) | records, back to back | index
+ * The header gives the count, where the index starts, the file's size and
+ * the index's XXH3-64; the index is count entries of (offset u64, length
+ * u64, XXH3-64 of the record u64), little-endian. Records are packed with
+ * no padding, so the file is the data plus 4 KiB plus 24 bytes a record; a
+ * direct read fetches the aligned blocks that cover a record and copies it
+ * out. The index comes last so that a writer can stream.
  *
- * The reader validates everything before use (opt4__records_parse, fuzzed):
- * magic, version, sizes against the file, the checksum, and every record's
- * bounds. A record file that opens can be read without further checks.
+ * The reader validates everything before use (opt4__records_header and
+ * _index, fuzzed): magic, version, sizes against the file, the checksums,
+ * and every record's bounds. Each read is checked against its record's
+ * checksum (XXH3 runs at memory speed, far above any storage), so a file
+ * changed in place under a reader is reported, never served; a file
+ * shortened under it is named as such. Version 1 files (records at
+ * multiples of 4096, no record checksums) are still read.
  */
 #define _GNU_SOURCE /* O_DIRECT, statx */
 #include "records.h"
@@ -33,8 +38,11 @@ struct opt4_records {
   int dfd;       /* O_DIRECT, or -1 */
   uint64_t count, align, file_size, total_bytes, max_len;
   uint64_t dio_mem_align, dio_off_align;
-  uint64_t *index; /* 2 * count: offset, length */
+  uint64_t *index; /* OPT4__REC_FIELDS * count: offset, length, checksum */
   size_t index_bytes;
+  uint32_t version;
+  char *path; /* for messages */
+  size_t path_bytes;
   /* Counters in a shared anonymous mapping: processes forked after open
    * (DataLoader workers) count into the same place. */
   struct rec_counters *shared;
@@ -73,10 +81,13 @@ int opt4__records_header(const uint8_t *buf, size_t len, uint64_t file_size, rec
     return opt4__fail(OPT4_EBADMAGIC, "not an opt4 record file (bad magic)");
   uint32_t version = (uint32_t)buf[8] | (uint32_t)buf[9] << 8 | (uint32_t)buf[10] << 16 |
                      (uint32_t)buf[11] << 24;
-  if (version != OPT4__REC_VERSION)
-    return opt4__fail(OPT4_EVERSION, "record file version %u; this library reads version %u",
+  if (version != 1 && version != OPT4__REC_VERSION)
+    return opt4__fail(OPT4_EVERSION, "record file version %u; this library reads versions 1 and %u "
+                      "(a newer opt4torch wrote it? upgrade, or pack the data again with this one)",
                       version, OPT4__REC_VERSION);
   records_header h;
+  h.version = version;
+  h.entry = version == 1 ? 16u : 24u;
   h.count = get_le64(buf + 16);
   h.align = get_le64(buf + 24);
   h.index_off = get_le64(buf + 32);
@@ -89,11 +100,14 @@ int opt4__records_header(const uint8_t *buf, size_t len, uint64_t file_size, rec
     return opt4__fail(file_size < h.file_size ? OPT4_ETRUNCATED : OPT4_ECORRUPT,
                       "record file is %llu bytes; its header says %llu",
                       (unsigned long long)file_size, (unsigned long long)h.file_size);
-  if (h.align < 512 || h.align > ((uint64_t)1 << 20) || (h.align & (h.align - 1)) != 0)
+  if (version == 1 && (h.align < 512 || h.align > ((uint64_t)1 << 20) || (h.align & (h.align - 1)) != 0))
     return opt4__fail(OPT4_ECORRUPT, "record alignment %llu is not a power of two in [512, 1 MiB]",
                       (unsigned long long)h.align);
+  if (version != 1 && h.align != 1)
+    return opt4__fail(OPT4_ECORRUPT, "record alignment %llu in a packed record file (must be 1)",
+                      (unsigned long long)h.align);
   if (h.index_off < OPT4__REC_HEADER_SIZE || h.index_off > file_size ||
-      h.count > (file_size - h.index_off) / 16 || h.index_off + h.count * 16 != file_size)
+      h.count > (file_size - h.index_off) / h.entry || h.index_off + h.count * h.entry != file_size)
     return opt4__fail(OPT4_ECORRUPT, "record index (%llu entries at %llu) does not end the file",
                       (unsigned long long)h.count, (unsigned long long)h.index_off);
   if (h.count > OPT4_MAX_ITEMS)
@@ -105,20 +119,22 @@ int opt4__records_header(const uint8_t *buf, size_t len, uint64_t file_size, rec
 
 int opt4__records_index(const records_header *h, const uint8_t *buf, size_t len, uint64_t *index,
                         uint64_t *total, uint64_t *max_len) {
-  if (len != h->count * 16)
+  if (len != h->count * h->entry)
     return opt4__fail(OPT4_ETRUNCATED, "record index is %llu bytes; %llu expected",
-                      (unsigned long long)len, (unsigned long long)(h->count * 16));
+                      (unsigned long long)len, (unsigned long long)(h->count * h->entry));
   if (CHECKSUM_MISMATCH(opt4__hash64(buf, len), h->index_hash))
     return opt4__fail(OPT4_ECHECKSUM, "record index checksum mismatch (the file is corrupted)");
   uint64_t sum = 0, longest = 0;
   for (uint64_t i = 0; i < h->count; i++) {
-    uint64_t off = get_le64(buf + 16 * i), n = get_le64(buf + 16 * i + 8);
+    const uint8_t *e = buf + h->entry * i;
+    uint64_t off = get_le64(e), n = get_le64(e + 8);
     if (off < OPT4__REC_HEADER_SIZE || off % h->align != 0 || off > h->index_off ||
         n > h->index_off - off)
       return opt4__fail(OPT4_ECORRUPT, "record %llu (%llu bytes at %llu) lies outside the data",
                         (unsigned long long)i, (unsigned long long)n, (unsigned long long)off);
-    index[2 * i] = off;
-    index[2 * i + 1] = n;
+    index[OPT4__REC_FIELDS * i] = off;
+    index[OPT4__REC_FIELDS * i + 1] = n;
+    index[OPT4__REC_FIELDS * i + 2] = h->entry == 24 ? get_le64(e + 16) : 0;
     sum += n;
     if (n > longest) longest = n;
   }
@@ -199,6 +215,13 @@ int opt4_records_open(const char *path, uint32_t flags, opt4_records **out) {
   opt4_records *r = opt4__calloc(1, sizeof *r);
   if (r == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a record reader");
   r->dfd = -1;
+  r->path_bytes = strlen(path) + 1;
+  r->path = opt4__malloc(r->path_bytes);
+  if (r->path == NULL) {
+    rc = opt4__fail(OPT4_ENOMEM, "no memory for a record reader");
+    goto leave;
+  }
+  memcpy(r->path, path, r->path_bytes);
   r->shared = mmap(NULL, sizeof *r->shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (r->shared == MAP_FAILED) {
     r->shared = NULL;
@@ -226,19 +249,20 @@ int opt4_records_open(const char *path, uint32_t flags, opt4_records **out) {
   r->count = h.count;
   r->align = h.align;
   r->file_size = h.file_size;
-  r->index_bytes = (size_t)(h.count ? h.count * 16 : 16);
+  r->version = h.version;
+  r->index_bytes = (size_t)(h.count ? h.count * OPT4__REC_FIELDS * 8 : 8);
   r->index = opt4__malloc(r->index_bytes);
-  ibuf_bytes = r->index_bytes;
+  ibuf_bytes = (size_t)(h.count ? h.count * h.entry : 8);
   ibuf = opt4__malloc(ibuf_bytes);
   if (r->index == NULL || ibuf == NULL) {
     rc = opt4__fail(OPT4_ENOMEM, "no memory for an index of %llu records", (unsigned long long)h.count);
     goto leave;
   }
-  if (pread_full(r->fd, ibuf, (size_t)(h.count * 16), h.index_off) != 0) {
+  if (pread_full(r->fd, ibuf, (size_t)(h.count * h.entry), h.index_off) != 0) {
     rc = opt4__fail(OPT4_EIO, "cannot read the index of %s: %s", path, strerror(errno));
     goto leave;
   }
-  rc = opt4__records_index(&h, ibuf, (size_t)(h.count * 16), r->index, &r->total_bytes, &r->max_len);
+  rc = opt4__records_index(&h, ibuf, (size_t)(h.count * h.entry), r->index, &r->total_bytes, &r->max_len);
   if (rc != 0) goto leave;
   if (flags & OPT4_RECORDS_DIRECT) {
     r->dfd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
@@ -275,6 +299,7 @@ void opt4_records_close(opt4_records *r) {
   if (r->dfd >= 0) close(r->dfd);
   if (r->index != NULL) opt4__free(r->index, r->index_bytes);
   if (r->shared != NULL) munmap(r->shared, sizeof *r->shared);
+  if (r->path != NULL) opt4__free(r->path, r->path_bytes);
   opt4__free(r, sizeof *r);
 }
 
@@ -299,7 +324,7 @@ int opt4_records_len(const opt4_records *r, uint64_t i, uint64_t *len) {
   if (i >= r->count)
     return opt4__fail(OPT4_ERANGE, "record %llu is outside [0, %llu)", (unsigned long long)i,
                       (unsigned long long)r->count);
-  *len = r->index[2 * i + 1];
+  *len = r->index[OPT4__REC_FIELDS * i + 1];
   return 0;
 }
 
@@ -313,7 +338,8 @@ int opt4_records_read(opt4_records *r, uint64_t i, void *dst, size_t cap, uint64
   if (i >= r->count)
     return opt4__fail(OPT4_ERANGE, "record %llu is outside [0, %llu)", (unsigned long long)i,
                       (unsigned long long)r->count);
-  const uint64_t off = r->index[2 * i], n = r->index[2 * i + 1];
+  const uint64_t *ent = &r->index[OPT4__REC_FIELDS * i];
+  const uint64_t off = ent[0], n = ent[1];
   *len = n;
   if (n > cap) return opt4__fail(OPT4_EITEMSIZE, "record %llu is %llu bytes; the buffer holds %llu",
                                  (unsigned long long)i, (unsigned long long)n, (unsigned long long)cap);
@@ -324,13 +350,31 @@ int opt4_records_read(opt4_records *r, uint64_t i, void *dst, size_t cap, uint64
     }
   }
   int rc = n == 0 ? 0 : r->dfd >= 0 ? read_direct(r, off, n, dst) : pread_full(r->fd, dst, (size_t)n, off);
-  if (rc != 0) return opt4__fail(OPT4_EIO, "cannot read record %llu: %s", (unsigned long long)i, strerror(errno));
+  if (rc != 0) {
+    int e = errno;
+    struct stat st;
+    if (fstat(r->fd, &st) == 0 && (uint64_t)st.st_size < r->file_size)
+      return opt4__fail(OPT4_ETRUNCATED, "cannot read record %llu of %s: the file is now %llu bytes, "
+                        "shorter than the %llu it had when opened (and than its index says): it was "
+                        "truncated or overwritten while open; restore it, or pack it again and reopen it",
+                        (unsigned long long)i, r->path, (unsigned long long)st.st_size,
+                        (unsigned long long)r->file_size);
+    return opt4__fail(OPT4_EIO, "cannot read record %llu of %s: %s", (unsigned long long)i, r->path,
+                      strerror(e));
+  }
+  if (r->version != 1 && CHECKSUM_MISMATCH(opt4__hash64(dst, (size_t)n), ent[2]))
+    return opt4__fail(OPT4_ECHECKSUM, "record %llu of %s does not match its checksum: the file was "
+                      "changed after it was written (modified in place while open?); nothing was "
+                      "returned; restore the file, or pack it again and reopen it",
+                      (unsigned long long)i, r->path);
   atomic_fetch_add_explicit(&r->shared->reads, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&r->shared->bytes_read, n, memory_order_relaxed);
   return 0;
 }
 
 /* ---- writing ---- */
+
+#define ENTRY 24u /* bytes per index entry in the version written */
 
 struct opt4_records_writer {
   int fd;
@@ -401,26 +445,25 @@ int opt4_records_writer_add(opt4_records_writer *w, const void *data, size_t len
   if (w->count >= OPT4_MAX_ITEMS) return opt4__fail(OPT4_ETOOBIG, "too many records");
   if (w->count == w->cap) {
     uint64_t cap = w->cap ? w->cap * 2 : 1024;
-    uint64_t *idx = opt4__malloc((size_t)(cap * 16));
+    uint64_t *idx = opt4__malloc((size_t)(cap * ENTRY));
     if (idx == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for the record index");
     if (w->index != NULL) {
-      memcpy(idx, w->index, (size_t)(w->count * 16));
-      opt4__free(w->index, (size_t)(w->cap * 16));
+      memcpy(idx, w->index, (size_t)(w->count * ENTRY));
+      opt4__free(w->index, (size_t)(w->cap * ENTRY));
     }
     w->index = idx;
     w->cap = cap;
   }
-  uint8_t pad[OPT4__REC_ALIGN];
-  memset(pad, 0, sizeof pad);
-  uint64_t aligned = (w->pos + OPT4__REC_ALIGN - 1) / OPT4__REC_ALIGN * OPT4__REC_ALIGN;
-  if (write_full(w->fd, pad, (size_t)(aligned - w->pos)) != 0 || write_full(w->fd, data, len) != 0) {
+  if (write_full(w->fd, data, len) != 0) {
     w->failed = 1;
     return opt4__fail(OPT4_EIO, "cannot write %s: %s", w->path, strerror(errno));
   }
-  put_le64((uint8_t *)&w->index[2 * w->count], aligned);
-  put_le64((uint8_t *)&w->index[2 * w->count + 1], len);
+  uint8_t *e = (uint8_t *)w->index + w->count * ENTRY;
+  put_le64(e, w->pos);
+  put_le64(e + 8, len);
+  put_le64(e + 16, opt4__hash64(data, len));
   w->count++;
-  w->pos = aligned + len;
+  w->pos += len;
   return 0;
 }
 
@@ -432,7 +475,7 @@ int opt4_records_writer_finish(opt4_records_writer *w) {
     goto leave;
   }
   uint64_t index_off = w->pos;
-  if (write_full(w->fd, w->index, (size_t)(w->count * 16)) != 0) {
+  if (write_full(w->fd, w->index, (size_t)(w->count * ENTRY)) != 0) {
     rc = opt4__fail(OPT4_EIO, "cannot write %s: %s", w->path, strerror(errno));
     goto leave;
   }
@@ -441,10 +484,10 @@ int opt4_records_writer_finish(opt4_records_writer *w) {
   memcpy(head, OPT4__REC_MAGIC, 8);
   head[8] = OPT4__REC_VERSION;
   put_le64(head + 16, w->count);
-  put_le64(head + 24, OPT4__REC_ALIGN);
+  put_le64(head + 24, 1); /* packed */
   put_le64(head + 32, index_off);
-  put_le64(head + 40, index_off + w->count * 16);
-  put_le64(head + 48, opt4__hash64(w->index, (size_t)(w->count * 16)));
+  put_le64(head + 40, index_off + w->count * ENTRY);
+  put_le64(head + 48, opt4__hash64(w->index, (size_t)(w->count * ENTRY)));
   put_le64(head + 56, opt4__hash64(head, 56));
   if (pwrite(w->fd, head, sizeof head, 0) != (ssize_t)sizeof head || fsync(w->fd) != 0) {
     rc = opt4__fail(OPT4_EIO, "cannot write %s: %s", w->path, strerror(errno));
@@ -466,7 +509,7 @@ void opt4_records_writer_abort(opt4_records_writer *w) {
     close(w->fd);
     unlink(w->tmp);
   }
-  if (w->index != NULL) opt4__free(w->index, (size_t)(w->cap * 16));
+  if (w->index != NULL) opt4__free(w->index, (size_t)(w->cap * ENTRY));
   if (w->path != NULL) opt4__free(w->path, w->path_len + 1);
   if (w->tmp != NULL) opt4__free(w->tmp, w->path_len + 1 + 32);
   opt4__free(w, sizeof *w);

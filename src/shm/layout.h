@@ -215,6 +215,12 @@ struct opt4_pool {
   uint64_t fork_gen;
   uint64_t timeout_ns;
   _Atomic int interrupted; /* opt4_pool_interrupt: waits give up at once */
+  /* Called inside bounded waits, where this handle's thread holds no lock
+   * and no memory of its own is half-changed: the prefetcher parks its
+   * threads there around fork (prefetcher.c). Returns the nanoseconds it
+   * kept the thread, which the wait does not count against its timeout. */
+  uint64_t (*safe_point)(void *ctx);
+  void *safe_ctx;
 };
 
 /* ---- segment.c ---- */

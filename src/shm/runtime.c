@@ -183,6 +183,7 @@ static int wait_step(const opt4_pool *pool, waiter *w) {
     sched_yield();
     return 0;
   }
+  if (pool->safe_point != NULL) w->start += pool->safe_point(pool->safe_ctx);
   uint32_t shift = (w->spins - 128) / 16;
   long ns = 20000L << (shift > 6 ? 6 : shift);
   struct timespec ts = {0, ns > 1000000L ? 1000000L : ns};
@@ -939,6 +940,7 @@ static int far_ahead(opt4_pool *pool, uint64_t t) {
 static int consumers_behind(opt4_pool *pool, uint64_t t, waiter *w) {
   if (atomic_load_explicit(&pool->interrupted, memory_order_relaxed)) return 0;
   if (atomic_load_explicit(&pool->h->head, memory_order_relaxed) + 32 > t) return 0;
+  if (pool->safe_point != NULL) pool->safe_point(pool->safe_ctx);
   struct timespec ts = {0, 200000L};
   nanosleep(&ts, NULL);
   w->spins = 0; /* the timeout starts when they arrive */

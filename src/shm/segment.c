@@ -52,10 +52,13 @@ uint64_t opt4__fork_generation(void) { return atomic_load_explicit(&fork_gen, me
 uint64_t opt4__proc_start_time(pid_t pid) {
   char path[64], buf[1024];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "r");
-  if (f == NULL) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
+  /* open/read, not stdio: no allocation and no lock, so any thread may
+   * call this at any time, fork or no fork. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
   buf[n] = '\0';
   /* Field 22 (starttime); the command name (field 2) may hold spaces and
    * parentheses, so count fields after its last ')'. */
@@ -670,6 +673,11 @@ int opt4_pool_attach(const char *name, opt4_pool **out) {
 fail:
   pool_free(pool);
   return rc;
+}
+
+void opt4__pool_set_safe_point(opt4_pool *pool, uint64_t (*fn)(void *ctx), void *ctx) {
+  pool->safe_point = fn;
+  pool->safe_ctx = ctx;
 }
 
 void opt4_pool_close(opt4_pool *pool) {

@@ -62,6 +62,18 @@ static inline opt4_plan *random_sized_plan(uint64_t T, uint64_t N, uint64_t capa
   return p;
 }
 
+/* Items 0..n-1 with item_fill's bytes, as a record file at path. */
+static inline void write_items(const char *path, uint32_t n) {
+  opt4_records_writer *w = NULL;
+  ASSERT_OK(opt4_records_writer_open(path, &w));
+  uint8_t buf[PAGE];
+  for (uint32_t i = 0; i < n; i++) {
+    item_fill(i, buf);
+    ASSERT_OK(opt4_records_writer_add(w, buf, item_len(i)));
+  }
+  ASSERT_OK(opt4_records_writer_finish(w));
+}
+
 typedef struct follow_counts {
   uint64_t hits, loads, wrong, deferred;
 } follow_counts;

@@ -7,11 +7,60 @@
 #define OPT4_TEST_TASK_H
 
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "opt4.h"
+
+/* The watchdog: a test still running after OPT4_TEST_TIMEOUT seconds (240
+ * unless the environment says otherwise, under ctest's 300) prints the
+ * stack of every thread (gdb, when installed) and aborts, so that a hang
+ * is a failure with its stacks rather than a silent kill. A POSIX timer, not
+ * alarm(), which tests keep for their own use; not inherited by children. */
+static char task__pid[24];
+
+static void task__on_timeout(int sig) {
+  (void)sig;
+  static const char msg[] = "\n*** test timed out: the stacks of every thread follow ***\n";
+  if (write(2, msg, sizeof msg - 1) < 0) _exit(3);
+  prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  pid_t g = fork();
+  if (g == 0) {
+    dup2(2, 1);
+    execlp("gdb", "gdb", "-batch", "-nx", "-p", task__pid, "-ex", "thread apply all bt", (char *)NULL);
+    _exit(127);
+  }
+  if (g > 0) waitpid(g, NULL, 0);
+  signal(SIGABRT, SIG_DFL);
+  abort();
+}
+
+__attribute__((constructor)) static void task__watchdog(void) {
+  const char *env = getenv("OPT4_TEST_TIMEOUT");
+  long seconds = env != NULL ? atol(env) : 240;
+  if (seconds <= 0) return;
+  snprintf(task__pid, sizeof task__pid, "%d", (int)getpid());
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = task__on_timeout;
+  sigaction(SIGRTMIN + 1, &sa, NULL);
+  struct sigevent sev;
+  memset(&sev, 0, sizeof sev);
+  sev.sigev_notify = SIGEV_SIGNAL;
+  sev.sigev_signo = SIGRTMIN + 1;
+  timer_t timer;
+  if (timer_create(CLOCK_MONOTONIC, &sev, &timer) != 0) return;
+  struct itimerspec its;
+  memset(&its, 0, sizeof its);
+  its.it_value.tv_sec = seconds;
+  timer_settime(timer, 0, &its, NULL);
+}
 
 #define FAIL_AT(fmt, ...)                                                   \
   do {                                                                      \

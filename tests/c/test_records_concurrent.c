@@ -16,18 +16,6 @@ static void tmp_path(char *buf, size_t cap, const char *name) {
   snprintf(buf, cap, "./opt4-test-%d-%s", (int)getpid(), name);
 }
 
-/* Items 0..n-1 with item_fill's bytes (lengths 16..PAGE-1). */
-static void write_items(const char *path, uint32_t n) {
-  opt4_records_writer *w = NULL;
-  ASSERT_OK(opt4_records_writer_open(path, &w));
-  uint8_t buf[PAGE];
-  for (uint32_t i = 0; i < n; i++) {
-    item_fill(i, buf);
-    ASSERT_OK(opt4_records_writer_add(w, buf, item_len(i)));
-  }
-  ASSERT_OK(opt4_records_writer_finish(w));
-}
-
 static void test_write_and_read(void) {
   char path[128];
   tmp_path(path, sizeof path, "rw.rec");
@@ -117,6 +105,117 @@ static void test_damage(void) {
   unlink(bad);
   unlink(path);
   free(good);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Records are packed: the file is the data, the 4 KiB header and 24 bytes a
+ * record (offset, length, checksum), nothing else. */
+static void test_packed_size(void) {
+  char path[128];
+  tmp_path(path, sizeof path, "packed.rec");
+  write_items(path, 300);
+  struct stat st;
+  ASSERT(stat(path, &st) == 0);
+  uint64_t data = 0;
+  for (uint32_t i = 0; i < 300; i++) data += item_len(i);
+  ASSERT_U64_EQ((uint64_t)st.st_size, 4096u + data + 300u * 24u);
+  opt4_records *r = NULL;
+  ASSERT_OK(opt4_records_open(path, OPT4_RECORDS_DIRECT, &r)); /* direct reads of unaligned records */
+  uint8_t buf[PAGE];
+  for (uint32_t i = 0; i < 300; i++) {
+    uint64_t len = 0;
+    ASSERT_OK(opt4_records_read(r, i, buf, sizeof buf, &len));
+    ASSERT(len == item_len(i) && item_check(i, buf, len));
+  }
+  opt4_records_close(r);
+  unlink(path);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+/* A file changed in place under an open reader: the changed record is
+ * refused (checksum), never returned; a file cut short is named as such. */
+static void test_changed_under_the_reader(void) {
+  char path[128];
+  tmp_path(path, sizeof path, "changed.rec");
+  write_items(path, 50);
+  for (int direct = 0; direct < 2; direct++) {
+    opt4_records *r = NULL;
+    ASSERT_OK(opt4_records_open(path, direct ? OPT4_RECORDS_DIRECT : 0, &r));
+    uint8_t buf[PAGE];
+    uint64_t len = 0;
+    ASSERT_OK(opt4_records_read(r, 7, buf, sizeof buf, &len));
+    /* Overwrite one byte of record 7 in place, as `cp other x.rec` would. */
+    uint64_t off = 4096;
+    for (uint32_t i = 0; i < 7; i++) off += item_len(i);
+    int fd = open(path, O_RDWR);
+    uint8_t b = 0;
+    ASSERT(pread(fd, &b, 1, (off_t)off + 3) == 1);
+    b ^= 0xff;
+    ASSERT(pwrite(fd, &b, 1, (off_t)off + 3) == 1);
+    if (direct) ASSERT(fdatasync(fd) == 0);
+    ASSERT_ERR(opt4_records_read(r, 7, buf, sizeof buf, &len), OPT4_ECHECKSUM);
+    ASSERT(strstr(opt4_errdetail(), "does not match its checksum") != NULL);
+    ASSERT_OK(opt4_records_read(r, 8, buf, sizeof buf, &len)); /* the others still read */
+    b ^= 0xff;
+    ASSERT(pwrite(fd, &b, 1, (off_t)off + 3) == 1);
+    /* Cut the file inside the data: a read past the cut says so. */
+    struct stat st;
+    ASSERT(fstat(fd, &st) == 0);
+    uint8_t *keep = malloc((size_t)st.st_size);
+    ASSERT(pread(fd, keep, (size_t)st.st_size, 0) == st.st_size);
+    ASSERT(ftruncate(fd, (off_t)off) == 0);
+    ASSERT_ERR(opt4_records_read(r, 30, buf, sizeof buf, &len), OPT4_ETRUNCATED);
+    ASSERT(strstr(opt4_errdetail(), "shorter than the") != NULL);
+    ASSERT(pwrite(fd, keep, (size_t)st.st_size, 0) == st.st_size);
+    free(keep);
+    close(fd);
+    opt4_records_close(r);
+  }
+  unlink(path);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+/* Version 1 files (records at multiples of 4096, 16-byte entries, no record
+ * checksums), written before packing, are still read. */
+static void test_version_1_still_reads(void) {
+  char path[128];
+  tmp_path(path, sizeof path, "v1.rec");
+  const uint32_t n = 5;
+  uint64_t index_off = 4096u * (1u + n);
+  size_t size = (size_t)index_off + 16u * n;
+  uint8_t *f = calloc(1, size);
+  uint8_t *idx = f + index_off;
+  for (uint32_t i = 0; i < n; i++) {
+    item_fill(i, f + 4096u * (1u + i));
+    put64(idx + 16 * i, 4096u * (1u + i));
+    put64(idx + 16 * i + 8, item_len(i));
+  }
+  memcpy(f, "OPT4REC", 8);
+  f[8] = 1;
+  put64(f + 16, n);
+  put64(f + 24, 4096);
+  put64(f + 32, index_off);
+  put64(f + 40, size);
+  put64(f + 48, opt4__hash64(idx, 16u * n));
+  put64(f + 56, opt4__hash64(f, 56));
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT(write(fd, f, size) == (ssize_t)size);
+  close(fd);
+  free(f);
+  opt4_records *r = NULL;
+  ASSERT_OK(opt4_records_open(path, 0, &r));
+  uint8_t buf[PAGE];
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t len = 0;
+    ASSERT_OK(opt4_records_read(r, i, buf, sizeof buf, &len));
+    ASSERT(len == item_len(i) && item_check(i, buf, len));
+  }
+  opt4_records_close(r);
+  unlink(path);
   ASSERT_NO_ENGINE_MEMORY();
 }
 
@@ -299,6 +398,9 @@ static void test_prefetcher_stop_early(void) {
 int main(void) {
   RUN(test_write_and_read);
   RUN(test_damage);
+  RUN(test_packed_size);
+  RUN(test_changed_under_the_reader);
+  RUN(test_version_1_still_reads);
   RUN(test_prefetcher);
   RUN(test_prefetcher_stop_early);
   return 0;

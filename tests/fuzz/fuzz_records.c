@@ -23,15 +23,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   }
   /* The header vouched for the index: it ends the file. */
-  if (h.index_off < OPT4__REC_HEADER_SIZE || h.index_off + h.count * 16 != file_size) abort();
+  if (h.index_off < OPT4__REC_HEADER_SIZE || h.index_off + h.count * h.entry != file_size) abort();
   const uint8_t *index_bytes = data + OPT4__REC_HEADER_USED + (h.index_off - OPT4__REC_HEADER_SIZE);
-  uint64_t *index = malloc((size_t)(h.count ? h.count * 16 : 16));
+  uint64_t *index = malloc((size_t)(h.count ? h.count * OPT4__REC_FIELDS * 8 : 8));
   if (index == NULL) return 0;
   uint64_t total = 0, max_len = 0;
-  rc = opt4__records_index(&h, index_bytes, (size_t)(h.count * 16), index, &total, &max_len);
+  rc = opt4__records_index(&h, index_bytes, (size_t)(h.count * h.entry), index, &total, &max_len);
   if (rc == 0) {
     for (uint64_t i = 0; i < h.count; i++) {
-      uint64_t off = index[2 * i], n = index[2 * i + 1];
+      uint64_t off = index[OPT4__REC_FIELDS * i], n = index[OPT4__REC_FIELDS * i + 1];
       if (off < OPT4__REC_HEADER_SIZE || off % h.align != 0 || off + n > h.index_off || n > max_len) abort();
     }
   }

@@ -253,12 +253,16 @@ def test_thread_prefetch_for_any_dataset(tmp_path) -> None:
 
 def test_prefetch_threads_stop_with_the_cache(record_path: str) -> None:
     baseline = threading.active_count()
-    ds = CountingSlow(N_ITEMS, None, delay=0.0)
+    # Slow enough loads that the threads cannot have loaded every miss of
+    # the plan (about 500, 20 ms each, 3 threads) by the time we look: with
+    # instant loads they sometimes had, finished, and were gone.
+    ds = CountingSlow(N_ITEMS, None, delay=0.02)
     loader = opt4torch.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=1, cache_items=CAPACITY,
                                   epochs=2, prefetch=True, prefetch_threads=3)
     it = iter(loader)
     next(it)  # the first batch starts the prefetcher
     assert threading.active_count() >= baseline + 3
+    assert loader.cache.stats()["prefetcher"]["finished"] == 0
     del it  # dropped mid-epoch
     loader.cache.close()
     assert threading.active_count() == baseline
@@ -271,16 +275,22 @@ def test_prefetch_threads_stop_with_the_cache(record_path: str) -> None:
 
 def test_break_mid_epoch_with_prefetch(record_path: str) -> None:
     rf = RecordFile(record_path)
+    # A wait for a position the break skipped would last the whole
+    # wait_timeout, whatever its value; 60 s, not less, so that a wait that
+    # is only slow (a loaded machine, the ASan build: one such wait passed
+    # 5 s there) is not mistaken for one.
     loader = opt4torch.DataLoader(rf, batch_size=BATCH, shuffle=True, seed=2, num_workers=2,
-                                  cache_items=CAPACITY, epochs=2, collate_fn=list, wait_timeout=5)
+                                  cache_items=CAPACITY, epochs=2, collate_fn=list, wait_timeout=60)
     try:
         for k, _ in enumerate(loader):
             if k == 4:
                 break
+        t0 = time.monotonic()
         for batch in loader:  # the next epoch, whole
             assert all(len(d) > 0 for d, _ in batch)
         st = loader.cache.stats()
         assert st["timeouts"] == 0, st
+        assert time.monotonic() - t0 < 50
     finally:
         loader.cache.close()
 
@@ -319,3 +329,36 @@ def test_head_start_does_not_wait_out_the_timeout(record_path: str) -> None:
         assert first < 5.0, f"the first batch took {first:.1f} s"
     finally:
         loader.cache.close()
+
+
+def test_records_are_packed_tightly(tmp_path) -> None:
+    """2-4 KiB records (small JPEGs): the file is within 5 % of the data."""
+    rng = np.random.default_rng(3)
+    items = [rng.integers(0, 256, size=int(n), dtype=np.uint8).tobytes() for n in rng.integers(2048, 4097, 500)]
+    rf = write_records(tmp_path / "small.rec", items)
+    data = sum(len(x) for x in items)
+    size = os.path.getsize(tmp_path / "small.rec")
+    assert size <= data * 1.05, (size, data)
+    assert all(RecordFile(tmp_path / "small.rec", direct=True)[i] == items[i] for i in range(0, 500, 37))
+    assert rf.info()["total_bytes"] == data
+
+
+def test_a_record_file_changed_under_its_reader(tmp_path, record_path: str) -> None:
+    """Overwritten in place (cp over it) or cut short while open: an error
+    that says what happened, never another record's bytes."""
+    import shutil
+
+    path = tmp_path / "live.rec"
+    shutil.copy(record_path, path)
+    rf = RecordFile(path, with_labels=False)
+    assert rf[148] == record_bytes(148)
+    other = tmp_path / "other.rec"
+    write_records(other, (bytes(reversed(record_bytes(i))) for i in range(N_ITEMS)))
+    with open(other, "rb") as src, open(path, "r+b") as dst:  # what `cp other.rec live.rec` does
+        dst.write(src.read())
+        dst.truncate()
+    with pytest.raises(opt4torch.Opt4Error, match="does not match its checksum: the file was changed"):
+        rf[148]
+    os.truncate(path, 5000)
+    with pytest.raises(opt4torch.Opt4Error, match="shorter than the .* it had when opened"):
+        rf[200]

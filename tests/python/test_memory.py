@@ -1,0 +1,58 @@
+"""What a cache costs beyond its own bytes (bench/memory.py measures it;
+bench/RESULTS.md has the figures). These bounds are wide on purpose: they
+catch a regression in kind (a buffer per item, a copy per worker), not noise."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import opt4torch
+from opt4torch.data import STAGING_BUDGET
+from opt4torch.records import RecordFile, write_records
+
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "memory.py")
+
+
+@pytest.fixture(scope="module")
+def big_records(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("mem") / "d.rec"
+    rng = np.random.default_rng(0)
+    write_records(path, (rng.integers(0, 256, size=int(n), dtype=np.uint8).tobytes()
+                         for n in rng.integers(10_000, 100_000, 600)))
+    return os.fspath(path)
+
+
+def test_prefetch_staging_stays_within_its_budget(big_records: str) -> None:
+    """The staging ring of a prefetching pool: at most STAGING_BUDGET (or 8
+    slots of the largest item) beyond the cache, not 64 of them."""
+    rf = RecordFile(big_records, with_labels=False)
+    loader = opt4torch.DataLoader(rf, batch_size=32, shuffle=True, seed=0, cache_bytes="8MiB", epochs=2,
+                                  collate_fn=list)
+    try:
+        st = loader.cache.stats()
+        largest = int(rf.item_sizes().max())
+        beyond = st["shm_bytes"] - st["capacity_bytes"]
+        assert beyond <= max(STAGING_BUDGET, 8 * largest) + (1 << 20), (beyond, st)
+    finally:
+        loader.cache.close()
+
+
+@pytest.mark.slow
+def test_memory_beyond_the_cache(big_records: str, tmp_path) -> None:
+    """PSS of anonymous and shared memory, training process and 2 workers,
+    against plain torch on the same file: the cache plus at most 25 MiB with
+    prefetch on (measured: 8-15; it was 30-35 before the budgets)."""
+    out = {}
+    for config in ("torch", "opt+prefetch"):
+        proc = subprocess.run([sys.executable, BENCH, "--_child", config, "8", "2", big_records],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        out[config] = json.loads(proc.stdout.strip().splitlines()[-1])
+    beyond = out["opt+prefetch"]["own"] - out["torch"]["own"] - (8 << 20)
+    assert beyond <= 25 << 20, (beyond / 2**20, out)

@@ -993,33 +993,24 @@ class DataLoader(tud.DataLoader):
             ahead = (prefetch_factor or 2) * num_workers if num_workers > 0 else 1
             self._positions.head_start = min(per_batch * ahead, int(lookahead))
         self._batches_done = 0
-        except StopIteration:
-            self._done = True
-            if self._started:
-                self._loader._positions.observed = (self._loader._positions.epoch, None)
-            raise
-        self._started = True
-        self._loader._batches_done += 1
-        return batch
-
-    def __del__(self) -> None:
-        # Before self._it goes (torch's iterator joins its workers then).
-        # Not with ranks sharing a pool: the others may still run this epoch.
-        loader = self.__dict__.get("_loader")
-        if (loader is not None and self.__dict__.get("_started") and not self.__dict__.get("_done")
-                and not loader.shared_across_ranks):
-            loader._positions.abandon(loader._batches_done)
-        except BaseException:
-            self._release()  # finished (or failed): a new iter() may start
-            raise
-        self._loader._batches_done += 1
-        return batch
-
-    def _release(self) -> None:
-        loader = self._loader
-        with loader._live_lock:
-            if loader._live is not None and loader._live() is self:
-                loader._live = None
+        #: The plan's fingerprint as built here: a state_dict() names the run
+        #: by it, whatever re-plans happened since.
+        self._fingerprint = plan.fingerprint
+        # What a re-plan needs (epochs cut short, see _replan). Not for ranks
+        # sharing a pool (they would have to agree), persistent workers (they
+        # keep the pool they attached), or an unbatched loader.
+        self._replan_from: dict[str, Any] | None = None
+        if group is None and batched and not (persistent_workers and num_workers > 0):
+            self._replan_from = dict(seq=seq, starts=list(starts), lengths=list(own), make_plan=make_plan,
+                                     pool_page=pool_page, wait_timeout=wait_timeout,
+                                     staging_slots=staging_slots, cut=None,
+                                     prefetch=(dataset, int(prefetch_threads), int(lookahead), allow_pickle)
+                                     if prefetch else None)
+        #: Re-plans so far: (epoch, batches per epoch the new plan expects, or None for whole epochs).
+        self.replans: list[tuple[int, int | None]] = []
+        #: The live iterator (weakly: a dropped one no longer counts), under its lock.
+        self._live: weakref.ref[_CountingIter] | None = None
+        self._live_lock = threading.Lock()
         loader_kwargs = dict(num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory,
                              timeout=timeout, worker_init_fn=worker_init_fn,
                              multiprocessing_context=multiprocessing_context, generator=generator,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import operator
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -66,14 +67,26 @@ def _preserved(sampler: Any) -> Iterator[None]:
             sampler.epoch = epoch
 
 
+def _as_index(value: Any) -> int:
+    """An index the sampler yielded, as an int; a float (2.7) or anything
+    else that is not an integer is refused, never truncated."""
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        value = value.item()  # a 0-d tensor or array
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"the sampler yielded {value!r} ({type(value).__name__}), not an integer index: "
+                         "a sampler must yield integer indices into the dataset") from None
+
+
 def _flatten(batches: Iterable[Any]) -> Iterator[int]:
     for item in batches:
         if isinstance(item, (list, tuple)):
-            yield from (int(i) for i in item)
+            yield from (_as_index(i) for i in item)
         elif hasattr(item, "tolist") and getattr(item, "ndim", 0) > 0:
-            yield from (int(i) for i in item.tolist())
+            yield from (_as_index(i) for i in item.tolist())
         else:
-            yield int(item)
+            yield _as_index(item)
 
 
 def _iterate(sampler: Any, bar: Any) -> np.ndarray:

@@ -410,6 +410,25 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be at least 1, got {args.workers}")
     policies = _parse_policies(args.policy)
+    for part in (args.capacity or "").split(","):
+        part = part.strip()
+        if part.endswith("%"):
+            try:
+                percent = float(part[:-1])
+            except ValueError:
+                continue  # _parse_capacities says what is wrong with it
+            if not 0 < percent <= 100:
+                raise UsageError(f"capacity {part!r}: a percentage of the items must be above 0 % and "
+                                 "at most 100 % (a cache larger than the data holds all of it)")
+    if args.out is not None:
+        # Fail before the sweep, not after it.
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise UsageError(f"--out {args.out!r} exists and is not a directory; give a directory")
+        existing = args.out
+        while not os.path.exists(existing):
+            existing = os.path.dirname(os.path.abspath(existing))
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {args.out!r}: cannot write in {existing!r} (permission denied)")
     plots = args.out is not None and not args.no_plots
     if plots:
         from .plots import PlotDependencyError, require_matplotlib

@@ -22,6 +22,7 @@ cache, so random augmentation stays random.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import signal
 import threading
@@ -58,14 +59,21 @@ def parse_bytes(value: int | float | str) -> int:
         raise ValueError(f"not a size in bytes: {value!r}")
     if isinstance(value, (int, np.integer)):
         return int(value)
+    hint = "(try 8GiB, 512MB or a number of bytes)"
     if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"not a finite size in bytes: {value!r} {hint}")
         return int(value)
     text = str(value).strip().lower().replace(" ", "")
     num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = text[len(num):]
-    if unit not in _UNITS or not num:
-        raise ValueError(f"not a size in bytes: {value!r} (try 8GiB, 512MB or a number of bytes)")
-    return int(float(num) * _UNITS[unit])
+    try:
+        number = float(num)
+    except ValueError:
+        number = math.nan
+    if unit not in _UNITS or not math.isfinite(number):
+        raise ValueError(f"not a size in bytes: {value!r} {hint}")
+    return int(number * _UNITS[unit])
 
 
 # ---- cleanup of pools: this run's on exit and signals, dead runs' on start ----
@@ -580,12 +588,22 @@ class _CountingIter:
             batch = next(self._it)
         except StopIteration:
             self._done = True
+            self._release()
             if self._started:
                 self._loader._positions.observed = (self._loader._positions.epoch, None)
+            raise
+        except BaseException:
+            self._release()  # failed: a new iter() may start
             raise
         self._started = True
         self._loader._batches_done += 1
         return batch
+
+    def _release(self) -> None:
+        loader = self._loader
+        with loader._live_lock:
+            if loader._live is not None and loader._live() is self:
+                loader._live = None
 
     def __del__(self) -> None:
         # Before self._it goes (torch's iterator joins its workers then).
@@ -701,6 +719,86 @@ def _probe_item_bytes(dataset: Any, seq: np.ndarray, allow_pickle: bool, probes:
     return min(sizes), max(sizes)
 
 
+#: The largest position count the engine takes (an unsigned 64-bit word, kept
+#: clear of its top bit).
+_MAX_POSITIONS = (1 << 63) - 1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_arguments(batch_size: Any, cache_bytes: Any, cache_items: Any, wait_timeout: Any,
+                     lookahead: Any) -> None:
+    """Refuse odd arguments up front, naming the argument, rather than let a
+    raw error (or a silent coercion) come out of the middle of planning."""
+    if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive integer (or None for unbatched samples), "
+                         f"got {batch_size!r}")
+    if cache_items is not None and not _is_int(cache_items):
+        raise ValueError(f"cache_items must be an integer number of items, got {cache_items!r} "
+                         f"({type(cache_items).__name__}); give cache_bytes= for a size in bytes")
+    if cache_bytes is not None:
+        try:
+            parse_bytes(cache_bytes)
+        except ValueError as exc:
+            raise ValueError(f"cache_bytes: {exc}") from None
+    # The engine counts it in whole milliseconds (0 would mean its default),
+    # then in 64-bit nanoseconds (which 1e9 s keeps clear of overflow).
+    if (isinstance(wait_timeout, bool) or not isinstance(wait_timeout, (int, float, np.integer, np.floating))
+            or not 0.001 <= wait_timeout <= 1e9):
+        raise ValueError(f"wait_timeout must be a number of seconds from 0.001 to 1e9, got {wait_timeout!r}")
+    if not _is_int(lookahead) or not 1 <= lookahead <= _MAX_POSITIONS:
+        raise ValueError(f"lookahead must be a positive integer number of positions up to 2**63 - 1, "
+                         f"got {lookahead!r}")
+
+
+#: Peak bytes per access to capture and plan a sequence (the captured int64s,
+#: next-use arrays, decisions, the plan itself), measured: 56-76 over 100 items.
+PLAN_BYTES_PER_ACCESS = 64
+#: Above this estimate, building a plan warns with its cost first.
+PLAN_WARN_BYTES = 1 << 30
+
+
+def _check_plan_cost(sampler: Any, batch_sampler: Any, epochs: int) -> None:
+    """Say what a plan will cost before building a large one: a warning above
+    PLAN_WARN_BYTES, an error above the machine's memory."""
+    try:
+        if batch_sampler is not None:
+            inner = getattr(batch_sampler, "sampler", None)
+            per_epoch = len(inner) if inner is not None else len(batch_sampler) * int(
+                getattr(batch_sampler, "batch_size", 1) or 1)
+        else:
+            per_epoch = len(sampler)
+    except TypeError:
+        return  # no length: the capture finds out
+    accesses = per_epoch * epochs
+    cost = accesses * PLAN_BYTES_PER_ACCESS
+    if cost <= PLAN_WARN_BYTES:
+        return
+    what = (f"a plan of {accesses:,} accesses ({epochs:,} epochs of {per_epoch:,}) takes about "
+            f"{cost / (1 << 30):,.1f} GiB of memory to capture and build")
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        memory = 0
+    if memory and cost > memory:
+        raise ValueError(f"{what}, more than this machine's {memory / (1 << 30):,.1f} GiB: give fewer "
+                         "epochs= (build a new loader for the next run of epochs)")
+    warnings.warn(f"{what}; give fewer epochs= if that is too much", RuntimeWarning, stacklevel=3)
+
+
+def _refuse_one_shot(sampler: Any, argument: str) -> None:
+    """A sampler is iterated once per epoch, at capture: an iterator (a
+    generator) is used up by the first and would leave every later epoch,
+    and the loader's length, empty."""
+    if isinstance(sampler, Iterator):
+        raise TypeError(
+            f"{argument}={type(sampler).__name__!r} is a one-shot iterator: it cannot be replayed for "
+            f"each epoch. Pass something iterable again and again: a list of indices, or a "
+            f"torch.utils.data.Sampler whose __iter__ returns a fresh iterator")
+
+
 class DataLoader(tud.DataLoader):
     """A ``torch.utils.data.DataLoader`` with a Belady-optimal shared cache.
 
@@ -740,7 +838,8 @@ class DataLoader(tud.DataLoader):
 
     The order is captured from ``sampler`` (or ``batch_sampler``, or
     ``shuffle``) once, for all epochs, and then replayed: each ``iter(loader)``
-    is the next epoch. ``loader.cache.stats()`` gives the counters.
+    is the next epoch, one iterator at a time (a second ``iter()`` while one is
+    live raises). ``loader.cache.stats()`` gives the counters.
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
@@ -764,6 +863,7 @@ class DataLoader(tud.DataLoader):
                              "not both and not neither")
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
+        _check_arguments(batch_size, cache_bytes, cache_items, wait_timeout, lookahead)
         if prefetch is None:  # on for record files (C threads); opt-in for other datasets
             prefetch = hasattr(dataset, "_prefetch_source")
         if prefetch and (isinstance(prefetch_threads, bool) or not 1 <= int(prefetch_threads) <= 256):
@@ -775,6 +875,7 @@ class DataLoader(tud.DataLoader):
         elif isinstance(staging_slots, bool) or not 0 <= int(staging_slots) <= 1 << 20:
             raise ValueError(f"staging_slots must be between 0 and 1048576, got {staging_slots!r}")
         n_items = len(dataset)
+        _check_plan_cost(dataset if sampler is None else sampler, batch_sampler, epochs)
 
         # 1. The index order, batch by batch, for every epoch.
         batched = batch_size is not None or batch_sampler is not None
@@ -910,6 +1011,9 @@ class DataLoader(tud.DataLoader):
                                      if prefetch else None)
         #: Re-plans so far: (epoch, batches per epoch the new plan expects, or None for whole epochs).
         self.replans: list[tuple[int, int | None]] = []
+        #: The live iterator (weakly: a dropped one no longer counts), under its lock.
+        self._live: weakref.ref[_CountingIter] | None = None
+        self._live_lock = threading.Lock()
         loader_kwargs = dict(num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory,
                              timeout=timeout, worker_init_fn=worker_init_fn,
                              multiprocessing_context=multiprocessing_context, generator=generator,
@@ -929,8 +1033,9 @@ class DataLoader(tud.DataLoader):
             if batch_size not in (1, None) or shuffle or sampler is not None or drop_last:
                 raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
                                  "shuffle, sampler, and drop_last")
-            from .capture import _preserved
+            from .capture import _as_index, _preserved
 
+            _refuse_one_shot(batch_sampler, "batch_sampler")
             idx, lengths = [], []
             inner = getattr(batch_sampler, "sampler", batch_sampler)
             with _preserved(inner), _preserved(batch_sampler):
@@ -938,12 +1043,14 @@ class DataLoader(tud.DataLoader):
                     for s in {id(batch_sampler): batch_sampler, id(inner): inner}.values():
                         if callable(getattr(s, "set_epoch", None)):
                             s.set_epoch(e)
-                    batches = [list(map(int, b)) for b in batch_sampler]
+                    batches = [list(map(_as_index, b)) for b in batch_sampler]
                     lengths.append(np.array([len(b) for b in batches], dtype=np.int64))
                     idx.append(np.array([i for b in batches for i in b], dtype=np.int64))
             return idx, lengths, type(batch_sampler).__name__
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
+        if sampler is not None:
+            _refuse_one_shot(sampler, "sampler")
         if sampler is None:
             if shuffle:
                 if generator is None:
@@ -975,17 +1082,37 @@ class DataLoader(tud.DataLoader):
     # ---- epochs and resuming ----
 
     def __iter__(self) -> Any:
-        self._maybe_replan()
-        self._batches_done = 0
-        if self._positions._resume is not None:
-            self._batches_done = self._positions._resume[1]
-        try:
-            it = super().__iter__()
-        except (TypeError, AttributeError) as exc:  # pickling for spawn/forkserver workers
-            if not _messages.is_pickling_error(exc):
-                raise
-            raise _messages.unpicklable_dataset(exc, self.multiprocessing_context) from exc
-        return _CountingIter(self, it)
+        # One live iterator at a time: the plan fixes one order of positions,
+        # and a second iterator (zip(iter(L), iter(L)), or two threads) would
+        # be the next epoch, whose positions wait on the first one's, so both
+        # would wait out every wait_timeout. Refuse it at once instead. An
+        # iterator that finished, failed or was dropped no longer counts.
+        with self._live_lock:
+            live = self._live() if self._live is not None else None
+            if live is not None:
+                raise RuntimeError(
+                    "this opt4torch.DataLoader already has a live iterator (another iter() not yet "
+                    "exhausted, in this thread or another): the cache's plan fixes one order of "
+                    "positions, so two iterators cannot run at once. Finish or drop the first one, "
+                    "or build a second loader for a second stream")
+            if self.cache._pool.closed:
+                raise RuntimeError(
+                    f"the cache of this loader ({self.cache.name}) was closed by cache.close(): its "
+                    "shared memory is gone, so it cannot serve another epoch. Build a new "
+                    "opt4torch.DataLoader to go on, and call cache.close() only when done with this one")
+            self._maybe_replan()
+            self._batches_done = 0
+            if self._positions._resume is not None:
+                self._batches_done = self._positions._resume[1]
+            try:
+                it = super().__iter__()
+            except (TypeError, AttributeError) as exc:  # pickling for spawn/forkserver workers
+                if not _messages.is_pickling_error(exc):
+                    raise
+                raise _messages.unpicklable_dataset(exc, self.multiprocessing_context) from exc
+            counting = _CountingIter(self, it)
+            self._live = weakref.ref(counting)
+        return counting
 
     # ---- epochs cut short: re-planning ----
 

@@ -241,5 +241,9 @@ int opt4__meta_size(const opt4_plan *plan, int occurrences, uint64_t *size,
                     uint64_t *gens, uint64_t *list_len);
 int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta,
                      uint64_t size, uint64_t gens, uint64_t list_len);
+/* A page seen WRITING (word w) whose writer may have died: if no live
+ * process is writing its generation and the page still holds w, the page
+ * becomes FAILED and the generation is marked failed. */
+void opt4__recover_dead_writer(opt4_pool *pool, page_state *ps, uint64_t w);
 
 #endif /* OPT4_SHM_LAYOUT_H */

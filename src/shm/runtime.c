@@ -218,17 +218,29 @@ static inline void mark_failed(opt4_pool *pool, uint32_t g) {
   atomic_fetch_or_explicit(&pool->failed[g / 64], (uint64_t)1 << (g % 64), memory_order_release);
 }
 
-/* A page stuck in WRITING by generation x: if no live process says it is
- * writing x, its writer died; mark x failed so that nobody waits for it. */
-static void recover_dead_writer(opt4_pool *pool, page_state *ps, uint64_t w) {
+/* A page seen stuck in WRITING by generation x (word w): if no live process
+ * says it is writing x, its writer died; mark x failed so that nobody waits
+ * for it.
+ *
+ * "Nobody says so" is not enough by itself: a writer announces x in its
+ * record before it claims the page and clears the record only after it has
+ * published every page READY, so a live writer that finished between our
+ * load of w and our scan is found by nobody either. The page then no longer
+ * holds w. So the verdict is the CAS from w to FAILED, made after the scan:
+ * it succeeds only if the page is still WRITING x, which (seq_cst loads of
+ * the records, published READY before the record is cleared) means that no
+ * live writer held it during the scan. Marking x failed before that check
+ * failed a generation that had just been stored: its successors took its
+ * pages before its reads, and a planned HIT fell back (1 in 50 runs of 200
+ * fork epochs under load; test_pool's test_finished_writer_is_not_dead). */
+void opt4__recover_dead_writer(opt4_pool *pool, page_state *ps, uint64_t w) {
   uint32_t x = PS_GEN(w);
   for (uint32_t i = 0; i < pool->h->max_procs; i++) {
     proc_rec *r = &pool->procs[i];
     if (atomic_load(&r->writing) != (uint64_t)x + 1) continue;
     if (!opt4__pool_reclaim_if_dead(pool, i)) return; /* a live writer */
   }
-  mark_failed(pool, x);
-  atomic_compare_exchange_strong(&ps->word, &w, PS_WORD(x, PS_FAILED));
+  if (atomic_compare_exchange_strong(&ps->word, &w, PS_WORD(x, PS_FAILED))) mark_failed(pool, x);
 }
 
 /* ---- reading ---- */
@@ -292,7 +304,7 @@ static uint32_t read_gen(opt4_pool *pool, uint32_t g, void *dst, size_t dst_cap,
       if ((tag == g && st == PS_FAILED) || gen_failed(pool, g) ||
           (st != PS_EMPTY && tag != NO_GEN && tag > g) || gen->admit < floor_now(pool))
         return OPT4_GET_LOAD;
-      if (wait_is_slow(w) && tag == g && st == PS_WRITING) recover_dead_writer(pool, ps, word);
+      if (wait_is_slow(w) && tag == g && st == PS_WRITING) opt4__recover_dead_writer(pool, ps, word);
       if (wait_step(pool, w)) {
         count(pool, C_TIMEOUTS, 1);
         return OPT4_GET_LOAD;
@@ -573,7 +585,7 @@ static int put_impl(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t
       if (may_take(pool, ps, word, ent->prev_gen) &&
           atomic_compare_exchange_strong(&ps->word, &word, PS_WORD(g, PS_WRITING)))
         break;
-      if (wait_is_slow(&w) && st == PS_WRITING) recover_dead_writer(pool, ps, word);
+      if (wait_is_slow(&w) && st == PS_WRITING) opt4__recover_dead_writer(pool, ps, word);
       if (wait_step(pool, &w)) {
         count(pool, C_TIMEOUTS, 1);
         goto abandon;
@@ -977,7 +989,7 @@ static int store_admit(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t
         return 0;
       }
       if (may_take(pool, ps, word, ent->prev_gen)) break;
-      if (wait_is_slow(&w) && st == PS_WRITING) recover_dead_writer(pool, ps, word);
+      if (wait_is_slow(&w) && st == PS_WRITING) opt4__recover_dead_writer(pool, ps, word);
       if (try_only && far_ahead(pool, t)) {
         *stored = 2;
         return 0;

@@ -2,6 +2,8 @@
  * gives exactly its hits with byte-exact items, and every error is clean. */
 #include "pool_util.h"
 
+#include "layout.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -416,6 +418,58 @@ static void test_clock(void) {
   opt4_plan_close(plan);
 }
 
+static int gen_is_failed(const opt4_pool *pool, uint32_t g) {
+  return (int)((atomic_load(&pool->failed[g / 64]) >> (g % 64)) & 1);
+}
+
+/* A waiter that saw a page WRITING, then looks for its writer after the
+ * writer has finished (published READY and cleared its record), must not
+ * call the writer dead: the generation stays good, its HIT is served, and
+ * its successors wait for its reads. Deterministic: the waiter's stale view
+ * is handed to the recovery directly. Then a writer that really died
+ * (the page still WRITING, no live record writing it) is recovered. */
+static void test_finished_writer_is_not_dead(void) {
+  /* Items 0 1 0 1 2 2 with room for one: position 0 admits item 0 (gen 0),
+   * position 2 hits it. */
+  uint32_t seq[] = {0, 1, 0, 1, 2, 2};
+  opt4_seq s = {seq, OPT4_U32, 6, 3};
+  opt4_plan_opts o;
+  memset(&o, 0, sizeof o);
+  o.capacity = 1;
+  opt4_plan *plan = NULL;
+  ASSERT_OK(opt4_plan_build(&s, &o, &plan));
+  opt4_pool *pool = make_pool(plan, 2000);
+  follow_counts fc = {0, 0, 0, 0};
+  follow_batch(pool, 0, 1, &fc); /* ADMIT of item 0: gen 0 stored, READY */
+  ASSERT_U64_EQ(fc.loads, 1);
+  const uint32_t g = RT_GEN(pool->rt[0]);
+  page_state *ps = &pool->states[pool->list[pool->gens[g].list_off].page];
+  ASSERT_U64_EQ(atomic_load(&ps->word), PS_WORD(g, PS_READY));
+  opt4__recover_dead_writer(pool, ps, PS_WORD(g, PS_WRITING)); /* the stale view */
+  ASSERT_EQ(gen_is_failed(pool, g), 0);
+  ASSERT_U64_EQ(atomic_load(&ps->word), PS_WORD(g, PS_READY));
+  for (uint64_t t = 1; t < 6; t++) follow_batch(pool, t, t + 1, &fc);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  ASSERT_U64_EQ(fc.hits, in.hits);
+  ASSERT_U64_EQ(fc.wrong, 0);
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(st.fallbacks + st.timeouts + st.store_failed, 0);
+
+  /* A writer that died mid-store: the page stays WRITING and no live record
+   * names the generation. */
+  const uint32_t g2 = RT_GEN(pool->rt[4]);
+  page_state *ps2 = &pool->states[pool->list[pool->gens[g2].list_off].page];
+  atomic_store(&ps2->word, PS_WORD(g2, PS_WRITING));
+  opt4__recover_dead_writer(pool, ps2, PS_WORD(g2, PS_WRITING));
+  ASSERT_EQ(gen_is_failed(pool, g2), 1);
+  ASSERT_U64_EQ(atomic_load(&ps2->word), PS_WORD(g2, PS_FAILED));
+  finish(pool);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 int main(void) {
   RUN(test_follow_plan);
   RUN(test_batches_defer);
@@ -428,5 +482,6 @@ int main(void) {
   RUN(test_occurrences_and_skip);
   RUN(test_sized_pool);
   RUN(test_clock);
+  RUN(test_finished_writer_is_not_dead);
   return 0;
 }

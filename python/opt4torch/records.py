@@ -205,12 +205,10 @@ def _check_labels(labels: Any, where: str = "") -> list[int]:
     (never truncated), naming its position."""
     if isinstance(labels, (str, bytes)) or not hasattr(labels, "__len__"):
         raise ValueError(f"{where}labels must be a sequence of integers, not {type(labels).__name__}")
-    try:
-        arr = np.asarray(labels)
-    except (TypeError, ValueError):
-        arr = None
-    if arr is not None and arr.ndim == 1 and np.issubdtype(arr.dtype, np.integer):
-        return [int(x) for x in arr]  # numpy or torch integer arrays, lists of ints
+    if not isinstance(labels, (list, tuple)) and hasattr(labels, "__array__"):
+        arr = np.asarray(labels)  # numpy or torch arrays: their dtype says it all
+        if arr.ndim == 1 and np.issubdtype(arr.dtype, np.integer):
+            return arr.astype(np.int64).tolist()
     out = []
     for i, x in enumerate(labels):
         if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):

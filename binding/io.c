@@ -122,13 +122,14 @@ static PyObject *records_info(RecordsObject *self, PyObject *Py_UNUSED(ignored))
   if (records_check(self) < 0) return NULL;
   opt4_records_info in;
   opt4_records_info_get(self->r, &in);
-  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:O,s:K,s:K,s:K,s:d,s:s}", "count",
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:O,s:K,s:K,s:K,s:d,s:s,s:K,s:K}", "count",
                        (unsigned long long)in.count, "total_bytes", (unsigned long long)in.total_bytes,
                        "max_len", (unsigned long long)in.max_len, "file_size",
                        (unsigned long long)in.file_size, "direct", in.direct ? Py_True : Py_False,
                        "dio_align", (unsigned long long)in.dio_align, "reads",
                        (unsigned long long)in.reads, "bytes_read", (unsigned long long)in.bytes_read,
-                       "latency", (double)in.latency_ns / 1e9, "note", in.note);
+                       "latency", (double)in.latency_ns / 1e9, "note", in.note, "version",
+                       (unsigned long long)in.version, "checksum", (unsigned long long)in.checksum);
 }
 
 static PyObject *records_set_latency(RecordsObject *self, PyObject *arg) {
@@ -224,6 +225,15 @@ static PyObject *writer_finish(WriterObject *self, PyObject *Py_UNUSED(ignored))
   Py_RETURN_NONE;
 }
 
+static PyObject *writer_prepare(WriterObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->w == NULL) return PyErr_Format(PyExc_ValueError, "the writer is finished");
+  int rc;
+  uint64_t sum = 0;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_records_writer_prepare(self->w, &sum);
+  Py_END_ALLOW_THREADS if (rc != 0) return opt4py_raise_records(rc, "complete record file");
+  return PyLong_FromUnsignedLongLong(sum);
+}
+
 static PyObject *writer_abort(WriterObject *self, PyObject *Py_UNUSED(ignored)) {
   opt4_records_writer_abort(self->w);
   self->w = NULL;
@@ -232,6 +242,8 @@ static PyObject *writer_abort(WriterObject *self, PyObject *Py_UNUSED(ignored)) 
 
 static PyMethodDef writer_methods[] = {
     {"add", (PyCFunction)writer_add, METH_O, "add(buffer): append a record"},
+    {"prepare", (PyCFunction)writer_prepare, METH_NOARGS,
+     "prepare() -> checksum: complete and sync the file, not yet in place (then finish or abort)"},
     {"finish", (PyCFunction)writer_finish, METH_NOARGS, "Complete the file (atomically renamed)."},
     {"abort", (PyCFunction)writer_abort, METH_NOARGS, "Remove the partial file."},
     {NULL, NULL, 0, NULL}};
@@ -245,6 +257,125 @@ static PyTypeObject WriterType = {
     .tp_methods = writer_methods,
     .tp_new = writer_new,
 };
+
+/* ---- OutFile: opt4_outfile, the one way files are written ---- */
+
+typedef struct {
+  PyObject_HEAD
+  opt4_outfile *f;
+} OutFileObject;
+
+static PyObject *outfile_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"path", "no_symlink", NULL};
+  PyObject *path;
+  int no_symlink = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|p", kwlist, PyUnicode_FSConverter, &path, &no_symlink))
+    return NULL;
+  opt4_outfile *f = NULL;
+  int rc;
+  const char *p = PyBytes_AS_STRING(path);
+  uint32_t flags = no_symlink ? OPT4_OUTFILE_NO_SYMLINK : 0;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_outfile_open(p, flags, &f);
+  Py_END_ALLOW_THREADS Py_DECREF(path);
+  if (rc != 0) return opt4py_raise_records(rc, "write file");
+  OutFileObject *self = (OutFileObject *)type->tp_alloc(type, 0);
+  if (self == NULL) {
+    opt4_outfile_abort(f);
+    return NULL;
+  }
+  self->f = f;
+  return (PyObject *)self;
+}
+
+static void outfile_dealloc(OutFileObject *self) {
+  opt4_outfile_abort(self->f);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int outfile_check_open(OutFileObject *self) {
+  if (self->f != NULL) return 0;
+  PyErr_SetString(PyExc_ValueError, "the file is already committed or aborted");
+  return -1;
+}
+
+static PyObject *outfile_write(OutFileObject *self, PyObject *arg) {
+  if (outfile_check_open(self) < 0) return NULL;
+  Py_buffer view;
+  if (PyObject_GetBuffer(arg, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_outfile_write(self->f, view.buf, (size_t)view.len);
+  Py_END_ALLOW_THREADS PyBuffer_Release(&view);
+  if (rc != 0) return opt4py_raise_records(rc, "write file");
+  Py_RETURN_NONE;
+}
+
+static PyObject *outfile_sync(OutFileObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (outfile_check_open(self) < 0) return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_outfile_sync(self->f);
+  Py_END_ALLOW_THREADS if (rc != 0) return opt4py_raise_records(rc, "write file");
+  Py_RETURN_NONE;
+}
+
+static PyObject *outfile_commit(OutFileObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (outfile_check_open(self) < 0) return NULL;
+  int rc;
+  opt4_outfile *f = self->f;
+  self->f = NULL;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_outfile_commit(f);
+  Py_END_ALLOW_THREADS if (rc != 0) return opt4py_raise_records(rc, "write file");
+  Py_RETURN_NONE;
+}
+
+static PyObject *outfile_abort(OutFileObject *self, PyObject *Py_UNUSED(ignored)) {
+  opt4_outfile_abort(self->f);
+  self->f = NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *outfile_get_tmp(OutFileObject *self, void *Py_UNUSED(c)) {
+  if (self->f == NULL) Py_RETURN_NONE;
+  return PyUnicode_DecodeFSDefault(opt4_outfile_tmp_path(self->f));
+}
+
+static PyObject *py_outfile_check(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"path", "no_symlink", NULL};
+  PyObject *path;
+  int no_symlink = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|p", kwlist, PyUnicode_FSConverter, &path, &no_symlink))
+    return NULL;
+  int rc = opt4_outfile_check(PyBytes_AS_STRING(path), no_symlink ? OPT4_OUTFILE_NO_SYMLINK : 0);
+  Py_DECREF(path);
+  if (rc != 0) return opt4py_raise_records(rc, "write file");
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef outfile_methods[] = {
+    {"write", (PyCFunction)outfile_write, METH_O, "write(buffer): append to the temporary file"},
+    {"sync", (PyCFunction)outfile_sync, METH_NOARGS, "Complete the temporary file, not yet in place."},
+    {"commit", (PyCFunction)outfile_commit, METH_NOARGS, "Check the target again and rename over it."},
+    {"abort", (PyCFunction)outfile_abort, METH_NOARGS, "Remove the temporary file."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef outfile_getset[] = {
+    {"tmp_path", (getter)outfile_get_tmp, NULL, "The temporary file (None once done).", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject OutFileType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "opt4torch._engine.OutFile",
+    .tp_basicsize = sizeof(OutFileObject),
+    .tp_dealloc = (destructor)outfile_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "OutFile(path, no_symlink=False): write a file atomically (opt4_outfile in opt4.h).",
+    .tp_methods = outfile_methods,
+    .tp_getset = outfile_getset,
+    .tp_new = outfile_new,
+};
+
+static PyMethodDef io_functions[] = {
+    {"outfile_check", (PyCFunction)(void (*)(void))py_outfile_check, METH_VARARGS | METH_KEYWORDS,
+     "outfile_check(path, no_symlink=False): refuse a target as OutFile would, creating nothing"},
+    {NULL, NULL, 0, NULL}};
 
 /* ---- Prefetcher ---- */
 
@@ -444,10 +575,13 @@ static PyTypeObject PrefetcherType = {
 };
 
 int opt4py_io_init(PyObject *m) {
-  if (PyType_Ready(&RecordsType) < 0 || PyType_Ready(&WriterType) < 0 || PyType_Ready(&PrefetcherType) < 0)
+  if (PyType_Ready(&RecordsType) < 0 || PyType_Ready(&WriterType) < 0 || PyType_Ready(&PrefetcherType) < 0 ||
+      PyType_Ready(&OutFileType) < 0)
     return -1;
+  if (PyModule_AddFunctions(m, io_functions) < 0) return -1;
   if (PyModule_AddObjectRef(m, "Records", (PyObject *)&RecordsType) < 0 ||
       PyModule_AddObjectRef(m, "RecordWriter", (PyObject *)&WriterType) < 0 ||
+      PyModule_AddObjectRef(m, "OutFile", (PyObject *)&OutFileType) < 0 ||
       PyModule_AddObjectRef(m, "Prefetcher", (PyObject *)&PrefetcherType) < 0)
     return -1;
   return 0;

@@ -286,12 +286,18 @@ int opt4_plan_slots_at(const opt4_plan *plan, uint64_t t, int64_t *dst,
 /* ------------------------------------------------------------------------ */
 
 /* Write the plan to path in the documented binary format (docs/plan-format.md),
- * atomically: a temporary file in the same directory is renamed over path
- * only once complete, so a failed save never leaves a partial file.
- * OPT4_EIO with opt4_errdetail() naming the system error. */
+ * with opt4_outfile: a temporary file in the same directory is renamed over
+ * path only once complete, so a failed save never leaves a partial file, and
+ * a path that is not a regular file (a device, a FIFO, a directory) is
+ * refused before anything is written. OPT4_EIO with opt4_errdetail() naming
+ * the refused target or the system error. */
 int opt4_plan_save(const opt4_plan *plan, const char *path);
 
-/* Open a plan file with mmap and validate it completely before returning:
+/* Read a plan file into memory owned by the plan (a copy, not a mapping: a
+ * file overwritten or cut short by another process later cannot change a
+ * plan that passed its checks or kill the reader with SIGBUS; the file may
+ * be replaced, rewritten or removed at any time after this returns) and
+ * validate it completely before returning:
  * header fields against the file size, every section's bounds, checksums,
  * every id and slot, and a replay proving that every HIT finds its id in its
  * slot. Errors: OPT4_EIO, OPT4_EBADMAGIC, OPT4_EVERSION, OPT4_ETRUNCATED,
@@ -627,6 +633,56 @@ int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx);
 int opt4_pool_remove(const char *name, int force);
 
 /* ------------------------------------------------------------------------ */
+/* Writing files                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* Every file the engine writes (plan files, record files) and every file the
+ * Python package writes (sidecars, the CLI's tables) is written this way:
+ * into a temporary file beside path, renamed over path only once complete
+ * and synced, so a reader sees the old file or the new one, never half of
+ * one, and a failure leaves the old file as it was.
+ *
+ * The target is checked before anything is written and again just before
+ * the rename. Only a missing path or a regular file is replaced: anything
+ * else (a directory, a device node such as /dev/null, a FIFO, a socket) is
+ * refused with OPT4_EIO and a detail that says what it is. A symbolic link
+ * is never written through: it is replaced (the link itself, as mv does)
+ * when it leads to a regular file or to nothing, and refused when it leads
+ * to anything else or through /proc (/dev/stdout); OPT4_OUTFILE_NO_SYMLINK
+ * refuses every link.
+ *
+ * The temporary is <path>.tmp-<pid>-<start>-<pidns>-<n> (the writer's pid,
+ * start time and PID namespace), created with O_EXCL | O_NOFOLLOW, mode 0644
+ * under the umask. opt4_outfile_open removes the temporaries of the same
+ * path that writers now dead left behind (killed by SIGKILL), only those of
+ * its own PID namespace and user.
+ *
+ * Thread safety: one opt4_outfile per thread; any number of threads and
+ * processes may write files, even the same path (the last rename wins). */
+typedef struct opt4_outfile opt4_outfile;
+
+#define OPT4_OUTFILE_NO_SYMLINK 0x1u /* refuse a symbolic link at path */
+
+/* Check path as opt4_outfile_open would, without creating anything. */
+int opt4_outfile_check(const char *path, uint32_t flags);
+/* Check the target, remove dead writers' temporaries, create the temporary.
+ * OPT4_EIO (a refused target, or the system error), OPT4_EINVAL, OPT4_ENOMEM. */
+int opt4_outfile_open(const char *path, uint32_t flags, opt4_outfile **out);
+/* Append, or write at offset, into the temporary. OPT4_EIO. */
+int opt4_outfile_write(opt4_outfile *f, const void *data, size_t len);
+int opt4_outfile_pwrite(opt4_outfile *f, const void *data, size_t len, uint64_t offset);
+/* Complete the temporary (fsync, close) without putting it in place: for
+ * writing two files that must change together, sync both, then commit both. */
+int opt4_outfile_sync(opt4_outfile *f);
+/* Sync if not yet done, check the target again, rename over path, sync the
+ * folder. Releases f, also on failure (the temporary is then removed). */
+int opt4_outfile_commit(opt4_outfile *f);
+/* Remove the temporary and release f. NULL is harmless. */
+void opt4_outfile_abort(opt4_outfile *f);
+/* The temporary's path (valid until commit or abort). */
+const char *opt4_outfile_tmp_path(const opt4_outfile *f);
+
+/* ------------------------------------------------------------------------ */
 /* Record files and the prefetcher                                           */
 /* ------------------------------------------------------------------------ */
 
@@ -657,6 +713,10 @@ typedef struct opt4_records_info {
   uint64_t bytes_read;  /* their bytes */
   uint64_t latency_ns;  /* emulated latency per read (opt4_records_set_latency) */
   const char *note;     /* how reads are done, and why (valid while open) */
+  uint64_t version;     /* format version: 1 or 2 */
+  uint64_t checksum;    /* the header's XXH3-64 (covers count, sizes and the
+                           index, whose entries hold each record's XXH3-64 in
+                           version 2): names this version of the file */
 } opt4_records_info;
 
 /* Open and validate a record file. Errors: OPT4_EIO (with the system error),
@@ -675,12 +735,19 @@ int opt4_records_read(opt4_records *r, uint64_t i, void *dst, size_t cap, uint64
 void opt4_records_set_latency(opt4_records *r, uint64_t ns);
 
 /* Writing a record file: records are streamed to a temporary file beside
- * path (created with O_EXCL | O_NOFOLLOW, never through a symlink), which
- * finish() completes, syncs and renames over path; abort() removes it. */
+ * path with opt4_outfile (OPT4_OUTFILE_NO_SYMLINK: a symbolic link at path
+ * is refused), which finish() completes, syncs and renames over path;
+ * abort() removes it. */
 typedef struct opt4_records_writer opt4_records_writer;
 int opt4_records_writer_open(const char *path, opt4_records_writer **out);
 int opt4_records_writer_add(opt4_records_writer *w, const void *data, size_t len);
-/* Complete the file and release the writer (also on failure). */
+/* Complete and sync the file without putting it in place yet, and give the
+ * header checksum that opt4_records_info.checksum will report for it (a
+ * sidecar written with the file records it, so that a reader can tell a
+ * sidecar of another version of the file). Then finish() or abort(). */
+int opt4_records_writer_prepare(opt4_records_writer *w, uint64_t *checksum);
+/* Complete the file (prepare, if not done yet), put it in place and release
+ * the writer (also on failure). */
 int opt4_records_writer_finish(opt4_records_writer *w);
 void opt4_records_writer_abort(opt4_records_writer *w);
 

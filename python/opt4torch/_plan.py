@@ -7,7 +7,7 @@ A plan holds, for every position ``t`` of the sequence, one of
 * ``BYPASS``: load the item and do not store it,
 
 plus the totals. Plans are built by the C engine and saved in a versioned,
-checksummed binary file (docs/plan-format.md) that loads with mmap.
+checksummed binary file (docs/plan-format.md), read into memory when loaded.
 """
 
 from __future__ import annotations
@@ -289,7 +289,11 @@ class Plan:
         return Plan(handle)
 
     def save(self, path: str | os.PathLike[str], description: str | None = None) -> None:
-        """Write the plan file atomically (a temporary file renamed into place)."""
+        """Write the plan file atomically (a temporary file renamed into place).
+
+        A path that is not a regular file (a directory, a device node such
+        as /dev/null, a FIFO, a link to one) is refused before anything is
+        written (:class:`opt4torch.Opt4IOError`)."""
         if description is not None:
             self.description = description
         self._h.save(os.fspath(path))
@@ -430,6 +434,20 @@ _BAD_MAGIC_HINT = (
 )
 
 
+_RECORDS_HINT = (
+    " It is an opt4 record file (a dataset, written by write_records or `opt4torch pack`), not a "
+    "plan: read it with opt4torch.records.RecordFile; `opt4torch inspect` describes it."
+)
+
+
+def _starts_with(path: str, magic: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False
+
+
 def _is_pickle(path: str) -> bool:
     """Whether the file starts as a pickle of protocol 2 or later does (what
     the earlier design's precompute step wrote)."""
@@ -463,7 +481,9 @@ def _load_legacy_pickle(path: str) -> Plan:
 
 
 def load_plan(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> Plan:
-    """Open a plan file (memory-mapped, validated completely before use).
+    """Open a plan file: read into memory of its own (so a later overwrite
+    of the file cannot change the plan or crash the reader) and validated
+    completely before use.
 
     ``allow_pickle=True`` also reads the earlier OPT4TorchDataSet's pickled
     precomputed files (as a sequence-only plan: save it to convert it). Off by
@@ -487,7 +507,9 @@ def load_plan(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> Pl
                                 "refused. Regenerate it with `opt4torch precompute`, or, if you "
                                 "trust the file, load_plan(path, allow_pickle=True) and save() "
                                 "the result as a plan file") from None
-        hint = _BAD_MAGIC_HINT if getattr(exc, "code_name", "") == "OPT4_EBADMAGIC" else ""
+        hint = ""
+        if getattr(exc, "code_name", "") == "OPT4_EBADMAGIC":
+            hint = _RECORDS_HINT if _starts_with(path, b"OPT4REC\0") else _BAD_MAGIC_HINT
         raise _with_message(exc, f"{path}: {exc}{hint}") from None
     return Plan(handle, path=path)
 

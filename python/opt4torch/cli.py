@@ -1,7 +1,7 @@
 """The ``opt4torch`` command (and ``opt4torch-precompute``, its earlier name).
 
     opt4torch precompute   capture a sampler (or read a trace) and write a plan
-    opt4torch inspect      print a plan file's header and totals
+    opt4torch inspect      print a plan file's header and totals, or what a record file holds
     opt4torch simulate     replay a trace, or sweep generated patterns, through policies
     opt4torch cleanup      list this user's shared-memory pools, remove stale ones
     opt4torch demo         the whole job end to end on a generated default
@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import importlib
 import inspect
@@ -18,8 +17,8 @@ import io
 import json
 import os
 import secrets
+import stat
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +27,7 @@ import numpy as np
 
 from . import __version__
 from ._engine import Opt4Error
+from ._files import abort_on_sigterm, atomic_write, check_output
 from ._plan import Plan, load_plan, plan as build_plan, sequence_plan
 from .traces import load_trace
 
@@ -51,31 +51,11 @@ def _check_output(path: str, what: str = "output") -> str:
         probe = os.path.dirname(probe)
     if probe and not os.path.isdir(probe):
         raise UsageError(f"--{what} {path!r}: {probe!r} is a file, not a directory")
-    return path
-
-
-@contextlib.contextmanager
-def _open_new(path: str, mode: str = "w") -> Any:
-    """Write a file beside path and rename it over path once complete: a
-    symlink placed at path is replaced, never written through, and a failed
-    write leaves no half-written file."""
-    parent = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=".opt4-", suffix=".tmp")  # O_EXCL, mode 0600
     try:
-        with os.fdopen(fd, mode, newline="" if "b" not in mode else None) as f:
-            yield f
-        os.chmod(tmp, 0o644 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+        check_output(path)  # a device, a FIFO, a link to one: refused before any work
+    except Opt4Error as exc:
+        raise UsageError(f"--{what}: {getattr(exc, 'detail', '') or exc}") from None
+    return path
 
 
 # ---- shared parsing helpers ----
@@ -235,7 +215,8 @@ def _cmd_precompute(args: argparse.Namespace) -> int:
                             progress=progress)
     parent = os.path.dirname(os.path.abspath(args.output))
     os.makedirs(parent, exist_ok=True)
-    result.save(args.output)  # a temporary file renamed over the path: never through a symlink
+    with abort_on_sigterm():
+        result.save(args.output)  # opt4_outfile: a temporary file renamed over the path
     if not args.quiet:
         print(f"wrote {args.output}: {_summary(result)} in {time.perf_counter() - started:.2f} s")
     return 0
@@ -244,11 +225,29 @@ def _cmd_precompute(args: argparse.Namespace) -> int:
 # ---- inspect ----
 
 
+_RECORD_MAGIC = b"OPT4REC\0"
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    p = load_plan(args.plan)
+    path = args.plan
+    if os.path.isdir(path):
+        raise UsageError(f"{path!r} is a directory; inspect takes a plan file (.opt4) or a record file")
+    if os.path.exists(path):
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            from .records import _file_kind
+
+            raise UsageError(f"{path!r} is {_file_kind(st.st_mode)}, not a regular file; inspect takes a plan "
+                             "file (.opt4) or a record file")
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+        if head == _RECORD_MAGIC:
+            return _inspect_records(path, args.json)
+    p = load_plan(path)
     info = p.stats()
-    info["path"] = os.path.abspath(args.plan)
-    info["file_bytes"] = os.path.getsize(args.plan)
+    info["kind"] = "plan"
+    info["path"] = os.path.abspath(path)
+    info["file_bytes"] = os.path.getsize(path)
     info["format_version"] = 1
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True))
@@ -265,6 +264,46 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(f"distinct    {p.compulsory_misses:,} items")
     if p.description:
         print(f"sampler     {p.description}")
+    return 0
+
+
+def _inspect_records(path: str, as_json: bool) -> int:
+    """A record file (docs/records.md): what it holds, and its sidecar."""
+    from .records import RecordFile
+
+    rf = RecordFile(path, with_labels=False)  # validates the header, the index and the sidecar
+    try:
+        raw = rf.info()
+        sizes = rf.item_sizes()
+    finally:
+        rf.close()
+    side = path + ".json"
+    info: dict[str, Any] = {
+        "kind": "records",
+        "path": os.path.abspath(path),
+        "file_bytes": int(raw["file_size"]),
+        "format_version": int(raw["version"]),
+        "records": int(raw["count"]),
+        "data_bytes": int(raw["total_bytes"]),
+        "min_record_bytes": int(sizes.min()) if sizes.size else 0,
+        "max_record_bytes": int(raw["max_len"]),
+        "checksum": f"{int(raw['checksum']):016x}",
+        "labels": None if rf.labels is None else int(rf.labels.size),
+        "classes": rf.classes,
+        "sidecar": os.path.abspath(side) if os.path.exists(side) else None,
+    }
+    if as_json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+        return 0
+    print(f"record file {info['path']} ({info['file_bytes']:,} bytes, format version {info['format_version']})")
+    print(f"records     {info['records']:,}, {info['data_bytes']:,} bytes of data "
+          f"({info['min_record_bytes']:,} to {info['max_record_bytes']:,} bytes each), checksum {info['checksum']}")
+    if info["labels"] is not None:
+        n_classes = f" in {len(rf.classes)} classes" if rf.classes is not None else ""
+        print(f"labels      {info['labels']:,}{n_classes}, from {side}")
+    else:
+        print("labels      none" + (f" ({side} has no labels)" if info["sidecar"] else " (no sidecar)"))
+    print("read it     opt4torch.records.RecordFile(path); a dataset, not a plan")
     return 0
 
 
@@ -388,7 +427,7 @@ def _write_outputs(rows: list[dict[str, Any]], out_dir: str, plots: bool) -> lis
     written = []
     for name, fmt in (("results.csv", "csv"), ("results.json", "json")):
         path = os.path.join(out_dir, name)
-        with _open_new(path) as f:
+        with atomic_write(path) as f:
             _write_rows(rows, fmt, f, _SWEEP_FIELDS)
         written.append(path)
     if plots:
@@ -666,8 +705,8 @@ def _parser() -> argparse.ArgumentParser:
     _precompute_parser(p)
     p.set_defaults(func=_cmd_precompute)
 
-    p = sub.add_parser("inspect", help="print a plan file's header and totals")
-    p.add_argument("plan", metavar="PLAN")
+    p = sub.add_parser("inspect", help="print a plan file's header and totals, or what a record file holds")
+    p.add_argument("plan", metavar="FILE", help="a plan file, or a record file (opt4torch pack)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_inspect)
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import _engine
+from ._files import abort_on_sigterm, check_output
 
 __all__ = ["RecordFile", "write_records", "image_folder_to_records", "IMAGE_EXTENSIONS"]
 
@@ -61,22 +62,36 @@ class RecordFile:
         self.latency = float(latency)
         self.classes: list[str] | None = None
         self.labels: np.ndarray | None = None
+        self._checksum: int | None = None
+        self._open()
         side = _sidecar(self.path)
-        if side.exists():
-            meta = json.loads(side.read_text())
+        try:
+            meta = _read_sidecar(side, self.path, int(self._r.info()["checksum"]))
+        except BaseException:
+            self._r.close()
+            raise
+        if meta is not None:
             self.classes = meta.get("classes")
             if "labels" in meta:
                 self.labels = np.asarray(meta["labels"], dtype=np.int64)
         if with_labels and self.labels is None:
+            self._r.close()
             raise ValueError(f"{self.path} has no labels (no {side.name} sidecar with labels)")
         self.with_labels = self.labels is not None if with_labels is None else bool(with_labels)
-        self._open()
         if self.labels is not None and self.labels.shape != (len(self),):
+            self._r.close()
             raise ValueError(f"{side} has {self.labels.shape[0]} labels for {len(self)} records: "
                              "the sidecar does not belong to this file; rewrite both")
 
     def _open(self) -> None:
         self._r = _engine.Records(self.path, direct=self.direct)
+        checksum = int(self._r.info()["checksum"])
+        if self._checksum is not None and checksum != self._checksum:
+            self._r.close()
+            raise ValueError(f"{self.path} was replaced by another version of the file after it was opened "
+                             "(its header checksum changed): the labels and sizes known here belong to the "
+                             "earlier one; open the file again")
+        self._checksum = checksum
         if self.latency:
             self._r.set_latency(self.latency)
         self._pid = os.getpid()
@@ -146,16 +161,64 @@ def _check_output(path: str | os.PathLike[str]) -> str:
         raise FileNotFoundError(f"the folder {parent} does not exist: create it first")
     if os.path.islink(out):
         raise ValueError(f"{out} is a symbolic link: refusing to write through it; give another path")
+    check_output(out, no_symlink=True)
+    side = _sidecar(out)
+    if os.path.lexists(side):
+        check_output(side, no_symlink=True)  # replaced or removed below: it must be a regular file
     return out
 
 
-def _write_sidecar(side: Path, meta: dict[str, Any]) -> None:
-    """Write the sidecar atomically, into a fresh file (never through a link)."""
-    tmp = side.with_name(side.name + f".tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    with os.fdopen(fd, "w") as f:
-        json.dump(meta, f)
-    os.replace(tmp, side)
+def _read_sidecar(side: Path, path: str, checksum: int) -> dict[str, Any] | None:
+    """The sidecar's contents, checked: JSON of the expected shape, labels
+    that are integers, and (sidecars written since the checksum was added)
+    the checksum of the record file it was written with. None if there is
+    no sidecar."""
+    if not os.path.lexists(side):
+        return None
+    try:
+        raw = _read_regular(side)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; it is where the labels of {path} are read from") from None
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{side}: the sidecar of {path} is not valid JSON ({exc}); rewrite the record file "
+                         f"with its labels, or remove {side.name} to read the records without labels") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{side}: the sidecar of {path} holds {type(meta).__name__}, not a JSON object")
+    if "labels" in meta:
+        meta["labels"] = _check_labels(meta["labels"], f"{side}: ")
+    classes = meta.get("classes")
+    if classes is not None and (not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)):
+        raise ValueError(f"{side}: 'classes' must be a list of strings")
+    want = meta.get("checksum")
+    if want is not None and want != f"{checksum:016x}":
+        raise ValueError(f"{side} belongs to another version of {path}: it was written with a record file whose "
+                         f"checksum is {want}, and this one's is {checksum:016x} (a write of the two was "
+                         "interrupted between their renames, or one was replaced alone). Rewrite the record "
+                         f"file with its labels, or remove {side.name} to read the records without labels")
+    return meta
+
+
+def _check_labels(labels: Any, where: str = "") -> list[int]:
+    """Labels as a list of ints; a float, a bool or anything else is refused
+    (never truncated), naming its position."""
+    if isinstance(labels, (str, bytes)) or not hasattr(labels, "__len__"):
+        raise ValueError(f"{where}labels must be a sequence of integers, not {type(labels).__name__}")
+    if not isinstance(labels, (list, tuple)) and hasattr(labels, "__array__"):
+        arr = np.asarray(labels)  # numpy or torch arrays: their dtype says it all
+        if arr.ndim == 1 and np.issubdtype(arr.dtype, np.integer):
+            return arr.astype(np.int64).tolist()
+    out = []
+    for i, x in enumerate(labels):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+            raise ValueError(f"{where}label {i} is {x!r}, not an integer: labels must be whole numbers "
+                             "(class indices); refusing to truncate it")
+        x = int(x)
+        if not -(2**63) <= x < 2**63:
+            raise ValueError(f"{where}label {i} is {x}, outside the 64-bit range")
+        out.append(x)
+    return out
 
 
 def write_records(path: str | os.PathLike[str], items: Iterable[Any], *,
@@ -164,36 +227,65 @@ def write_records(path: str | os.PathLike[str], items: Iterable[Any], *,
     """Write ``items`` (bytes-like objects) as a record file at ``path``.
 
     The file is written next to ``path`` and renamed over it only when
-    complete (never through a symbolic link). ``labels`` (one int per item)
-    and ``classes`` go to the JSON sidecar. Returns the file opened.
+    complete (a symbolic link, a directory or a device at ``path`` is
+    refused before anything is written). ``labels`` (one int per item) and
+    ``classes`` go to the JSON sidecar ``<path>.json``, written with the
+    file's checksum; everything is checked before either file is put in
+    place, so a failure leaves both as they were. Returns the file opened.
     """
+    return _write_records(path, items, labels=labels, classes=classes, progress=progress, total=total)
+
+
+def _write_records(path: str | os.PathLike[str], items: Iterable[Any], *, labels: Sequence[int] | None,
+                   classes: Sequence[str] | None, progress: bool | None, total: int | None,
+                   extra: dict[str, Any] | None = None) -> RecordFile:
     from ._progress import progress_bar
 
     out = _check_output(path)
-    writer = _engine.RecordWriter(out)
-    n = 0
-    try:
-        with progress_bar(total=total, desc="records", unit="rec", show=progress) as bar:
-            for item in items:
-                writer.add(item)
-                n += 1
-                bar.update(1)
-        writer.finish()
-    except BaseException:
-        writer.abort()
-        raise
+    label_list = None if labels is None else _check_labels(labels)
+    class_list = None if classes is None else [str(c) for c in classes]
     side = _sidecar(out)
-    if labels is not None or classes is not None:
-        if labels is not None and len(labels) != n:
-            raise ValueError(f"{len(labels)} labels for {n} records")
-        meta: dict[str, Any] = {"records": n}
-        if classes is not None:
-            meta["classes"] = list(classes)
-        if labels is not None:
-            meta["labels"] = [int(x) for x in labels]
-        _write_sidecar(side, meta)
-    elif side.exists():
-        side.unlink()  # a stale sidecar of an earlier file at this path
+    with abort_on_sigterm():
+        writer = _engine.RecordWriter(out)
+        side_out = None
+        try:
+            n = 0
+            with progress_bar(total=total, desc="records", unit="rec", show=progress) as bar:
+                for item in items:
+                    writer.add(item)
+                    n += 1
+                    bar.update(1)
+            if label_list is not None and len(label_list) != n:
+                raise ValueError(f"{len(label_list)} labels for {n} records: nothing was written "
+                                 f"({out} and its sidecar are as they were)")
+            checksum = writer.prepare()
+            if label_list is not None or class_list is not None:
+                meta: dict[str, Any] = {"records": n, "checksum": f"{checksum:016x}"}
+                if class_list is not None:
+                    meta["classes"] = class_list
+                if label_list is not None:
+                    meta["labels"] = label_list
+                meta.update(extra or {})
+                # The sidecar first, then the file: a crash between the two
+                # renames leaves a new sidecar beside the old file, which
+                # the checksum tells apart (RecordFile refuses the pair).
+                side_out = _engine.OutFile(os.fspath(side), no_symlink=True)
+                side_out.write(json.dumps(meta).encode())
+                side_out.commit()
+                side_out = None
+                writer.finish()
+            else:
+                # No labels: the file first, then the old sidecar goes; a
+                # crash between leaves the old sidecar, whose checksum (or
+                # count) does not match the new file.
+                writer.finish()
+                if os.path.lexists(side):
+                    side.unlink()
+        except BaseException:
+            writer.abort()
+            if side_out is not None:
+                side_out.abort()
+            raise
     return RecordFile(out)
 
 
@@ -293,13 +385,11 @@ def image_folder_to_records(root: str | os.PathLike[str], path: str | os.PathLik
                 empty_files.append(f)
             yield data
 
-    rf = write_records(path, contents(), labels=labels, classes=classes, progress=progress, total=len(files))
+    rf = _write_records(path, contents(), labels=labels, classes=classes, progress=progress, total=len(files),
+                        extra={"files": [os.fspath(f.relative_to(base)) for f in files]})
     if empty_files:
         shown = ", ".join(os.fspath(f) for f in empty_files[:5]) + (" ..." if len(empty_files) > 5 else "")
         warnings.warn(f"{len(empty_files)} empty (0-byte) image file(s) packed as empty records, as "
                       f"torchvision's ImageFolder lists them; decoding them will fail: {shown}",
                       stacklevel=2)
-    meta = json.loads(_sidecar(rf.path).read_text())
-    meta["files"] = [os.fspath(f.relative_to(base)) for f in files]
-    _write_sidecar(_sidecar(rf.path), meta)
     return rf

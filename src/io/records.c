@@ -41,6 +41,7 @@ struct opt4_records {
   uint64_t *index; /* OPT4__REC_FIELDS * count: offset, length, checksum */
   size_t index_bytes;
   uint32_t version;
+  uint64_t checksum; /* the header's own XXH3-64 */
   char *path; /* for messages */
   size_t path_bytes;
   /* Counters in a shared anonymous mapping: processes forked after open
@@ -250,6 +251,7 @@ int opt4_records_open(const char *path, uint32_t flags, opt4_records **out) {
   r->align = h.align;
   r->file_size = h.file_size;
   r->version = h.version;
+  r->checksum = get_le64(head + 56);
   r->index_bytes = (size_t)(h.count ? h.count * OPT4__REC_FIELDS * 8 : 8);
   r->index = opt4__malloc(r->index_bytes);
   ibuf_bytes = (size_t)(h.count ? h.count * h.entry : 8);
@@ -316,6 +318,8 @@ int opt4_records_info_get(const opt4_records *r, opt4_records_info *out) {
   out->bytes_read = atomic_load(&r->shared->bytes_read);
   out->latency_ns = atomic_load(&r->shared->latency_ns);
   out->note = r->note;
+  out->version = r->version;
+  out->checksum = r->checksum;
   return 0;
 }
 
@@ -377,32 +381,12 @@ int opt4_records_read(opt4_records *r, uint64_t i, void *dst, size_t cap, uint64
 #define ENTRY 24u /* bytes per index entry in the version written */
 
 struct opt4_records_writer {
-  int fd;
-  char *path, *tmp;
-  size_t path_len;
+  opt4_outfile *out; /* the temporary file, renamed over the path by finish */
   uint64_t *index;
   uint64_t count, cap, pos;
-  int failed;
+  uint64_t checksum;
+  int failed, prepared;
 };
-
-static int write_full(int fd, const void *buf, size_t len) {
-  const uint8_t *p = buf;
-  while (len > 0) {
-    ssize_t n = write(fd, p, len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return -1;
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
-static char *dup_str(const char *s, size_t extra) {
-  size_t n = strlen(s) + 1;
-  char *d = opt4__malloc(n + extra);
-  if (d != NULL) memcpy(d, s, n);
-  return d;
-}
 
 int opt4_records_writer_open(const char *path, opt4_records_writer **out) {
   opt4__clear_detail();
@@ -410,29 +394,17 @@ int opt4_records_writer_open(const char *path, opt4_records_writer **out) {
   *out = NULL;
   opt4_records_writer *w = opt4__calloc(1, sizeof *w);
   if (w == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a record writer");
-  w->fd = -1;
-  w->path_len = strlen(path);
-  w->path = dup_str(path, 0);
-  w->tmp = dup_str(path, 32);
-  if (w->path == NULL || w->tmp == NULL) {
+  int rc = opt4_outfile_open(path, OPT4_OUTFILE_NO_SYMLINK, &w->out);
+  if (rc != 0) {
     opt4_records_writer_abort(w);
-    return opt4__fail(OPT4_ENOMEM, "no memory for a record writer");
-  }
-  uint64_t rnd = (uint64_t)getpid() ^ ((uint64_t)time(NULL) << 20);
-  snprintf(w->tmp + strlen(path), 32, ".tmp-%llx", (unsigned long long)rnd);
-  /* A fresh file, never through a symlink: O_EXCL and O_NOFOLLOW. */
-  w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (w->fd < 0) {
-    int e = errno;
-    opt4_records_writer_abort(w);
-    return opt4__fail(OPT4_EIO, "cannot create a record file next to %s: %s", path, strerror(e));
+    return rc;
   }
   uint8_t zero[OPT4__REC_HEADER_SIZE];
   memset(zero, 0, sizeof zero);
-  if (write_full(w->fd, zero, sizeof zero) != 0) {
-    int e = errno;
+  rc = opt4_outfile_write(w->out, zero, sizeof zero);
+  if (rc != 0) {
     opt4_records_writer_abort(w);
-    return opt4__fail(OPT4_EIO, "cannot write %s: %s", path, strerror(e));
+    return rc;
   }
   w->pos = OPT4__REC_HEADER_SIZE;
   *out = w;
@@ -442,6 +414,7 @@ int opt4_records_writer_open(const char *path, opt4_records_writer **out) {
 int opt4_records_writer_add(opt4_records_writer *w, const void *data, size_t len) {
   if (w == NULL || (data == NULL && len > 0)) return opt4__fail(OPT4_EINVAL, "writer or data is NULL");
   if (w->failed) return opt4__fail(OPT4_EIO, "an earlier write failed; abort this writer");
+  if (w->prepared) return opt4__fail(OPT4_EINVAL, "the record file is already complete");
   if (w->count >= OPT4_MAX_ITEMS) return opt4__fail(OPT4_ETOOBIG, "too many records");
   if (w->count == w->cap) {
     uint64_t cap = w->cap ? w->cap * 2 : 1024;
@@ -454,9 +427,10 @@ int opt4_records_writer_add(opt4_records_writer *w, const void *data, size_t len
     w->index = idx;
     w->cap = cap;
   }
-  if (write_full(w->fd, data, len) != 0) {
+  int rc = opt4_outfile_write(w->out, data, len);
+  if (rc != 0) {
     w->failed = 1;
-    return opt4__fail(OPT4_EIO, "cannot write %s: %s", w->path, strerror(errno));
+    return rc;
   }
   uint8_t *e = (uint8_t *)w->index + w->count * ENTRY;
   put_le64(e, w->pos);
@@ -467,50 +441,49 @@ int opt4_records_writer_add(opt4_records_writer *w, const void *data, size_t len
   return 0;
 }
 
+int opt4_records_writer_prepare(opt4_records_writer *w, uint64_t *checksum) {
+  if (w == NULL) return opt4__fail(OPT4_EINVAL, "writer is NULL");
+  if (w->failed) return opt4__fail(OPT4_EIO, "an earlier write failed; the record file was not written");
+  if (!w->prepared) {
+    uint64_t index_off = w->pos;
+    int rc = opt4_outfile_write(w->out, w->index, (size_t)(w->count * ENTRY));
+    uint8_t head[64];
+    memset(head, 0, sizeof head);
+    memcpy(head, OPT4__REC_MAGIC, 8);
+    head[8] = OPT4__REC_VERSION;
+    put_le64(head + 16, w->count);
+    put_le64(head + 24, 1); /* packed */
+    put_le64(head + 32, index_off);
+    put_le64(head + 40, index_off + w->count * ENTRY);
+    put_le64(head + 48, opt4__hash64(w->index, (size_t)(w->count * ENTRY)));
+    put_le64(head + 56, opt4__hash64(head, 56));
+    if (rc == 0) rc = opt4_outfile_pwrite(w->out, head, sizeof head, 0);
+    if (rc == 0) rc = opt4_outfile_sync(w->out);
+    if (rc != 0) {
+      w->failed = 1;
+      return rc;
+    }
+    w->checksum = get_le64(head + 56);
+    w->prepared = 1;
+  }
+  if (checksum != NULL) *checksum = w->checksum;
+  return 0;
+}
+
 int opt4_records_writer_finish(opt4_records_writer *w) {
   if (w == NULL) return opt4__fail(OPT4_EINVAL, "writer is NULL");
-  int rc = 0;
-  if (w->failed) {
-    rc = opt4__fail(OPT4_EIO, "an earlier write failed; %s was not written", w->path);
-    goto leave;
+  int rc = opt4_records_writer_prepare(w, NULL);
+  if (rc == 0) {
+    rc = opt4_outfile_commit(w->out);
+    w->out = NULL; /* released by commit, also on failure */
   }
-  uint64_t index_off = w->pos;
-  if (write_full(w->fd, w->index, (size_t)(w->count * ENTRY)) != 0) {
-    rc = opt4__fail(OPT4_EIO, "cannot write %s: %s", w->path, strerror(errno));
-    goto leave;
-  }
-  uint8_t head[64];
-  memset(head, 0, sizeof head);
-  memcpy(head, OPT4__REC_MAGIC, 8);
-  head[8] = OPT4__REC_VERSION;
-  put_le64(head + 16, w->count);
-  put_le64(head + 24, 1); /* packed */
-  put_le64(head + 32, index_off);
-  put_le64(head + 40, index_off + w->count * ENTRY);
-  put_le64(head + 48, opt4__hash64(w->index, (size_t)(w->count * ENTRY)));
-  put_le64(head + 56, opt4__hash64(head, 56));
-  if (pwrite(w->fd, head, sizeof head, 0) != (ssize_t)sizeof head || fsync(w->fd) != 0) {
-    rc = opt4__fail(OPT4_EIO, "cannot write %s: %s", w->path, strerror(errno));
-    goto leave;
-  }
-  if (close(w->fd) != 0 || (w->fd = -1, rename(w->tmp, w->path) != 0)) {
-    w->fd = -1;
-    rc = opt4__fail(OPT4_EIO, "cannot finish %s: %s", w->path, strerror(errno));
-    goto leave;
-  }
-leave:
   opt4_records_writer_abort(w);
   return rc;
 }
 
 void opt4_records_writer_abort(opt4_records_writer *w) {
   if (w == NULL) return;
-  if (w->fd >= 0) {
-    close(w->fd);
-    unlink(w->tmp);
-  }
+  opt4_outfile_abort(w->out);
   if (w->index != NULL) opt4__free(w->index, (size_t)(w->cap * ENTRY));
-  if (w->path != NULL) opt4__free(w->path, w->path_len + 1);
-  if (w->tmp != NULL) opt4__free(w->tmp, w->path_len + 1 + 32);
   opt4__free(w, sizeof *w);
 }

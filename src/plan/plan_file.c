@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -104,21 +103,6 @@ typedef struct section {
   uint64_t offset;
 } section;
 
-static int write_all(int fd, const void *buf, size_t len) {
-  const uint8_t *p = buf;
-  while (len > 0) {
-    size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len;
-    ssize_t n = write(fd, p, chunk);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
 int opt4_plan_save(const opt4_plan *plan, const char *path) {
   opt4__clear_detail();
   if (plan == NULL || path == NULL)
@@ -172,46 +156,27 @@ int opt4_plan_save(const opt4_plan *plan, const char *path) {
   }
   wr64(head + PF_CHECKSUM_AT, header_checksum(head, n));
 
-  /* Write to a temporary file beside the target, then rename over it, so a
-   * crash or a full disk never leaves a half-written plan under path. */
-  size_t plen = strlen(path);
-  char *tmp = opt4__malloc(plen + 16);
-  if (tmp == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a path");
-  memcpy(tmp, path, plen);
-  memcpy(tmp + plen, ".tmp.XXXXXX", 12);
-  int rc = 0, fd = mkstemp(tmp);
-  if (fd < 0) {
-    rc = opt4__fail(OPT4_EIO, "cannot create a file beside %s: %s", path,
-                    strerror(errno));
-    goto leave;
-  }
+  /* opt4_outfile: a temporary file beside the target, renamed over it once
+   * complete, so a crash or a full disk never leaves a half-written plan under
+   * path, and a target that is not a regular file is refused first. */
+  opt4_outfile *f = NULL;
+  int rc = opt4_outfile_open(path, 0, &f);
+  if (rc != 0) return rc;
   static const uint8_t zeros[PF_ALIGN];
   /* The header, the table and the zero padding up to the first section all
    * fit in head (at most 6 sections). */
   uint64_t pos = secs[0].offset;
-  if (write_all(fd, head, (size_t)pos) != 0) goto io_error;
-  for (uint32_t i = 0; i < n; i++) {
-    if (secs[i].offset > pos && write_all(fd, zeros, (size_t)(secs[i].offset - pos)) != 0)
-      goto io_error;
-    if (write_all(fd, secs[i].data, (size_t)secs[i].len) != 0) goto io_error;
+  rc = opt4_outfile_write(f, head, (size_t)pos);
+  for (uint32_t i = 0; i < n && rc == 0; i++) {
+    if (secs[i].offset > pos) rc = opt4_outfile_write(f, zeros, (size_t)(secs[i].offset - pos));
+    if (rc == 0) rc = opt4_outfile_write(f, secs[i].data, (size_t)secs[i].len);
     pos = secs[i].offset + secs[i].len;
   }
-  if (fsync(fd) != 0) goto io_error;
-  if (fchmod(fd, 0644) != 0) goto io_error;
-  if (close(fd) != 0) {
-    fd = -1;
-    goto io_error;
+  if (rc != 0) {
+    opt4_outfile_abort(f);
+    return rc;
   }
-  fd = -1;
-  if (rename(tmp, path) != 0) goto io_error;
-  goto leave;
-io_error:
-  rc = opt4__fail(OPT4_EIO, "cannot write plan file %s: %s", path, strerror(errno));
-  if (fd >= 0) close(fd);
-  unlink(tmp);
-leave:
-  opt4__free(tmp, plen + 16);
-  return rc;
+  return opt4_outfile_commit(f);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -456,29 +421,52 @@ int opt4_plan_open(const char *path, opt4_plan **out) {
     close(fd);
     return opt4__fail(OPT4_EIO, "%s is not a regular file", path);
   }
-  size_t len = (size_t)st.st_size;
-  if (len < PF_HEADER_SIZE) {
-    /* Too small to map usefully: read it and let validate() explain. */
-    uint8_t small[PF_HEADER_SIZE];
-    ssize_t got = read(fd, small, sizeof small);
+  /* Read, not map: a mapping would share the file's pages, so a writer
+   * that overwrites the file in place would change a plan that passed its
+   * checks, and one that shortens it (cp, truncate) would kill the reader
+   * with SIGBUS at its next access. MAP_PRIVATE protects against neither
+   * (pages not yet copied still read the file). docs/plan-format.md has the
+   * cost: the copy is part of the checks' own pass over the file. */
+  if ((uint64_t)st.st_size > SIZE_MAX / 2) {
     close(fd);
-    if (got < 0) return opt4__fail(OPT4_EIO, "cannot read %s: %s", path, strerror(errno));
-    opt4_plan tmp;
-    memset(&tmp, 0, sizeof tmp);
-    return validate(small, (size_t)got, &tmp);
+    return opt4__fail(OPT4_ETOOBIG, "%s is %llu bytes", path, (unsigned long long)st.st_size);
   }
-  void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+  size_t len = (size_t)st.st_size;
+  uint8_t *map = opt4__malloc(len > 0 ? len : 1);
+  if (map == NULL) {
+    close(fd);
+    return opt4__fail(OPT4_ENOMEM, "no memory to read %s (%zu bytes)", path, len);
+  }
+  opt4__advise_huge(map, len);
+  size_t got = 0;
+  int read_errno = 0;
+  while (got < len) {
+    ssize_t n = read(fd, map + got, len - got > ((size_t)1 << 30) ? ((size_t)1 << 30) : len - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) read_errno = errno;
+    if (n <= 0) break; /* an error, or the file was cut short while we read */
+    got += (size_t)n;
+  }
+  uint8_t extra;
+  ssize_t more = got == len ? read(fd, &extra, 1) : 0; /* grown while we read? */
   close(fd);
-  if (map == MAP_FAILED)
-    return opt4__fail(OPT4_EIO, "cannot map %s: %s", path, strerror(errno));
+  if (read_errno != 0) {
+    opt4__free(map, len > 0 ? len : 1);
+    return opt4__fail(OPT4_EIO, "cannot read %s: %s", path, strerror(read_errno));
+  }
+  if (got != len || more > 0) {
+    opt4__free(map, len > 0 ? len : 1);
+    return opt4__fail(OPT4_EIO, "%s changed size while it was read (another process is writing "
+                      "it?): open it again once the writer is done", path);
+  }
   opt4_plan *plan = opt4__plan_alloc();
   if (plan == NULL) {
-    munmap(map, len);
+    opt4__free(map, len > 0 ? len : 1);
     return opt4__fail(OPT4_ENOMEM, "no memory for a plan");
   }
   plan->map = map;
-  plan->map_len = len;
-  plan->map_is_mmap = 1;
+  plan->map_len = len > 0 ? len : 1;
+  plan->map_is_mmap = 0;
   int rc = validate(map, len, plan);
   if (rc != 0) {
     opt4_plan_close(plan);

@@ -1,0 +1,112 @@
+"""Writing files: the package's one way, over the engine's ``opt4_outfile``
+(include/opt4.h), which plan files and record files use too.
+
+A file is written into a temporary file beside its path and renamed over the
+path once complete, so a reader sees the old file or the new one and a
+failure leaves the old one. The target is checked before anything is
+written: only a missing path or a regular file is replaced; a directory, a
+device node (``/dev/null``), a FIFO or a socket is refused with the reason. A
+symbolic link is never written through: it is replaced itself when it leads
+to a regular file or to nothing, refused otherwise (and refused always with
+``no_symlink=True``, as record files do). Temporaries carry their writer's
+pid, start time and PID namespace, and the next write of the same path
+removes those whose writer died (SIGKILL).
+
+:func:`abort_on_sigterm` makes SIGTERM unwind a write as SIGINT does (the
+temporary is removed), then ends the process as SIGTERM would have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import IO, Any
+
+from . import _engine
+
+__all__ = ["check_output", "atomic_write", "abort_on_sigterm"]
+
+
+def check_output(path: str | os.PathLike[str], *, no_symlink: bool = False) -> None:
+    """Raise :class:`opt4torch.Opt4IOError` naming why ``path`` cannot be
+    written (a directory, a device, a FIFO, a refused link), creating nothing."""
+    _engine.outfile_check(os.fspath(path), no_symlink=no_symlink)
+
+
+class _Raw(io.RawIOBase):
+    def __init__(self, out: Any) -> None:
+        self._out = out
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:  # type: ignore[override]
+        self._out.write(b)
+        return memoryview(b).nbytes
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], mode: str = "w", *, no_symlink: bool = False) -> Iterator[IO[Any]]:
+    """A file object for ``path``, put in place when the block ends without
+    an exception, removed otherwise. ``mode`` is ``"w"`` (UTF-8 text, no
+    newline translation) or ``"wb"``. The target is checked (and dead
+    writers' temporaries removed) before the block runs."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"mode must be 'w' or 'wb', not {mode!r}")
+    out = _engine.OutFile(os.fspath(path), no_symlink=no_symlink)
+    try:
+        buffered = io.BufferedWriter(_Raw(out), buffer_size=1 << 16)
+        f: IO[Any] = buffered if mode == "wb" else io.TextIOWrapper(buffered, encoding="utf-8", newline="")
+        yield f
+        f.flush()
+        out.commit()
+    except BaseException:
+        out.abort()
+        raise
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived during a write: unwinds it like KeyboardInterrupt."""
+
+
+@contextlib.contextmanager
+def abort_on_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM raises (so ``except BaseException`` cleanup
+    runs and temporaries are removed, as for SIGINT); when the block has
+    unwound, the previous disposition is restored and the signal delivered
+    again, so the process ends (or its own handler runs) as it would have.
+    Only in the main thread, and only where SIGTERM is not ignored; elsewhere
+    a dead writer's temporary is removed by the next write of the path."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN or previous is None:
+        yield
+        return
+    state = {"inside": True, "hit": False, "done": False}
+
+    def handler(signum: int, frame: Any) -> None:
+        state["hit"] = True
+        if state["inside"]:
+            raise _Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+        state["done"] = True
+    except _Terminated:
+        pass
+    finally:
+        state["inside"] = False
+        signal.signal(signal.SIGTERM, previous)
+    if state["hit"]:
+        signal.raise_signal(signal.SIGTERM)
+        # The previous handler returned (it chose to go on). If the write
+        # was undone, the caller must not take it as done.
+        if not state["done"]:
+            raise InterruptedError("SIGTERM arrived during the write; it was undone (nothing was replaced)")

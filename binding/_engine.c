@@ -20,6 +20,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "opt4.h"
 #include "binding.h"
@@ -433,7 +434,58 @@ typedef struct {
   PyObject_HEAD
   opt4_pool *pool;
   int busy;
+  int owned; /* this process created it as its owner: in the owned list below */
 } PoolObject;
+
+/* The pools this process created as their owner and has not removed yet,
+ * by name, with the creating pid. A pool joins the list inside pool_create,
+ * before Python code runs again: a Ctrl-C or a SIGTERM handled in Python
+ * can only act after it, so the pool is already known to whoever removes
+ * it (issue 20: two of 16 Ctrl-Cs during a DataLoader's construction left
+ * its 1 GiB pool behind, created but not yet registered). It leaves the
+ * list when unlinked. What is left is removed when its Pool object is
+ * dropped without close() in the creating process, by remove_owned_pools()
+ * (the Python layer's SIGTERM handler), and at exit (Py_AtExit, after the
+ * interpreter is gone: plain C). A forked child inherits the list and never
+ * acts on it (the pid differs). A process killed outright (SIGKILL, a
+ * signal with its default action) leaves its pools to the next start's
+ * sweep, which finds them dead by their lock. The GIL guards the list; the
+ * exit hook runs after the last Python thread. */
+#define OWNED_MAX 256
+static struct {
+  char name[64];
+  pid_t pid;
+} owned_pools[OWNED_MAX];
+static int owned_hook_installed;
+
+static void owned_remove_all(void) {
+  for (int i = 0; i < OWNED_MAX; i++) {
+    if (owned_pools[i].name[0] == '\0' || owned_pools[i].pid != getpid()) continue;
+    (void)opt4_pool_remove(owned_pools[i].name, 1);
+    owned_pools[i].name[0] = '\0';
+  }
+}
+
+static void owned_add(PoolObject *self) {
+  const char *name = opt4_pool_name(self->pool);
+  if (!owned_hook_installed) owned_hook_installed = Py_AtExit(owned_remove_all) == 0;
+  for (int i = 0; i < OWNED_MAX; i++) {
+    if (owned_pools[i].name[0] != '\0' && owned_pools[i].pid == getpid()) continue;
+    snprintf(owned_pools[i].name, sizeof owned_pools[i].name, "%s", name);
+    owned_pools[i].pid = getpid();
+    self->owned = 1;
+    return;
+  }
+  /* More than OWNED_MAX live pools: this one is left to the owner's own
+   * unlink and, failing that, to the next sweep. */
+}
+
+static void owned_drop(PoolObject *self, const char *name) {
+  self->owned = 0;
+  for (int i = 0; i < OWNED_MAX; i++)
+    if (owned_pools[i].pid == getpid() && strcmp(owned_pools[i].name, name) == 0)
+      owned_pools[i].name[0] = '\0';
+}
 
 static PyTypeObject PoolType;
 
@@ -461,10 +513,25 @@ static PyObject *pool_wrap(opt4_pool *pool) {
   }
   self->pool = pool;
   self->busy = 0;
+  self->owned = 0;
   return (PyObject *)self;
 }
 
 static void pool_dealloc(PoolObject *self) {
+  /* An owner's pool dropped without close() or unlink() in the process
+   * that created it (an exception, a Ctrl-C, between its creation and its
+   * registration with the Python layer's cleanup): nobody else will remove
+   * it while this process lives. */
+  if (self->owned && self->pool != NULL && opt4_pool_is_owner(self->pool)) {
+    int mine = 0;
+    for (int i = 0; i < OWNED_MAX && !mine; i++)
+      mine = owned_pools[i].pid == getpid() &&
+             strcmp(owned_pools[i].name, opt4_pool_name(self->pool)) == 0;
+    if (mine) {
+      (void)opt4_pool_unlink(self->pool);
+      owned_drop(self, opt4_pool_name(self->pool));
+    }
+  }
   opt4_pool_close(self->pool);
   PyObject_Free(self);
 }
@@ -496,7 +563,21 @@ static PyObject *py_pool_create(PyObject *Py_UNUSED(m), PyObject *args, PyObject
   Py_BEGIN_ALLOW_THREADS rc = opt4_pool_create(plan->plan, &opts, &pool);
   Py_END_ALLOW_THREADS plan->busy--;
   if (rc != 0) return raise_code(rc, "create pool");
-  return pool_wrap(pool);
+  const int owner = owner_pid == 0 || owner_pid == (unsigned int)getpid();
+  char name[64];
+  snprintf(name, sizeof name, "%s", opt4_pool_name(pool));
+  PoolObject *obj = (PoolObject *)pool_wrap(pool);
+  if (obj == NULL) { /* pool_wrap closed the handle; the segments are ours to remove */
+    if (owner) (void)opt4_pool_remove(name, 1);
+    return NULL;
+  }
+  if (owner) owned_add(obj);
+  return (PyObject *)obj;
+}
+
+static PyObject *py_remove_owned_pools(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
+  owned_remove_all();
+  Py_RETURN_NONE;
 }
 
 static PyObject *py_pool_attach(PyObject *Py_UNUSED(m), PyObject *arg) {
@@ -523,6 +604,7 @@ static PyObject *pool_unlink(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
   if (self->pool == NULL) Py_RETURN_NONE;
   int rc = opt4_pool_unlink(self->pool);
   if (rc != 0) return raise_code(rc, "unlink pool");
+  if (self->owned) owned_drop(self, opt4_pool_name(self->pool));
   Py_RETURN_NONE;
 }
 
@@ -1593,9 +1675,12 @@ static PyTypeObject PoolType = {
     .tp_getset = pool_getset,
 };
 
-static int visit_list(void *ctx, const char *name, uint32_t pid, int alive, uint64_t bytes) {
-  PyObject *e = Py_BuildValue("{s:s,s:I,s:O,s:K}", "name", name, "owner_pid", pid, "owner_alive",
-                              alive ? Py_True : Py_False, "bytes", (unsigned long long)bytes);
+static int visit_list(void *ctx, const char *name, uint32_t pid, int state, uint64_t bytes) {
+  PyObject *e = Py_BuildValue(
+      "{s:s,s:I,s:O,s:O,s:O,s:O,s:K}", "name", name, "owner_pid", pid, "owner_alive",
+      state ? Py_True : Py_False, "owner_locked", (state & OPT4_OWNER_LOCKED) ? Py_True : Py_False,
+      "other_namespace", (state & OPT4_OWNER_OTHER_NS) ? Py_True : Py_False, "unchecked",
+      (state & OPT4_OWNER_UNCHECKED) ? Py_True : Py_False, "bytes", (unsigned long long)bytes);
   if (e == NULL) return -1;
   int rc = PyList_Append((PyObject *)ctx, e);
   Py_DECREF(e);
@@ -1853,9 +1938,13 @@ static PyMethodDef module_methods[] = {
     {"pool_create", (PyCFunction)(void (*)(void))py_pool_create, METH_VARARGS | METH_KEYWORDS,
      "pool_create(plan, page_size, wait_timeout_ms=0, max_procs=0, occurrences=False) -> Pool"},
     {"pool_attach", py_pool_attach, METH_O, "pool_attach(name) -> Pool"},
-    {"pool_list", py_pool_list, METH_NOARGS, "This user's pools: [{name, owner_pid, owner_alive, bytes}]"},
+    {"pool_list", py_pool_list, METH_NOARGS,
+     "This user's pools: [{name, owner_pid, owner_alive, owner_locked, other_namespace, "
+     "unchecked, bytes}]"},
     {"pool_remove", (PyCFunction)(void (*)(void))py_pool_remove, METH_VARARGS | METH_KEYWORDS,
      "pool_remove(name, force=False): remove a stale pool"},
+    {"remove_owned_pools", py_remove_owned_pools, METH_NOARGS,
+     "Remove every pool this process created as owner and has not unlinked (signal handlers)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {

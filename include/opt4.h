@@ -394,8 +394,10 @@ typedef struct opt4_pool_opts {
   /* OPT4_POOL_* flags. */
   uint32_t flags;
   /* The process the pool belongs to: its liveness decides whether the pool
-   * is stale. 0: the creator. A worker that creates the pool lazily for its
-   * main process names the main process here. */
+   * is stale. 0: the creator, which then holds the owner's lock (see
+   * OPT4_OWNER_LIVE). A worker that creates the pool lazily for its main
+   * process names the main process here; such a pool has no lock, and its
+   * liveness is the main process's pid and start time. */
   uint32_t owner_pid;
   /* Prefetching BYPASSes: slots of a staging ring in the pool, where a
    * prefetcher puts the BYPASS items it loads ahead until their consumers
@@ -418,7 +420,11 @@ typedef struct opt4_pool_opts {
  * too small fails here with OPT4_ENOSPACE (opt4_errdetail() gives the sizes
  * and the fix), never with SIGBUS later. Errors: OPT4_EINVAL, OPT4_ENOPLAN,
  * OPT4_ENOSPACE, OPT4_ESHM, OPT4_ENOMEM. The caller is the owner: it should
- * call opt4_pool_unlink() when the run ends. */
+ * call opt4_pool_unlink() when the run ends. The header records the owner's
+ * uid, pid, start time and PID namespace; the owner's handle holds the
+ * owner's lock (one file descriptor, close-on-exec) until it is closed.
+ * Closing the owner's handle without unlinking hands the pool's liveness
+ * back to the owner's pid. */
 int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts,
                      opt4_pool **out);
 
@@ -623,13 +629,45 @@ int opt4_pool_prefetch_pending(opt4_pool *pool, uint64_t from, uint64_t to, uint
  * without waiting out the pool's timeout. Only that handle is affected. */
 int opt4_pool_interrupt(opt4_pool *pool);
 
-/* Pools of this user: visit each segment name with whether its owner is
- * alive. Stale pools (owner dead) can be removed with opt4_pool_remove(). */
+/* Whether a pool's owner is alive, as opt4_pool_list sees it: 0 when it is
+ * dead (the pool is stale), otherwise OPT4_OWNER_LIVE and any of the rest.
+ *
+ * How it is known. The owner, when it created the pool itself, holds an OFD
+ * lock (fcntl F_OFD_SETLK) on the pool's main segment from creation until
+ * its handle closes; the kernel releases it when the owner dies. A held
+ * lock proves the owner alive and a released one proves it dead, whatever
+ * PID namespace the owner and the caller are in (a container sharing the
+ * host's /dev/shm, a job started with `unshare -p`). Forked children do not
+ * keep the lock (each closes its copy right after fork), so a pool's life
+ * is its owner's: a killed owner's pool is stale even while a worker it
+ * forked is still winding down. Without a lock (an owner that is not the
+ * creator, see opt4_pool_opts.owner_pid; a pool of an older opt4 version; a
+ * kernel without OFD locks, before Linux 3.15), the owner's pid and start
+ * time decide, and only when the owner is in the caller's PID namespace
+ * (recorded in the header at creation): an owner in another one cannot be
+ * checked from here, and its pool is kept (OPT4_OWNER_UNCHECKED). */
+#define OPT4_OWNER_LIVE 0x1u      /* alive, or cannot be proved dead: never removed without force */
+#define OPT4_OWNER_LOCKED 0x2u    /* proved alive by its lock */
+#define OPT4_OWNER_OTHER_NS 0x4u  /* the owner is in another PID namespace than the caller
+                                     (owner_pid is its pid there) */
+#define OPT4_OWNER_UNCHECKED 0x8u /* another namespace and no lock: liveness unknown, kept */
+
+/* Pools of this user: visit each segment name with its owner's pid, its
+ * owner's state (0: dead, else OPT4_OWNER_* flags, see above) and the bytes
+ * of both segments. A nonzero return from visit stops the listing and is
+ * returned. Listing only tests locks, never takes them. Stale pools can be
+ * removed with opt4_pool_remove(). */
 typedef int (*opt4_pool_visit_fn)(void *ctx, const char *name, uint32_t owner_pid,
-                                  int owner_alive, uint64_t bytes);
+                                  int owner_state, uint64_t bytes);
 int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx);
-/* Remove both segments of a pool by name; refuses (OPT4_EPOOL) while its
- * owner is alive unless force is set. */
+/* Remove both segments of a pool by name. Without force, only a stale pool
+ * (its owner dead, as above) is removed: it is judged and removed while
+ * holding a write lock on the segment, so an owner cannot be found dead
+ * and then come to life before the removal (a creator caught in the instant
+ * before its lock starts over under another name). Refused with OPT4_EPOOL
+ * (opt4_errdetail() says why) while the owner is alive, while the pool is
+ * being created, and when the owner is in another PID namespace without a
+ * lock. force removes it whatever its state (never another user's). */
 int opt4_pool_remove(const char *name, int force);
 
 /* ------------------------------------------------------------------------ */

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from typing import Any
 
 from . import _engine
@@ -67,8 +68,9 @@ class ThreadPrefetcher:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._handles: list[Any] = []
-        self._counts = {"loaded": 0, "stored": 0, "errors": 0, "idle_seconds": 0.0}
+        self._counts = {"loaded": 0, "stored": 0, "errors": 0, "idle_seconds": 0.0, "died": 0}
         self._first_error: BaseException | None = None
+        self._death: BaseException | None = None
         self._pid = os.getpid()
         # Calling the dataset may take any lock: no fork while a thread does.
         self._gate = ForkGate()
@@ -78,6 +80,23 @@ class ThreadPrefetcher:
             th.start()
 
     def _run(self, pool_name: str) -> None:
+        """One thread's life. A thread that stops on an error other than the
+        dataset's (which are counted, and left to the worker that needs the
+        item) is reported, never silent: a RuntimeWarning naming the error,
+        and ``died``/``death`` in the prefetcher's stats. The epoch goes on,
+        with the workers loading what it would have."""
+        try:
+            self._serve(pool_name)
+        except BaseException as e:
+            with self._lock:
+                self._counts["died"] += 1
+                if self._death is None:
+                    self._death = e
+            warnings.warn(f"opt4torch prefetch thread {threading.current_thread().name} stopped: "
+                          f"{type(e).__name__}: {e}. Iteration goes on without it (the DataLoader's "
+                          "workers load what it would have prefetched)", RuntimeWarning, stacklevel=1)
+
+    def _serve(self, pool_name: str) -> None:
         """Claim, load, hand over; keep up to PENDING loaded items that must
         wait for their place (the items they replace still have reads to
         come), retried earliest first and never past one that must wait (a
@@ -144,6 +163,8 @@ class ThreadPrefetcher:
         out["parks"] = self._gate.parks
         out["park_timeouts"] = self._gate.park_timeouts
         out["finished"] = sum(not th.is_alive() for th in self._threads)
+        if self._death is not None:
+            out["death"] = f"{type(self._death).__name__}: {self._death}"
         return out
 
     def stop(self) -> None:

@@ -650,25 +650,48 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     from . import _engine
 
     pools = _engine.pool_list()
+    if args.names:
+        wanted = {n if n.startswith("/") else "/" + n for n in args.names}
+        unknown = sorted(wanted - {p["name"] for p in pools})
+        if unknown:
+            raise UsageError(f"no such pool of this user in /dev/shm: {', '.join(unknown)} "
+                             "(`opt4torch cleanup --dry-run` lists them)")
+        pools = [p for p in pools if p["name"] in wanted]
     if not pools:
         print("no opt4 pools in /dev/shm for this user")
         return 0
     removed = 0
     for p in pools:
-        state = "live" if p["owner_alive"] else "stale"
+        if not p["owner_alive"]:
+            state, remove = "stale", True
+        elif p["unchecked"]:
+            # Another PID namespace and no lock to test: nothing proves the
+            # owner dead. Only --force takes these (or a named pool).
+            state = "in another PID namespace, liveness unknown"
+            remove = args.force
+        else:
+            state = "live, in another PID namespace" if p["other_namespace"] else "live"
+            remove = args.force and bool(args.names)  # a live pool goes only when named
         action = ""
-        if not p["owner_alive"] and not args.dry_run:
+        if remove and not args.dry_run:
             try:
-                _engine.pool_remove(p["name"])
+                _engine.pool_remove(p["name"], force=bool(p["owner_alive"]))
                 action = " -> removed"
                 removed += 1
             except Opt4Error as exc:
                 action = f" -> not removed: {exc}"
+        elif remove:
+            action = " -> would be removed"
+        elif p["unchecked"]:
+            action = f" -> kept (once its job has ended: opt4torch cleanup --force {p['name']})"
         print(f"{p['name']}  owner pid {p['owner_pid']} ({state})  {p['bytes'] / 2**20:.1f} MiB{action}")
     if args.dry_run:
         print("dry run: nothing removed")
+    elif args.force:
+        print(f"removed {removed} pool(s)")
     else:
-        print(f"removed {removed} stale pool(s); live pools are never removed")
+        print(f"removed {removed} stale pool(s); live pools, and pools whose owner is in another PID "
+              "namespace and cannot be checked, are kept (--force removes the latter)")
     return 0
 
 
@@ -769,8 +792,20 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cleanup", help="list this user's shared-memory pools and remove stale ones",
                        description="Remove pools in /dev/shm whose owner process is gone (a run "
-                                   "killed by SIGKILL or a crash). Pools of live runs are kept.")
+                                   "killed by SIGKILL or a crash). Pools of live runs are kept, in "
+                                   "this PID namespace or another (a container or an `unshare -p` job "
+                                   "sharing /dev/shm): an owner holds a lock on its pool that the kernel "
+                                   "drops when it dies. A pool whose owner is in another PID namespace "
+                                   "and holds no lock (made by an older opt4torch, or on behalf of "
+                                   "another process) cannot be checked from here and is kept unless "
+                                   "--force is given.")
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help="only these pools (as listed, e.g. /opt4-1000-4242-0123456789abcdef)")
     p.add_argument("--dry-run", action="store_true", help="only list")
+    p.add_argument("--force", action="store_true",
+                   help="also remove pools whose owner is in another PID namespace and cannot be "
+                        "checked; with NAMEs, remove those pools whatever their owner's state (a "
+                        "live job using one fails)")
     p.set_defaults(func=_cmd_cleanup)
 
     p = sub.add_parser("demo", help="capture, plan and compare with LRU/FIFO on a generated default, "

@@ -90,6 +90,9 @@ def _unlink_all() -> None:
 
 def _on_signal(signum: int, frame: Any) -> None:
     _unlink_all()
+    # And any pool made but not yet handed to an OPTCache (the signal came
+    # during a constructor): the engine lists them from their creation on.
+    _engine.remove_owned_pools()
     previous = _previous_handlers.get(signum, signal.SIG_DFL)
     if callable(previous):
         previous(signum, frame)
@@ -119,7 +122,11 @@ def _install_handlers() -> None:
 
 def remove_stale_pools() -> list[dict[str, Any]]:
     """Remove this user's pools whose owner process is gone; never a live
-    job's. Returns what was removed."""
+    job's, in this PID namespace or another (a container sharing /dev/shm):
+    an owner holds a lock on its pool that the kernel drops when it dies,
+    and a pool whose owner is in another namespace without such a lock is
+    kept (``opt4torch cleanup --force`` removes those). Returns what was
+    removed."""
     removed = []
     for entry in _engine.pool_list():
         if entry["owner_alive"]:
@@ -150,6 +157,9 @@ class OPTCache:
         remove_stale_pools()
         self.plan = plan
         self.page_size = int(page_size) or plan.page_size
+        # Before the pool exists: a SIGTERM from here on removes it (the
+        # engine lists the pool as this process's before pool_create returns).
+        _install_handlers()
         self._pool = _engine.pool_create(plan._h, self.page_size, int(wait_timeout * 1000), max_procs,
                                          staging_slots=int(staging_slots))
         self.name: str = self._pool.name

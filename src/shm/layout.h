@@ -26,11 +26,15 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free");
 
 #define POOL_MAGIC "OPT4POOL"
 #define META_MAGIC "OPT4META"
-#define POOL_LAYOUT 2u
+/* 3: the owner's PID namespace and its lock (owner_pidns_*, owner_flags). */
+#define POOL_LAYOUT 3u
 #define POOL_HEADER_SIZE 4096u
 #define POOL_NAME_MAX 64
 
 /* Page states (low 2 bits of page_state.word; the generation is the high 32). */
+/* pool_header.owner_flags */
+#define POOL_OWNER_LOCKED 1u /* the owner holds its lock: a free lock means it died */
+
 #define PS_EMPTY 0u   /* never written */
 #define PS_WRITING 1u /* a writer owns it */
 #define PS_READY 2u   /* holds its generation's bytes */
@@ -115,7 +119,22 @@ typedef struct pool_header {
   uint64_t staging_slot_bytes; /* a multiple of 4096 */
   _Atomic uint64_t head;       /* consumers' furthest position, rounded down */
   _Atomic uint64_t pf_cursor;  /* the next position prefetchers consider */
+  /* The owner beyond its pid (layout 3). A pid and a start time name a
+   * process only inside one PID namespace: a sweeper in another one (the
+   * host, beside a container that shares /dev/shm) would see some other
+   * process, or none, under that pid. So the header also names the owner's
+   * PID namespace (st_dev and st_ino of /proc/<pid>/ns/pid; 0: unknown),
+   * and, while POOL_OWNER_LOCKED is set, the owner holds an OFD read lock
+   * on this segment, which the kernel drops when the owner dies, whatever
+   * namespace either side is in (segment.c, "the owner's lock"). */
+  uint64_t owner_pidns_dev;
+  uint64_t owner_pidns_ino;
+  _Atomic uint32_t owner_flags;
+  uint32_t reserved2;
 } pool_header;
+_Static_assert(offsetof(pool_header, owner_pid) == 36 && offsetof(pool_header, owner_start) == 40,
+               "the owner's pid and start time stay where every layout had them: an older "
+               "library's sweep reads them there");
 _Static_assert(sizeof(pool_header) <= POOL_HEADER_SIZE, "pool header too large");
 
 /* One process's record: the part others read in the first cache line, the
@@ -209,6 +228,11 @@ struct opt4_pool {
   const uint32_t *bpos;
   int owner;
   int unlinked;
+  /* The owner's lock: an fd of the main segment with an OFD read lock on
+   * it, held while the owner's handle is open (-1: none), and the process
+   * that opened it (a forked child's copy of the handle is not it). */
+  int lock_fd;
+  pid_t lock_pid;
   /* This process's record; re-registered after fork (see fork_gen). */
   uint32_t rec;
   pid_t pid;

@@ -7,10 +7,22 @@
  * `opt4torch cleanup` can find one user's pools. Segments are created with
  * O_EXCL and mode 0600, and sized with posix_fallocate so that a /dev/shm
  * too small for the pool fails at creation, not with SIGBUS on first touch.
- * The header records the owner's uid, pid and start time: an owner whose pid
- * is gone, or reused by a process that started at another time, is dead, and
- * its pools are stale.
+ *
+ * Who owns a pool, and whether it is stale. The header records the owner's
+ * uid, pid, start time and PID namespace. A pid and a start time prove
+ * liveness only inside one PID namespace: seen from the host, a container's
+ * owner "pid 1" is the host's init, and its pid 57 is some other process or
+ * none. So the owner (when it is the creator) also holds an OFD read lock
+ * (F_OFD_SETLK) on its main segment, taken right after shm_open and kept
+ * while its handle is open; the kernel drops it when the owner dies, in
+ * whatever namespace either side lives. A sweeper tests that lock: held
+ * means alive, free (with POOL_OWNER_LOCKED in the header) means dead. Only
+ * where there is no lock to go by (an owner that is not the creator, a pool
+ * of an older layout, a kernel without OFD locks) does the sweeper fall back
+ * to pid and start time, and then only for an owner in its own PID
+ * namespace; an owner in another one is kept unless forced.
  */
+#define _GNU_SOURCE /* F_OFD_SETLK, F_OFD_GETLK */
 #include "layout.h"
 #include "check.h"
 
@@ -43,7 +55,44 @@ uint64_t opt4__now_ns(void) {
 
 static _Atomic uint64_t fork_gen = 1;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
-static void on_fork_child(void) { atomic_fetch_add(&fork_gen, 1); }
+
+/* The owner's lock fds of this process (fd + 1; 0: a free slot). An OFD
+ * lock belongs to the open file description, which fork shares: a child
+ * that kept its copy would keep the lock, so a pool whose owner was killed
+ * would look alive for as long as any child forked from it lived (a
+ * DataLoader worker, or anything else the program forks). A pool's life is
+ * its owner's, as with pids, so each child closes its copies at once: the
+ * parent's lock stays held through the parent's own fd. A process with more
+ * pools than slots leaves the rest to its children (the safe side: they
+ * look alive a little longer, never dead while alive). */
+#define LOCK_SLOTS 64
+static _Atomic int lock_fds[LOCK_SLOTS];
+
+static void lock_fd_track(int fd) {
+  for (int i = 0; i < LOCK_SLOTS; i++) {
+    int free_slot = 0;
+    if (atomic_compare_exchange_strong(&lock_fds[i], &free_slot, fd + 1)) return;
+  }
+}
+
+/* Untrack first, close second: a child forked in between keeps the lock a
+ * little longer (the safe side), and no child ever closes an fd number that
+ * this process has reused for something else. */
+static void lock_fd_release(int fd) {
+  for (int i = 0; i < LOCK_SLOTS; i++) {
+    int mine = fd + 1;
+    if (atomic_compare_exchange_strong(&lock_fds[i], &mine, 0)) break;
+  }
+  close(fd);
+}
+
+static void on_fork_child(void) {
+  atomic_fetch_add(&fork_gen, 1);
+  for (int i = 0; i < LOCK_SLOTS; i++) {
+    int v = atomic_exchange(&lock_fds[i], 0);
+    if (v != 0) close(v - 1);
+  }
+}
 static void install_atfork(void) { pthread_atfork(NULL, NULL, on_fork_child); }
 uint64_t opt4__fork_generation(void) { return atomic_load_explicit(&fork_gen, memory_order_relaxed); }
 
@@ -51,7 +100,12 @@ uint64_t opt4__fork_generation(void) { return atomic_load_explicit(&fork_gen, me
 
 uint64_t opt4__proc_start_time(pid_t pid) {
   char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  /* Our own through /proc/self: in a PID namespace of its own, a process
+   * whose /proc is the host's would find another process under its pid. */
+  if (pid == getpid())
+    snprintf(path, sizeof path, "/proc/self/stat");
+  else
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
   /* open/read, not stdio: no allocation and no lock, so any thread may
    * call this at any time, fork or no fork. */
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -77,6 +131,40 @@ int opt4__proc_alive(pid_t pid, uint64_t start) {
   if (start == 0) return 1;
   uint64_t now = opt4__proc_start_time(pid);
   return now == 0 || now == start; /* 0: cannot tell, assume alive */
+}
+
+/* This process's PID namespace: st_dev and st_ino of /proc/self/ns/pid's
+ * target; 0 and 0 when /proc cannot tell. */
+static void pidns_self(uint64_t *dev, uint64_t *ino) {
+  struct stat st;
+  *dev = *ino = 0;
+  if (stat("/proc/self/ns/pid", &st) == 0) {
+    *dev = (uint64_t)st.st_dev;
+    *ino = (uint64_t)st.st_ino;
+  }
+}
+
+/* ---- the owner's lock ---- */
+
+/* An OFD lock on the whole segment, without waiting: 0, or -1 with errno
+ * (EAGAIN or EACCES: a conflicting lock is held; EINVAL: no OFD locks). */
+static int ofd_lock(int fd, short type) {
+  struct flock fl;
+  memset(&fl, 0, sizeof fl);
+  fl.l_type = type;
+  fl.l_whence = SEEK_SET;
+  return fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+/* Whether anyone holds a lock on the segment open at fd that a write lock
+ * would conflict with: 1 held, 0 free, -1 cannot tell. Places no lock. */
+static int ofd_held(int fd) {
+  struct flock fl;
+  memset(&fl, 0, sizeof fl);
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return -1;
+  return fl.l_type != F_UNLCK;
 }
 
 /* ---- records ---- */
@@ -172,7 +260,20 @@ static int shm_lstat(const char *name, struct stat *st) {
   return lstat(path, st);
 }
 
-int opt4__segment_create(const char *name, uint64_t size, int *fd_out) {
+/* Results of segment_create's lock. */
+#define SEG_UNLOCKED 0 /* not asked for, or the kernel has no OFD locks */
+#define SEG_LOCKED 1   /* this fd holds the owner's read lock */
+#define SEG_SWEPT 2    /* a sweeper held the segment's lock: removed, try another name */
+
+/* As opt4__segment_create; with lock, the owner's read lock is taken right
+ * after shm_open, before the (slow) sizing, so that from then on a sweeper
+ * finds the segment locked. In the instant before, a sweeper may find it
+ * free and take its write lock to remove it (opt4_pool_remove): then our
+ * lock fails, and the caller starts over under a new name (*lock_state is
+ * SEG_SWEPT). */
+static int segment_create(const char *name, uint64_t size, int *lock_fd, int *fd_out,
+                          int *lock_state) {
+  *lock_state = SEG_UNLOCKED;
   /* O_EXCL: a name that exists (a squatter's file, a symlink, a stale pool)
    * is refused, never opened or followed. glibc's shm_open adds O_NOFOLLOW. */
   int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
@@ -196,7 +297,38 @@ int opt4__segment_create(const char *name, uint64_t size, int *fd_out) {
     shm_unlink(name);
     return opt4__fail(OPT4_ESHM, "cannot set mode 0600 on %s: %s", name, strerror(e));
   }
-  int err = posix_fallocate(fd, 0, (off_t)size);
+  if (lock_fd != NULL) {
+    /* The lock lives on an open file description of its own, not on the
+     * one that gets mapped: a mapping keeps its file description open, so
+     * a forked child's inherited mapping would keep the owner's lock alive
+     * after the owner died, whatever the child did with its fds. (Opened
+     * once the mode is 0600: a umask may have left the segment unreadable
+     * until then.) */
+    int lfd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+    if (lfd >= 0 && ofd_lock(lfd, F_RDLCK) == 0) {
+      *lock_state = SEG_LOCKED;
+      *lock_fd = lfd;
+    } else if (lfd < 0 ? errno == ENOENT : (errno == EAGAIN || errno == EACCES)) {
+      if (lfd >= 0) close(lfd);
+      close(fd);
+      shm_unlink(name);
+      *lock_state = SEG_SWEPT;
+      return opt4__fail(OPT4_ESHM, "shared memory %s was removed by another process's sweep "
+                        "while being created", name);
+    } else if (lfd >= 0) {
+      close(lfd); /* no OFD locks here (EINVAL): liveness by pid */
+    }
+  }
+  /* A signal (Ctrl-C in Python, whose handlers do not restart system calls)
+   * interrupts the sizing of a large segment: go on, the caller acts on the
+   * signal once the pool exists and is registered for removal. */
+  int err;
+  do err = posix_fallocate(fd, 0, (off_t)size);
+  while (err == EINTR);
+  if (err != 0 && *lock_state == SEG_LOCKED) {
+    close(*lock_fd);
+    *lock_state = SEG_UNLOCKED;
+  }
   if (err != 0) {
     close(fd);
     shm_unlink(name);
@@ -224,7 +356,22 @@ int opt4__segment_create(const char *name, uint64_t size, int *fd_out) {
   return 0;
 }
 
+int opt4__segment_create(const char *name, uint64_t size, int *fd_out) {
+  int lock_state;
+  return segment_create(name, size, NULL, fd_out, &lock_state);
+}
+
 static void pool_free(opt4_pool *pool) {
+  /* The owner's lock goes with the owner's handle. A handle closed without
+   * unlinking leaves a pool that others may still use: its liveness goes
+   * back to the owner's pid, so the flag is cleared before the lock is
+   * dropped (a sweeper tests the lock first, then reads the flag). */
+  if (pool->lock_fd >= 0 && pool->lock_pid == getpid()) {
+    if (!pool->unlinked && pool->h != NULL)
+      atomic_fetch_and(&pool->h->owner_flags, ~POOL_OWNER_LOCKED);
+    lock_fd_release(pool->lock_fd);
+  }
+  pool->lock_fd = -1;
   if (pool->base != NULL) munmap(pool->base, pool->size);
   if (pool->meta != NULL) munmap(pool->meta, pool->meta_size);
   opt4__free(pool, sizeof *pool);
@@ -329,17 +476,32 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   opt4_pool *pool = opt4__calloc(1, sizeof *pool);
   if (pool == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a pool handle");
   pool->rec = UINT32_MAX;
-  uint64_t rnd = 0;
-  if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) rnd = opt4__now_ns() ^ (uint64_t)getpid() << 32;
-  char run_id[40];
-  snprintf(run_id, sizeof run_id, "%d-%016llx", (int)getpid(), (unsigned long long)rnd);
-  snprintf(pool->name, sizeof pool->name, "/opt4-%u-%s", (unsigned)getuid(), run_id);
-  char meta_name[POOL_NAME_MAX + 8];
-  snprintf(meta_name, sizeof meta_name, "%s.meta", pool->name);
-
-  int fd = -1, mfd = -1;
-  rc = opt4__segment_create(pool->name, size, &fd);
+  pool->lock_fd = -1;
+  /* The owner's lock is ours to hold only if we are the owner; a pool made
+   * for another process goes by that process's pid. */
+  pid_t owner = opts->owner_pid ? (pid_t)opts->owner_pid : getpid();
+  const int lock = owner == getpid();
+  char run_id[40], meta_name[POOL_NAME_MAX + 8];
+  int fd = -1, mfd = -1, lfd = -1, lock_state = SEG_UNLOCKED;
+  for (int attempt = 0;; attempt++) {
+    uint64_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
+      rnd = opt4__now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)attempt;
+    snprintf(run_id, sizeof run_id, "%d-%016llx", (int)getpid(), (unsigned long long)rnd);
+    snprintf(pool->name, sizeof pool->name, "/opt4-%u-%s", (unsigned)getuid(), run_id);
+    rc = segment_create(pool->name, size, lock ? &lfd : NULL, &fd, &lock_state);
+    /* Swept in the instant before our lock: another name (each try is a
+     * new random name, and a sweep only removes names it found). */
+    if (rc != 0 && lock_state == SEG_SWEPT && attempt < 8) continue;
+    break;
+  }
   if (rc != 0) goto fail;
+  snprintf(meta_name, sizeof meta_name, "%s.meta", pool->name);
+  if (lock_state == SEG_LOCKED) {
+    pool->lock_fd = lfd;
+    pool->lock_pid = getpid();
+    lock_fd_track(lfd);
+  }
   rc = opt4__segment_create(meta_name, meta_size, &mfd);
   if (rc != 0) {
     close(fd);
@@ -382,9 +544,13 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   h->segment_size = size;
   h->meta_size = meta_size;
   h->owner_uid = (uint32_t)getuid();
-  pid_t owner = opts->owner_pid ? (pid_t)opts->owner_pid : getpid();
   h->owner_pid = (uint32_t)owner;
   h->owner_start = opt4__proc_start_time(owner);
+  /* The creator's namespace stands for the owner's: a worker creating the
+   * pool for its main process lives beside it, and /proc/<owner> may be
+   * another namespace's process when /proc is not this namespace's. */
+  pidns_self(&h->owner_pidns_dev, &h->owner_pidns_ino);
+  if (pool->lock_fd >= 0) atomic_store(&h->owner_flags, POOL_OWNER_LOCKED);
   memcpy(h->run_id, run_id, sizeof run_id);
   h->fingerprint = plan->info.fingerprint;
   h->accesses = plan->info.accesses;
@@ -650,6 +816,7 @@ int opt4_pool_attach(const char *name, opt4_pool **out) {
   opt4_pool *pool = opt4__calloc(1, sizeof *pool);
   if (pool == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a pool handle");
   pool->rec = UINT32_MAX;
+  pool->lock_fd = -1;
   snprintf(pool->name, sizeof pool->name, "%s", name);
   char meta_name[POOL_NAME_MAX + 8];
   snprintf(meta_name, sizeof meta_name, "%s.meta", name);
@@ -731,27 +898,12 @@ int opt4_pool_info_get(const opt4_pool *pool, opt4_pool_info *out) {
 
 /* ---- listing and removing this user's pools ---- */
 
-static int read_owner(const char *name, uint32_t *pid, uint64_t *start, uint64_t *bytes) {
-  int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  struct stat st;
-  pool_header h;
-  int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid() &&
-           st.st_size >= (off_t)sizeof h &&
-           pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && memcmp(h.magic, POOL_MAGIC, 8) == 0;
-  close(fd);
-  if (!ok) return -1;
-  *pid = h.owner_pid;
-  *start = h.owner_start;
-  *bytes = (uint64_t)st.st_size + h.meta_size;
-  return 0;
-}
-
 /* A pool's header is written last, after its segments are sized and its
  * metadata built, which takes a while for a large plan. Until then the
- * creator is known only by its name (/opt4-<uid>-<pid>-<hex>): a pool being
- * created by a live process must not look stale to another process's sweep
- * (two ranks of one node start together). Returns the creator's pid, or 0. */
+ * creator is known by its lock (taken right after shm_open) and by its
+ * name (/opt4-<uid>-<pid>-<hex>): a pool being created by a live process
+ * must not look stale to another process's sweep (two ranks of one node
+ * start together). Returns the creator's pid, or 0. */
 static pid_t creator_pid(const char *name) {
   const char *p = strchr(name + 6, '-'); /* past "/opt4-" and the uid */
   if (p == NULL) return 0;
@@ -760,12 +912,65 @@ static pid_t creator_pid(const char *name) {
   return (*end == '-' && pid > 0 && pid <= INT32_MAX) ? (pid_t)pid : 0;
 }
 
-/* Whether a pool without a readable header may still be in creation. (A
- * creator that died and whose pid was reused keeps its half-made pool until
- * that pid ends too: the safe side.) */
+/* Whether a pool without a readable header may still be in creation by the
+ * pid in its name. (A creator that died and whose pid was reused keeps its
+ * half-made pool until that pid ends too: the safe side.) */
 static int maybe_in_creation(const char *name) {
   pid_t pid = creator_pid(name);
   return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+/* What a sweeper knows of a pool's owner. */
+typedef struct owner_view {
+  uint32_t pid;   /* in the owner's PID namespace; the creator's for a pool without header */
+  uint64_t bytes; /* both segments */
+  int state;      /* OPT4_OWNER_* flags; 0: the owner is dead, the pool stale */
+  int header;     /* whether the header could be read */
+} owner_view;
+
+/* Judge the owner of the pool whose main segment is open at fd, given what
+ * the caller found of the owner's lock: held 1, free 0, -1 cannot tell. */
+static void judge_owner(const char *name, int fd, int held, owner_view *v) {
+  struct stat st;
+  pool_header h;
+  memset(v, 0, sizeof *v);
+  const int ours = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == getuid();
+  v->header = ours && st.st_size >= (off_t)sizeof h &&
+              pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h &&
+              memcmp(h.magic, POOL_MAGIC, 8) == 0;
+  if (!v->header) {
+    /* Being created, or its creator died creating it. A creator locks the
+     * segment right after creating it: a held lock is a live creator, in
+     * any namespace; a free one is a dead creator, or one in the instant
+     * before its lock, which fails to take it if we remove the segment and
+     * starts over under another name. The pid in the name is a second
+     * check, good within one PID namespace. */
+    v->pid = (uint32_t)creator_pid(name);
+    v->bytes = ours ? (uint64_t)st.st_size : 0;
+    if (held == 1)
+      v->state = OPT4_OWNER_LIVE | OPT4_OWNER_LOCKED;
+    else if (maybe_in_creation(name))
+      v->state = OPT4_OWNER_LIVE;
+    return;
+  }
+  v->pid = h.owner_pid;
+  v->bytes = (uint64_t)st.st_size + h.meta_size;
+  uint64_t dev, ino;
+  pidns_self(&dev, &ino);
+  const int other_ns = h.owner_pidns_ino != 0 &&
+                       (ino == 0 || h.owner_pidns_ino != ino || h.owner_pidns_dev != dev);
+  const int ns_flag = other_ns ? OPT4_OWNER_OTHER_NS : 0;
+  if (held == 1) {
+    v->state = OPT4_OWNER_LIVE | OPT4_OWNER_LOCKED | ns_flag;
+    return;
+  }
+  if (held == 0 && (h.owner_flags & POOL_OWNER_LOCKED)) return; /* its lock died with it */
+  /* No lock to go by: a pid and a start time, which mean something only in
+   * the owner's own PID namespace. Elsewhere nothing proves it dead. */
+  if (other_ns)
+    v->state = OPT4_OWNER_LIVE | OPT4_OWNER_OTHER_NS | OPT4_OWNER_UNCHECKED;
+  else if (opt4__proc_alive((pid_t)h.owner_pid, h.owner_start))
+    v->state = OPT4_OWNER_LIVE;
 }
 
 int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx) {
@@ -789,18 +994,19 @@ int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx) {
      * pool of ours: not listed, so never taken for stale and removed. */
     struct stat st;
     if (shm_lstat(name, &st) != 0 || st.st_uid != getuid()) continue;
-    uint32_t pid = 0;
-    uint64_t start = 0, bytes = 0;
-    int alive = 0;
-    if (read_owner(name, &pid, &start, &bytes) == 0) {
-      alive = opt4__proc_alive((pid_t)pid, start);
-    } else if (maybe_in_creation(name)) { /* no header yet, its creator lives */
-      pid = (uint32_t)creator_pid(name);
-      alive = 1;
+    owner_view v;
+    int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+    if (fd >= 0) {
+      /* Tested, not taken: listing never disturbs a creator's lock. */
+      judge_owner(name, fd, ofd_held(fd), &v);
+      close(fd);
+    } else {
+      /* Gone since readdir, or not a segment we can open (a symlink). */
+      memset(&v, 0, sizeof v);
+      v.pid = (uint32_t)creator_pid(name);
+      if (maybe_in_creation(name)) v.state = OPT4_OWNER_LIVE;
     }
-    /* Otherwise a segment whose header cannot be read is a pool that died
-     * while being created (or is foreign): reported as not alive. */
-    if ((rc = visit(ctx, name, pid, alive, bytes)) != 0) break;
+    if ((rc = visit(ctx, name, v.pid, v.state, v.bytes)) != 0) break;
   }
   closedir(d);
   return rc;
@@ -817,17 +1023,39 @@ int opt4_pool_remove(const char *name, int force) {
   if (shm_lstat(name, &st) == 0 && st.st_uid != getuid())
     return opt4__fail(OPT4_EPOOL, "%s belongs to uid %u, not to this user (%u): not removed", name,
                       (unsigned)st.st_uid, (unsigned)getuid());
-  uint32_t pid;
-  uint64_t start, bytes;
-  if (!force) {
-    if (read_owner(name, &pid, &start, &bytes) == 0) {
-      if (opt4__proc_alive((pid_t)pid, start))
-        return opt4__fail(OPT4_EPOOL, "pool %s belongs to a live process (pid %u); it is not "
-                          "stale", name, pid);
-    } else if (maybe_in_creation(name)) {
-      return opt4__fail(OPT4_EPOOL, "pool %s is being created by a live process (pid %d); it is "
-                        "not stale", name, (int)creator_pid(name));
-    }
+  if (force) return unlink_pair(name);
+  /* Judge and remove under a write lock on the segment. It excludes the
+   * owner's read lock, so an owner found dead cannot come to life before
+   * the unlink: a creator in the instant between shm_open and its lock
+   * fails to take it, and starts over under another name. */
+  owner_view v;
+  int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+  if (fd >= 0) {
+    int held = 0;
+    if (ofd_lock(fd, F_WRLCK) != 0) held = (errno == EAGAIN || errno == EACCES) ? 1 : -1;
+    judge_owner(name, fd, held, &v);
+  } else {
+    memset(&v, 0, sizeof v);
+    v.pid = (uint32_t)creator_pid(name);
+    if (maybe_in_creation(name)) v.state = OPT4_OWNER_LIVE;
   }
-  return unlink_pair(name);
+  int rc;
+  if (v.state == 0)
+    rc = unlink_pair(name);
+  else if (!v.header)
+    rc = opt4__fail(OPT4_EPOOL, "pool %s is being created by a live process (pid %u); it is not "
+                    "stale", name, v.pid);
+  else if (v.state & OPT4_OWNER_UNCHECKED)
+    rc = opt4__fail(OPT4_EPOOL, "pool %s belongs to pid %u of another PID namespace (a container "
+                    "or a job in its own namespace that shares /dev/shm), whose liveness cannot "
+                    "be checked from here: kept. Once that job has ended, remove it with force "
+                    "(opt4torch cleanup --force %s)", name, v.pid, name);
+  else if (v.state & OPT4_OWNER_OTHER_NS)
+    rc = opt4__fail(OPT4_EPOOL, "pool %s belongs to a live process (pid %u in another PID "
+                    "namespace, which holds the pool's lock); it is not stale", name, v.pid);
+  else
+    rc = opt4__fail(OPT4_EPOOL, "pool %s belongs to a live process (pid %u); it is not stale",
+                    name, v.pid);
+  if (fd >= 0) close(fd); /* and with it our lock */
+  return rc;
 }

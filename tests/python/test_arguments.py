@@ -211,3 +211,34 @@ def test_simulate_checks_out_is_writable_first(tmp_path) -> None:
         pytest.skip("running as root: permissions do not stop writes")
     r = simulate("--pattern", "uniform", "--items", "100", "--out", str(locked / "sub" / "out"))
     assert r.returncode == 2 and "cannot write in" in r.stderr and r.stdout == "", r.stderr
+
+
+def test_two_threads_list_one_loader_as_in_the_issue() -> None:
+    """The issue's own form: threading.Thread(target=lambda: list(dl)), twice,
+    started together. Whichever starts second either finds the first done
+    (and gets the next epoch) or is refused at once; never a stall."""
+    loader = forked_loader(epochs=2)
+    results: list[object] = []
+
+    def run() -> None:
+        try:
+            results.append(sum(len(b[1]) for b in list(loader)))
+        except RuntimeError as exc:
+            results.append(exc)
+
+    try:
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(2 * FAST)
+        elapsed = time.monotonic() - t0
+        assert not any(th.is_alive() for th in threads), f"still running after {elapsed:.1f} s"
+        assert elapsed < FAST, f"took {elapsed:.1f} s with wait_timeout={WAIT}"
+        assert 40 in results and len(results) == 2, results
+        other = results[1 - results.index(40)]
+        assert other == 40 or (isinstance(other, RuntimeError) and "already has a live iterator" in str(other)), results
+        assert loader.cache.stats()["timeouts"] == 0
+    finally:
+        loader.cache.close()

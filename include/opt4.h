@@ -424,7 +424,16 @@ typedef struct opt4_pool_opts {
  * uid, pid, start time and PID namespace; the owner's handle holds the
  * owner's lock (one file descriptor, close-on-exec) until it is closed.
  * Closing the owner's handle without unlinking hands the pool's liveness
- * back to the owner's pid. */
+ * back to the owner's pid.
+ *
+ * Namespaces. With the environment variable OPT4TORCH_POOL_NAMESPACE set
+ * (a lowercase letter, then up to 15 lowercase letters, digits or '_'),
+ * pools are named /opt4-<uid>-<namespace>-<pid>-<random>, and
+ * opt4_pool_list() (so every sweep of stale pools) sees only the pools of
+ * that namespace; without it, only pools made without one. Child processes
+ * inherit it, so a job's workers and ranks share its namespace; two test
+ * suites on one machine each set their own and never sweep each other's
+ * pools. A malformed value fails with OPT4_EINVAL. */
 int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts,
                      opt4_pool **out);
 
@@ -656,7 +665,8 @@ int opt4_pool_interrupt(opt4_pool *pool);
  * owner's state (0: dead, else OPT4_OWNER_* flags, see above) and the bytes
  * of both segments. A nonzero return from visit stops the listing and is
  * returned. Listing only tests locks, never takes them. Stale pools can be
- * removed with opt4_pool_remove(). */
+ * removed with opt4_pool_remove(). Only the pools of this process's namespace
+ * (OPT4TORCH_POOL_NAMESPACE, see opt4_pool_create) are visited. */
 typedef int (*opt4_pool_visit_fn)(void *ctx, const char *name, uint32_t owner_pid,
                                   int owner_state, uint64_t bytes);
 int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx);

@@ -657,8 +657,10 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
             raise UsageError(f"no such pool of this user in /dev/shm: {', '.join(unknown)} "
                              "(`opt4torch cleanup --dry-run` lists them)")
         pools = [p for p in pools if p["name"] in wanted]
+    ns = os.environ.get("OPT4TORCH_POOL_NAMESPACE", "")
+    where = f" in namespace {ns!r} (OPT4TORCH_POOL_NAMESPACE)" if ns else ""
     if not pools:
-        print("no opt4 pools in /dev/shm for this user")
+        print(f"no opt4 pools in /dev/shm for this user{where}")
         return 0
     removed = 0
     for p in pools:
@@ -798,7 +800,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "drops when it dies. A pool whose owner is in another PID namespace "
                                    "and holds no lock (made by an older opt4torch, or on behalf of "
                                    "another process) cannot be checked from here and is kept unless "
-                                   "--force is given.")
+                                   "--force is given. With OPT4TORCH_POOL_NAMESPACE set, only the pools "
+                                   "of that namespace are seen (as by every sweep of that job).")
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="only these pools (as listed, e.g. /opt4-1000-4242-0123456789abcdef)")
     p.add_argument("--dry-run", action="store_true", help="only list")

@@ -96,6 +96,31 @@ static void on_fork_child(void) {
 static void install_atfork(void) { pthread_atfork(NULL, NULL, on_fork_child); }
 uint64_t opt4__fork_generation(void) { return atomic_load_explicit(&fork_gen, memory_order_relaxed); }
 
+/* ---- pool namespaces ---- */
+
+/* The namespace of this process's pools, from OPT4TORCH_POOL_NAMESPACE:
+ * "" when unset or empty, else the tag, which must be a lowercase letter
+ * then up to 15 lowercase letters, digits or '_'. Names then read
+ * /opt4-<uid>-<tag>-<pid>-<random>, and listing (so every sweep) sees only
+ * the pools of the same namespace; without one, names start with the
+ * creator's pid after the uid, and listing sees only those. Returns 0, or
+ * OPT4_EINVAL with the detail set. */
+static int pool_namespace(const char **out) {
+  const char *ns = getenv("OPT4TORCH_POOL_NAMESPACE");
+  *out = "";
+  if (ns == NULL || ns[0] == '\0') return 0;
+  size_t n = strlen(ns);
+  int ok = n <= 16 && ns[0] >= 'a' && ns[0] <= 'z';
+  for (size_t i = 1; ok && i < n; i++)
+    ok = (ns[i] >= 'a' && ns[i] <= 'z') || (ns[i] >= '0' && ns[i] <= '9') || ns[i] == '_';
+  if (!ok)
+    return opt4__fail(OPT4_EINVAL, "OPT4TORCH_POOL_NAMESPACE=%.40s%s is not a namespace: it takes "
+                      "a lowercase letter then up to 15 lowercase letters, digits or '_' "
+                      "(for example job1); unset it for the default", ns, n > 40 ? "..." : "");
+  *out = ns;
+  return 0;
+}
+
 /* ---- process identity ---- */
 
 uint64_t opt4__proc_start_time(pid_t pid) {
@@ -430,6 +455,8 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   const int occurrences = (opts->flags & OPT4_POOL_OCCURRENCES) != 0;
   int rc = opt4__meta_size(plan, occurrences, &meta_size, &gens, &list_len);
   if (rc != 0) return rc;
+  const char *ns;
+  if ((rc = pool_namespace(&ns)) != 0) return rc;
   uint32_t max_procs = opts->max_procs ? opts->max_procs : DEFAULT_PROCS;
   uint64_t pages = plan->info.slots;
   /* Item-capacity plans: one page per item, rounded up to a cache line.
@@ -488,7 +515,8 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
     if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
       rnd = opt4__now_ns() ^ (uint64_t)getpid() << 32 ^ (uint64_t)attempt;
     snprintf(run_id, sizeof run_id, "%d-%016llx", (int)getpid(), (unsigned long long)rnd);
-    snprintf(pool->name, sizeof pool->name, "/opt4-%u-%s", (unsigned)getuid(), run_id);
+    snprintf(pool->name, sizeof pool->name, "/opt4-%u-%s%s%s", (unsigned)getuid(), ns,
+             ns[0] ? "-" : "", run_id);
     rc = segment_create(pool->name, size, lock ? &lfd : NULL, &fd, &lock_state);
     /* Swept in the instant before our lock: another name (each try is a
      * new random name, and a sweep only removes names it found). */
@@ -907,6 +935,7 @@ int opt4_pool_info_get(const opt4_pool *pool, opt4_pool_info *out) {
 static pid_t creator_pid(const char *name) {
   const char *p = strchr(name + 6, '-'); /* past "/opt4-" and the uid */
   if (p == NULL) return 0;
+  if (p[1] >= 'a' && p[1] <= 'z' && (p = strchr(p + 1, '-')) == NULL) return 0; /* a namespace */
   char *end;
   long pid = strtol(p + 1, &end, 10);
   return (*end == '-' && pid > 0 && pid <= INT32_MAX) ? (pid_t)pid : 0;
@@ -976,16 +1005,21 @@ static void judge_owner(const char *name, int fd, int held, owner_view *v) {
 int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx) {
   opt4__clear_detail();
   if (visit == NULL) return opt4__fail(OPT4_EINVAL, "visit is NULL");
+  const char *ns;
+  int rc = pool_namespace(&ns);
+  if (rc != 0) return rc;
   DIR *d = opendir(SHM_DIR);
   if (d == NULL) return opt4__fail(OPT4_ESHM, "cannot list " SHM_DIR ": %s", strerror(errno));
-  char prefix[32];
-  snprintf(prefix, sizeof prefix, "opt4-%u-", (unsigned)getuid());
+  char prefix[48];
+  snprintf(prefix, sizeof prefix, "opt4-%u-%s%s", (unsigned)getuid(), ns, ns[0] ? "-" : "");
   size_t plen = strlen(prefix);
   struct dirent *e;
-  int rc = 0;
   while ((e = readdir(d)) != NULL) {
     size_t len = strlen(e->d_name);
     if (strncmp(e->d_name, prefix, plen) != 0 || len + 2 > POOL_NAME_MAX) continue;
+    /* Without a namespace, the creator's pid follows: a pool of a named
+     * namespace (a letter there) belongs to another job's listing. */
+    if (e->d_name[plen] < '0' || e->d_name[plen] > '9') continue;
     if (len > 5 && strcmp(e->d_name + len - 5, ".meta") == 0) continue;
     char name[POOL_NAME_MAX];
     name[0] = '/';

@@ -41,6 +41,26 @@ static void task__on_timeout(int sig) {
   abort();
 }
 
+/* Each test process makes and sweeps pools in a namespace of its own
+ * (OPT4TORCH_POOL_NAMESPACE, inherited by its children), so that two test
+ * runs on one machine never sweep each other's deliberately stale pools.
+ * A namespace given from outside is kept. */
+__attribute__((constructor)) static void task__pool_namespace(void) {
+  if (getenv("OPT4TORCH_POOL_NAMESPACE") != NULL) return;
+  char ns[24];
+  snprintf(ns, sizeof ns, "c%d", (int)getpid());
+  setenv("OPT4TORCH_POOL_NAMESPACE", ns, 1);
+}
+
+/* A pool name as the engine would give one to process pid in this
+ * process's namespace: /opt4-<uid>-[<namespace>-]<pid>-<tail>. */
+static inline void task_pool_name(char *buf, size_t cap, int pid, const char *tail) {
+  const char *ns = getenv("OPT4TORCH_POOL_NAMESPACE");
+  int has = ns != NULL && ns[0] != '\0';
+  snprintf(buf, cap, "/opt4-%u-%s%s%d-%s", (unsigned)getuid(), has ? ns : "", has ? "-" : "", pid,
+           tail);
+}
+
 __attribute__((constructor)) static void task__watchdog(void) {
   const char *env = getenv("OPT4_TEST_TIMEOUT");
   long seconds = env != NULL ? atol(env) : 240;

@@ -256,13 +256,54 @@ static void test_stale_cleanup(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* Namespaces (OPT4TORCH_POOL_NAMESPACE): a pool is listed, so swept, only
+ * in its own namespace, stale or not; a malformed namespace is refused. */
+static void test_namespaces(void) {
+  const char *outer = getenv("OPT4TORCH_POOL_NAMESPACE");
+  char saved[32];
+  snprintf(saved, sizeof saved, "%s", outer != NULL ? outer : "");
+  opt4_plan *plan = random_plan(300, 20, 5, 6);
+  setenv("OPT4TORCH_POOL_NAMESPACE", "nsa", 1);
+  opt4_pool *a = make_pool(plan, 500);
+  ASSERT(strstr(opt4_pool_name(a), "-nsa-") != NULL);
+  seen_ctx c = {opt4_pool_name(a), 0, 0};
+  ASSERT_OK(opt4_pool_list(visit, &c));
+  ASSERT(c.found && c.alive);
+  setenv("OPT4TORCH_POOL_NAMESPACE", "nsb", 1);
+  c.found = 0;
+  ASSERT_OK(opt4_pool_list(visit, &c));
+  ASSERT(!c.found);
+  unsetenv("OPT4TORCH_POOL_NAMESPACE");
+  opt4_pool *none = make_pool(plan, 500);
+  ASSERT_OK(opt4_pool_list(visit, &c));
+  ASSERT(!c.found); /* the default namespace does not see nsa's */
+  seen_ctx d = {opt4_pool_name(none), 0, 0};
+  ASSERT_OK(opt4_pool_list(visit, &d));
+  ASSERT(d.found && d.alive);
+  finish(none);
+  const char *bad[] = {"Upper", "1abc", "a-b", "abcdefghijklmnopq", "a/b"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("OPT4TORCH_POOL_NAMESPACE", bad[i], 1);
+    opt4_pool *p = NULL;
+    opt4_pool_opts o = {PAGE, 500, 0, 0, 0, 0, 0};
+    ASSERT_ERR(opt4_pool_create(plan, &o, &p), OPT4_EINVAL);
+    ASSERT(strstr(opt4_errdetail(), "OPT4TORCH_POOL_NAMESPACE") != NULL);
+    ASSERT_ERR(opt4_pool_list(visit, &c), OPT4_EINVAL);
+  }
+  setenv("OPT4TORCH_POOL_NAMESPACE", "nsa", 1);
+  finish(a);
+  if (saved[0]) setenv("OPT4TORCH_POOL_NAMESPACE", saved, 1); else unsetenv("OPT4TORCH_POOL_NAMESPACE");
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 /* A pool still being created (segment there, header not yet written) by a
  * live process is not stale, whoever sweeps; once its creator is dead, it is.
  * (Two ranks of a node start together: one's sweep met the other's pool in
  * creation and removed it.) */
 static void test_pool_in_creation_is_not_stale(void) {
   char name[64];
-  snprintf(name, sizeof name, "/opt4-%u-%d-00000000feedf00d", (unsigned)getuid(), (int)getpid());
+  task_pool_name(name, sizeof name, (int)getpid(), "00000000feedf00d");
   int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
   ASSERT(fd >= 0);
   ASSERT(ftruncate(fd, 4096) == 0); /* sized, all zeros: no magic yet */
@@ -279,7 +320,7 @@ static void test_pool_in_creation_is_not_stale(void) {
   if (child == 0) _exit(0);
   int status;
   ASSERT(waitpid(child, &status, 0) == child);
-  snprintf(name, sizeof name, "/opt4-%u-%d-00000000feedf00d", (unsigned)getuid(), (int)child);
+  task_pool_name(name, sizeof name, (int)child, "00000000feedf00d");
   fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
   ASSERT(fd >= 0);
   ASSERT(ftruncate(fd, 4096) == 0);
@@ -477,6 +518,7 @@ int main(void) {
   RUN(test_errors);
   RUN(test_floor);
   RUN(test_stale_cleanup);
+  RUN(test_namespaces);
   RUN(test_pool_in_creation_is_not_stale);
   RUN(test_resume_warm);
   RUN(test_occurrences_and_skip);

@@ -254,7 +254,7 @@ static void test_lock_outranks_pid_in_creation(void) {
   if (dead == 0) _exit(0);
   ASSERT(waitpid(dead, NULL, 0) == dead);
   char name[64];
-  snprintf(name, sizeof name, "/opt4-%u-%d-00000000c0ffee00", (unsigned)getuid(), (int)dead);
+  task_pool_name(name, sizeof name, (int)dead, "00000000c0ffee00");
   int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   ASSERT(fd >= 0);
   ASSERT(ftruncate(fd, 4096) == 0);

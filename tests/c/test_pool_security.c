@@ -31,8 +31,9 @@ static void shm_path(char *buf, size_t cap, const char *name, const char *suffix
 
 /* A name under this user's prefix that no pool uses. */
 static void fresh_name(char *buf, size_t cap, const char *tag) {
-  snprintf(buf, cap, "/opt4-%u-%d-%s%08x", (unsigned)getuid(), (int)getpid(), tag,
-           (unsigned)(opt4__now_ns() & 0xffffffffu));
+  char tail[48];
+  snprintf(tail, sizeof tail, "%s%08x", tag, (unsigned)(opt4__now_ns() & 0xffffffffu));
+  task_pool_name(buf, cap, (int)getpid(), tail);
 }
 
 static void test_created_0600_and_ours(void) {

@@ -10,6 +10,19 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
+# This run's pools live in a namespace of their own (inherited by workers,
+# subprocesses and torchrun ranks): another test run on the same machine
+# never sweeps this run's deliberately stale pools, nor this run theirs.
+os.environ.setdefault("OPT4TORCH_POOL_NAMESPACE", f"py{os.getpid()}")
+
+
+def pool_prefix(pid: int) -> str:
+    """The start of the /dev/shm names of pools that process pid makes in
+    this run's namespace."""
+    ns = os.environ.get("OPT4TORCH_POOL_NAMESPACE", "")
+    return f"opt4-{os.getuid()}-{ns + '-' if ns else ''}{pid}-"
+
+
 settings.register_profile(
     "default", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=200
 )

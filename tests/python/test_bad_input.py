@@ -15,7 +15,7 @@ import torch
 from datasets_for_tests import Checked, Resized
 
 import opt4torch
-from conftest import leaked_since
+from conftest import leaked_since, pool_prefix
 from opt4torch import PlanFileError, _engine
 
 
@@ -160,7 +160,7 @@ def test_dev_shm_too_small() -> None:
 
 def _squat(mode: int, uid: int | None) -> str:
     """A file under this user's pool prefix that this library did not make."""
-    name = f"/opt4-{os.getuid()}-{os.getpid()}-{os.urandom(8).hex()}"
+    name = "/" + pool_prefix(os.getpid()) + os.urandom(8).hex()
     for suffix in ("", ".meta"):
         path = f"/dev/shm{name}{suffix}"
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, mode)

@@ -17,7 +17,7 @@ import time
 import warnings
 
 import pytest
-from conftest import script
+from conftest import pool_prefix, script
 from datasets_for_tests import Checked
 
 import opt4torch
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("no_leaked_pools")
 
 def shm_names_of(pid: int) -> list[str]:
     """Segments in /dev/shm named for a run of process pid (both of a pool's)."""
-    prefix = f"opt4-{os.getuid()}-{pid}-"
+    prefix = pool_prefix(pid)
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
 
 

@@ -762,9 +762,10 @@ def _layout_digest(starts: list[np.ndarray], lengths: list[np.ndarray], floors: 
     import hashlib
 
     h = hashlib.blake2b(digest_size=8)
-    for e, lens in enumerate(lengths):
-        h.update(np.array([floors[e], int(lens.sum())], dtype=np.int64).tobytes())
-        if shared and lens.size:
+    h.update(np.array(floors, dtype=np.int64).tobytes())
+    h.update(np.array([int(lens.sum()) for lens in lengths], dtype=np.int64).tobytes())
+    for e, lens in enumerate(lengths if shared else ()):
+        if lens.size:
             s = np.asarray(starts[e], dtype=np.int64)
             ends = s + lens
             cut = np.flatnonzero(s[1:] != ends[:-1]) + 1  # where a run of this rank's positions breaks
@@ -1346,14 +1347,14 @@ class DataLoader(tud.DataLoader):
             raise ValueError("this state was saved by a loader with another plan (state['fingerprint'] "
                              f"differs: {why}): it cannot resume here")
         if not legacy:
+            if self.shared_across_ranks and int(state["rank"]) != self._rank:
+                raise ValueError(f"state['rank'] is {int(state['rank'])} but this is rank {self._rank} of "
+                                 "the node's shared pool: each rank resumes the state it saved")
             if int(state["layout"]) != self._layout:
                 raise ValueError(
                     "state['layout'] differs: the same sequence was split otherwise into epochs (or, with "
                     "share_across_ranks, into the ranks' batches), so the samples that come next are not "
                     "the same here; resume with the sampler and batching the state was saved with")
-            if self.shared_across_ranks and int(state["rank"]) != self._rank:
-                raise ValueError(f"state['rank'] is {int(state['rank'])} but this is rank {self._rank} of "
-                                 "the node's shared pool: each rank resumes the state it saved")
         epoch = int(state["epoch"])
         if not 0 <= epoch < epochs:
             raise ValueError(f"state['epoch'] is {epoch}: this loader's epochs are 0 to {epochs - 1}")

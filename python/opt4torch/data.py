@@ -488,8 +488,9 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         self.cache = cache
         self.batched = batched
         self._next_epoch = 0
-        # (epoch, batches to skip, the floor to set: the first position that runs)
-        self._resume: tuple[int, int, int] | None = None
+        # (epoch, batches to skip, the floor to set, samples of the first
+        # remaining batch already done, samples of the epoch done)
+        self._resume: tuple[int, int, int, int, int] | None = None
         self.epoch = 0
         #: Positions the prefetcher loads before the first batch is handed out.
         self.head_start = 0
@@ -514,16 +515,43 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
                              "is outside them")
         self._next_epoch = int(epoch)
 
-    def resume(self, epoch: int, batches_done: int) -> int:
-        """Make the next iteration start mid-epoch; returns its first position,
-        which becomes the floor (see :meth:`resume_floor` to lower it)."""
+    def grid(self, epoch: int) -> np.ndarray:
+        """Epoch ``epoch``'s samples done after each of its batches (planned,
+        then past a re-plan's cut): the same whatever re-plans happened."""
+        lens = self.batches[epoch]
+        tail = self.tails[epoch]
+        if tail:
+            lens = np.concatenate((lens, np.array([len(t) for t in tail], dtype=np.int64)))
+        return np.cumsum(lens, dtype=np.int64)
+
+    def samples_after(self, epoch: int, first: int, yielded: int) -> int:
+        """Samples of ``epoch`` done once ``yielded`` batches have come out of
+        an iteration that started ``first`` samples into it."""
+        if yielded <= 0:
+            return int(first)
+        grid = self.grid(epoch)
+        b = int(np.searchsorted(grid, first, side="right"))  # the batch the first one ends
+        return int(grid[min(b + yielded - 1, grid.size - 1)]) if grid.size else 0
+
+    def resume(self, epoch: int, samples_done: int) -> tuple[int, int]:
+        """Make the next iteration start ``samples_done`` samples into epoch
+        ``epoch``, whatever batch size saved that count: the batch holding the
+        next sample comes first, cut to start at it (a short batch), then the
+        epoch's batches as they are. Returns (the first position, which
+        becomes the floor, see :meth:`resume_floor`; the batches of this
+        loader wholly done before it)."""
         self.set_epoch(epoch)
-        if batches_done >= len(self.starts[epoch]):
+        grid = self.grid(epoch)
+        b = int(np.searchsorted(grid, samples_done, side="right"))
+        offset = int(samples_done) - (int(grid[b - 1]) if b else 0)
+        if b < len(self.starts[epoch]):
+            start = int(self.starts[epoch][b]) + offset
+        else:  # done, or past the plan's cut: nothing planned runs before the next epoch
             start = self.floors[epoch + 1] if epoch + 1 < len(self.floors) else self.cache.plan.accesses
-        else:
-            start = int(self.starts[epoch][batches_done])
-        self._resume = (int(epoch), int(batches_done), start)
-        return start
+        if b >= grid.size:
+            offset = 0
+        self._resume = (int(epoch), b, start, offset, int(samples_done))
+        return start, b
 
     def abandon(self, batches_run: int) -> None:
         """The loop left this epoch early (a ``break``): none of its positions
@@ -540,7 +568,8 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         """Resume with this floor instead: a node's ranks sharing one pool
         resume at the earliest next batch among them."""
         assert self._resume is not None
-        self._resume = (*self._resume[:2], int(floor))
+        e, b, _, offset, samples = self._resume
+        self._resume = (e, b, int(floor), offset, samples)
 
     def __iter__(self) -> Iterator[Any]:
         # torch may create an iterator and drop it unused (its multi-process
@@ -556,9 +585,9 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
                 "build it with a larger epochs= to train longer"
             )
         self._next_epoch = e + 1
-        skip, floor = 0, self.floors[e]
+        skip, floor, cut = 0, self.floors[e], 0
         if self._resume is not None and self._resume[0] == e:
-            _, skip, floor = self._resume
+            _, skip, floor, cut, _ = self._resume
         self._resume = None
         self.epoch = e
         # This runs at the first next(): by then torch has finished the
@@ -569,15 +598,20 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         # The workers exist by now (torch forks them before asking for the
         # first batch): start prefetching, once, in this process, and give it
         # a head start on the batches the workers get first.
-        first = int(self.starts[e][skip]) if skip < len(self.starts[e]) else floor
+        planned = len(self.starts[e])
+        first = int(self.starts[e][skip]) + cut if skip < planned else floor
         self.cache.start_prefetch((first, first + self.head_start))
         for start, n in zip(self.starts[e][skip:].tolist(), self.batches[e][skip:].tolist()):
+            # A resume mid-batch (saved with another batch size) starts at
+            # its sample: the first batch is short.
+            start, n, cut = start + cut, n - cut, 0
             if self.batched:
                 yield list(range(start, start + n))
             else:
                 yield from range(start, start + n)
-        for items in self.tails[e][max(0, skip - len(self.starts[e])):]:
-            yield _Unplanned(items.tolist())  # re-plans happen only for batched loaders
+        for items in self.tails[e][max(0, skip - planned):]:
+            yield _Unplanned(items[cut:].tolist())  # re-plans happen only for batched loaders
+            cut = 0
 
 
 class _CountingIter:
@@ -727,6 +761,27 @@ def _probe_item_bytes(dataset: Any, seq: np.ndarray, allow_pickle: bool, probes:
     picks = np.unique(seq[np.linspace(0, seq.size - 1, num=min(probes, seq.size)).astype(np.int64)])
     sizes = [encoded_size(encode(dataset[int(i)], allow_pickle)) for i in picks]
     return min(sizes), max(sizes)
+
+
+def _layout_digest(starts: list[np.ndarray], lengths: list[np.ndarray], floors: list[int], *,
+                   shared: bool) -> int:
+    """64 bits naming how the sequence splits into epochs (each one's first
+    position and sample count) and, for ranks sharing one sequence, which
+    runs of positions are this rank's. Batch sizes do not enter, except
+    through those runs: a state resumes across batch sizes by position."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=8)
+    h.update(np.array(floors, dtype=np.int64).tobytes())
+    h.update(np.array([int(lens.sum()) for lens in lengths], dtype=np.int64).tobytes())
+    for e, lens in enumerate(lengths if shared else ()):
+        if lens.size:
+            s = np.asarray(starts[e], dtype=np.int64)
+            ends = s + lens
+            cut = np.flatnonzero(s[1:] != ends[:-1]) + 1  # where a run of this rank's positions breaks
+            h.update(s[np.r_[0, cut]].tobytes())
+            h.update(ends[np.r_[cut - 1, ends.size - 1]].tobytes())
+    return int.from_bytes(h.digest(), "little")
 
 
 #: The largest position count the engine takes (an unsigned 64-bit word, kept
@@ -1009,6 +1064,18 @@ class DataLoader(tud.DataLoader):
         #: The plan's fingerprint as built here: a state_dict() names the run
         #: by it, whatever re-plans happened since.
         self._fingerprint = plan.fingerprint
+        # Where a state_dict() is: the epoch iterated last (or next, once
+        # iter() has been called), the samples of it done when that iteration
+        # started, and the batches done then (this loader's batches).
+        self._iter_epoch = self._samples_at_iter = self._batches_at_iter = 0
+        # What a state names besides the fingerprint (see load_state_dict):
+        # the original plan's layout, kept through re-plans.
+        self._items = n_items
+        self._batch_size = batch_size if batch_sampler is None else None
+        self._drop_last = bool(drop_last)
+        self._rank = rank if group is not None else 0
+        self._orig = (list(starts), list(own), list(floors), plan.accesses)
+        self._layout = _layout_digest(starts, own, floors, shared=group is not None)
         # What a re-plan needs (epochs cut short, see _replan). Not for ranks
         # sharing a pool (they would have to agree), persistent workers (they
         # keep the pool they attached), or an unbatched loader.
@@ -1111,9 +1178,12 @@ class DataLoader(tud.DataLoader):
                     "shared memory is gone, so it cannot serve another epoch. Build a new "
                     "opt4torch.DataLoader to go on, and call cache.close() only when done with this one")
             self._maybe_replan()
-            self._batches_done = 0
-            if self._positions._resume is not None:
-                self._batches_done = self._positions._resume[1]
+            pos = self._positions
+            if pos._next_epoch < len(pos.batches):  # else the first next() says they are all used
+                resume = pos._resume
+                b, samples = (resume[1], resume[4]) if resume is not None else (0, 0)
+                self._iter_epoch, self._samples_at_iter = pos._next_epoch, samples
+                self._batches_done = self._batches_at_iter = b
             try:
                 it = super().__iter__()
             except (TypeError, AttributeError) as exc:  # pickling for spawn/forkserver workers
@@ -1192,27 +1262,154 @@ class DataLoader(tud.DataLoader):
         self._positions.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the run is: the epoch and the batches of it already yielded."""
+        """Where the run is, by position in the sequence (not by batch):
+
+        ``epoch``
+            the epoch iterated (or about to be, once ``iter()`` was called);
+        ``samples_done``
+            its samples already yielded (of this rank, with
+            ``share_across_ranks``);
+        ``position``
+            the position of the next sample in the plan's sequence, as the
+            loader was built (re-plans do not renumber it);
+        ``batches_done``
+            this loader's batches of the epoch already yielded (kept for
+            reading; resuming goes by ``samples_done``);
+        ``fingerprint``, ``layout``, ``epochs``, ``items``, ``rank``
+            what the state can only resume: the same sequence, split the same
+            way into epochs (and ranks), over a dataset of as many items;
+        ``batch_size``
+            the batch size that saved it, to explain a refusal.
+
+        A state resumes in a loader with another batch size: the next sample
+        is the same one.
+        """
+        e = self._iter_epoch
+        samples = self._positions.samples_after(e, self._samples_at_iter,
+                                                self._batches_done - self._batches_at_iter)
         return {
-            "epoch": self._positions.epoch,
+            "epoch": e,
             "batches_done": self._batches_done,
             "fingerprint": self._fingerprint,
             "epochs": len(self._positions.batches),
+            "samples_done": samples,
+            "position": self._orig_position(e, samples),
+            "items": self._items,
+            "layout": self._layout,
+            "rank": self._rank,
+            "batch_size": self._batch_size,
         }
 
+    def _orig_position(self, epoch: int, samples: int) -> int:
+        """The position, in the plan as built, of epoch ``epoch``'s sample
+        after ``samples`` done (past its last: the next epoch's first)."""
+        starts, lengths, floors, accesses = self._orig
+        ends = np.cumsum(lengths[epoch], dtype=np.int64)
+        if samples >= (int(ends[-1]) if ends.size else 0):
+            return int(floors[epoch + 1]) if epoch + 1 < len(floors) else int(accesses)
+        b = int(np.searchsorted(ends, samples, side="right"))
+        return int(starts[epoch][b]) + samples - (int(ends[b - 1]) if b else 0)
+
+    def _check_state(self, state: Any) -> tuple[int, int]:
+        """The (epoch, samples done) a state resumes at, or a refusal that
+        names the key at fault. Changes nothing."""
+        from collections.abc import Mapping
+
+        if not isinstance(state, Mapping):
+            raise TypeError(f"load_state_dict takes the dict state_dict() returned, got "
+                            f"{type(state).__name__}")
+        old_keys = ("epoch", "batches_done", "fingerprint", "epochs")
+        new_keys = ("samples_done", "position", "items", "layout", "rank", "batch_size")
+        legacy = all(k in state for k in old_keys) and not any(k in state for k in new_keys)
+        for key in old_keys + (() if legacy else new_keys):
+            if key not in state:
+                raise ValueError(
+                    f"the state has no {key!r}: it is not (all of) a state_dict() of an "
+                    "opt4torch.DataLoader. Pass the dict state_dict() returned, whole")
+        for key in old_keys + (() if legacy else new_keys):
+            value = state[key]
+            if not _is_int(value) and not (key == "batch_size" and value is None):
+                raise TypeError(f"state[{key!r}] must be an integer, got {value!r} ({type(value).__name__})")
+        pos = self._positions
+        epochs = len(pos.batches)
+        if not legacy and int(state["items"]) != self._items:
+            raise ValueError(
+                f"state['items'] is {int(state['items'])}: the state was saved by a loader over a dataset "
+                f"of {int(state['items'])} items, and this loader's dataset has {self._items}. Resume with "
+                "the dataset the state was saved with")
+        if int(state["epochs"]) != epochs:
+            raise ValueError(
+                f"state['epochs'] is {int(state['epochs'])} but this loader was planned for {epochs} "
+                f"epochs: build it with epochs={int(state['epochs'])} to resume this state")
+        if int(state["fingerprint"]) != self._fingerprint:
+            why = ("sampler, seed, epochs or dataset differ"
+                   + ("" if self.shared_across_ranks else ", or drop_last dropped another tail"))
+            saved = None if legacy else state["batch_size"]
+            if saved is not None and self._batch_size is not None and int(saved) != self._batch_size:
+                if self.shared_across_ranks:
+                    why = (f"with share_across_ranks the node's sequence interleaves the ranks batch by "
+                           f"batch, so batch_size={int(saved)} (saved) and {self._batch_size} (here) are two "
+                           f"sequences: resume with batch_size={int(saved)}")
+                elif self._drop_last:
+                    why = (f"drop_last=True drops another tail of each epoch with batch_size={int(saved)} "
+                           f"(saved) than with {self._batch_size} (here), so another sequence: resume with "
+                           f"batch_size={int(saved)}, or build both loaders with drop_last=False")
+            raise ValueError("this state was saved by a loader with another plan (state['fingerprint'] "
+                             f"differs: {why}): it cannot resume here")
+        if not legacy:
+            if self.shared_across_ranks and int(state["rank"]) != self._rank:
+                raise ValueError(f"state['rank'] is {int(state['rank'])} but this is rank {self._rank} of "
+                                 "the node's shared pool: each rank resumes the state it saved")
+            if int(state["layout"]) != self._layout:
+                raise ValueError(
+                    "state['layout'] differs: the same sequence was split otherwise into epochs (or, with "
+                    "share_across_ranks, into the ranks' batches), so the samples that come next are not "
+                    "the same here; resume with the sampler and batching the state was saved with")
+        epoch = int(state["epoch"])
+        if not 0 <= epoch < epochs:
+            raise ValueError(f"state['epoch'] is {epoch}: this loader's epochs are 0 to {epochs - 1}")
+        batches = int(state["batches_done"])
+        if batches < 0:
+            raise ValueError(f"state['batches_done'] is {batches}: a count of batches cannot be negative")
+        grid = pos.grid(epoch)
+        total = int(grid[-1]) if grid.size else 0
+        if legacy:
+            # Saved before states recorded positions: its batches are taken
+            # for this loader's, which is right only with the same batching.
+            if batches > grid.size:
+                raise ValueError(f"state['batches_done'] is {batches}, past the end of epoch {epoch} "
+                                 f"({grid.size} batches)")
+            warnings.warn("this state has no 'samples_done' (saved by an earlier opt4torch): it resumes "
+                          f"after {batches} batches of this loader, which is the saved position only if the "
+                          "batch size is the one it was saved with", RuntimeWarning, stacklevel=3)
+            return epoch, int(grid[batches - 1]) if batches else 0
+        samples = int(state["samples_done"])
+        if not 0 <= samples <= total:
+            raise ValueError(f"state['samples_done'] is {samples}, outside epoch {epoch}, which has {total} "
+                             "samples: the state is not one this loader saved (edited, or another run's)")
+        expected = self._orig_position(epoch, samples)
+        if int(state["position"]) != expected:
+            raise ValueError(
+                f"state['position'] is {int(state['position'])}, but {samples} samples into epoch {epoch} is "
+                f"position {expected} (of {self._orig[3]}): the state's keys disagree (edited, or mixed "
+                "from two states)")
+        return epoch, samples
+
     def load_state_dict(self, state: dict[str, Any], *, warm: bool = True) -> None:
-        """Resume mid-epoch at the exact batch; warm the pool with the items
-        the plan holds there (loaded now, so the first batches hit).
+        """Resume at the saved position: the next sample is the one that
+        would have come next, whatever the batch size (a batch that the saved
+        position cuts comes first, short). Warm the pool with the items the
+        plan holds there (loaded now, so the first batches hit). A state that
+        cannot resume here is refused, naming the key at fault.
 
         With ``share_across_ranks=True`` every rank of the node must call it
         (it is collective, like the constructor), with the state it saved at
         the same training step: the node resumes at its earliest next batch,
-        and local rank 0 warms the one pool for all of them."""
-        if state.get("fingerprint") != self._fingerprint:
-            raise ValueError("this state was saved by a loader with another plan (sampler, seed, "
-                             "epochs or dataset differ): it cannot resume here")
-        start = self._positions.resume(int(state["epoch"]), int(state["batches_done"]))
+        and local rank 0 warms the one pool for all of them. A state one rank
+        refuses is refused on every rank (none waits for the others)."""
         if self._group is None:
+            epoch, samples = self._check_state(state)
+            start, batches = self._positions.resume(epoch, samples)
             self.cache.set_floor(start)
             if warm:
                 self._warm(start)
@@ -1220,9 +1417,24 @@ class DataLoader(tud.DataLoader):
             # Ranks sharing the pool: a collective call. The node resumes at
             # its earliest next batch (in lockstep, rank 0's); local rank 0
             # warms the pool for everyone, and nobody reads before it has.
+            # Every rank checks its state first and all hear of a refusal.
             import torch.distributed as dist
 
             group, rank, world = self._group
+            try:
+                epoch, samples = self._check_state(state)
+                error: BaseException | None = None
+            except (TypeError, ValueError) as exc:
+                error = exc
+            outcomes: list[Any] = [None] * world
+            dist.all_gather_object(outcomes, None if error is None else str(error), group=group)
+            if error is not None:
+                raise error
+            refused = [(r, msg) for r, msg in enumerate(outcomes) if msg is not None]
+            if refused:
+                r, msg = refused[0]
+                raise ValueError(f"rank {r} of the node refused its state, so no rank resumes: {msg}")
+            start, batches = self._positions.resume(epoch, samples)
             starts: list[Any] = [None] * world
             dist.all_gather_object(starts, start, group=group)
             start = min(starts)
@@ -1231,6 +1443,8 @@ class DataLoader(tud.DataLoader):
             if warm and rank == 0:
                 self._warm(start)
             dist.barrier(group=group)
+        self._iter_epoch, self._samples_at_iter = epoch, samples
+        self._batches_done = self._batches_at_iter = batches
         self.resumed_at = start
 
     def _warm(self, position: int) -> int:

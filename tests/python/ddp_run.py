@@ -28,6 +28,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--resume-after", type=int, default=-1,
                     help="stop after this many batches of epoch 1, save the state, and resume in a new loader")
+    ap.add_argument("--bad-state", choices=["negative", "swapped"],
+                    help="with --resume-after: rank 1 loads a state with batches_done=-1 (negative), or the "
+                         "ranks load each other's states (swapped); every rank records its refusal")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dist.init_process_group("gloo")
@@ -67,6 +70,28 @@ def main() -> None:
         loader.cache.close()
         dist.barrier()
         loader = make()
+        if args.bad_state is not None:
+            if args.bad_state == "negative" and rank == 1:
+                state = {**state, "batches_done": -1}
+            elif args.bad_state == "swapped":
+                states: list = [None] * world
+                dist.all_gather_object(states, state)
+                state = states[(rank + 1) % world]
+            try:
+                loader.load_state_dict(state)
+                mine["refused"] = None
+            except ValueError as exc:
+                mine["refused"] = str(exc)
+            mine["resumed_at"] = loader.resumed_at
+            everyone: list = [None] * world
+            dist.all_gather_object(everyone, mine)
+            if rank == 0:
+                with open(args.out, "w") as f:
+                    json.dump(everyone, f)
+            dist.barrier()
+            loader.cache.close()
+            dist.destroy_process_group()
+            return
         loader.load_state_dict(state)
         seen.clear()
         for _ in range(1, args.epochs):

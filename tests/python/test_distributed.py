@@ -127,3 +127,23 @@ def test_sharing_gains_over_separate_pools_of_the_same_total() -> None:
     separate, shared = compare(750)  # C = 3N / 4 > N / W
     assert shared == 750 * (epochs - 1)
     assert shared > 1.2 * separate
+
+
+def test_a_state_one_rank_refuses_is_refused_on_every_rank(tmp_path) -> None:
+    """load_state_dict is collective with a shared pool: when rank 1's state
+    is bad (a negative batches_done), rank 1 names the key and rank 0 says
+    rank 1 refused; neither waits for the other."""
+    ranks = torchrun(tmp_path, "--resume-after", "5", "--shared", "--bad-state", "negative")
+    assert len(ranks) == 2 and all(r["resumed_at"] is None for r in ranks), ranks
+    assert "state['batches_done'] is -1" in ranks[1]["refused"], ranks
+    assert ranks[0]["refused"].startswith("rank 1 of the node refused its state, so no rank resumes: "
+                                          "state['batches_done'] is -1"), ranks
+
+
+def test_ranks_sharing_a_pool_refuse_each_others_states(tmp_path) -> None:
+    """One sequence for the node (the same fingerprint on both ranks), but
+    each rank's own batches: a rank given the other's state refuses it."""
+    ranks = torchrun(tmp_path, "--resume-after", "5", "--shared", "--bad-state", "swapped")
+    assert len(ranks) == 2 and all(r["resumed_at"] is None for r in ranks), ranks
+    assert "state['rank'] is 1 but this is rank 0" in ranks[0]["refused"], ranks
+    assert "state['rank'] is 0 but this is rank 1" in ranks[1]["refused"], ranks

@@ -57,7 +57,9 @@ def test_tensor_variants() -> None:
     assert same(roundtrip(base[:, ::2]), base[:, ::2].contiguous())
     g = base.clone().requires_grad_(True)
     out = roundtrip(g)
-    assert torch.equal(out, base) and not out.requires_grad
+    # (This test asserted `not out.requires_grad` until issue 20: a hit must
+    # return the flag the dataset's tensor had.)
+    assert torch.equal(out, base) and out.requires_grad and out.is_leaf
     with pytest.raises(CodecError, match="dense"):
         encode(base.to_sparse())
 
@@ -194,7 +196,7 @@ def test_make_arrays_stacks_runs() -> None:
     share the buffer's storage, each at its own offset."""
     buf = bytearray(64 * 8)
     np.frombuffer(buf, dtype="<f4")[:] = np.arange(128)
-    got = make_arrays(buf, [(13, 0, (2, 2), 16, 0, 4, 64), (12, "<f4", (3,), 0, 0, 1, 0)])
+    got = make_arrays(buf, [(13, 0, (2, 2), 16, 0, 4, 64, None), (12, "<f4", (3,), 0, 0, 1, 0, None)])
     assert len(got) == 5
     for j in range(4):
         assert torch.equal(got[j], torch.arange(4 + 16 * j, 8 + 16 * j, dtype=torch.float32).reshape(2, 2))

@@ -409,8 +409,10 @@ def _tensor(w: _Writer, t: Any) -> None:
     _shape(w, shape, perm)
     nbytes = t.numel() * t.element_size()
     # A byte view of the tensor's storage, without a copy (uint8 reinterprets
-    # any dtype numpy lacks, such as bfloat16).
-    w.payload(memoryview(t.reshape(-1).view(_torch_uint8()).numpy()) if nbytes else b"", nbytes)
+    # any dtype numpy lacks, such as bfloat16). as_strided, not reshape: a
+    # contiguous tensor may have any stride along a dimension of length 1.
+    flat = t.as_strided((t.numel(),), (1,)) if nbytes else None
+    w.payload(memoryview(flat.view(_torch_uint8()).numpy()) if nbytes else b"", nbytes)
 
 
 _strided = None
@@ -670,6 +672,10 @@ def _make_ndarray(buf: Any, dt: np.dtype, shape: tuple[int, ...], flags: int, pe
     payload at buf[pos:]: a view of buf, or a copy where buf is read-only and
     the dataset's array was writeable."""
     stored = shape if perm is None else tuple(shape[d] for d in perm)
+    if not flags & (F_READONLY | F_SCALAR) and memoryview(buf).readonly:
+        # The dataset's array was writeable: a copy of the bytes (padding
+        # of structured dtypes included, which ndarray.copy would not keep).
+        buf, pos = bytearray(memoryview(buf)[pos:pos + n * dt.itemsize]), 0
     if dt.itemsize == 0:  # nothing to read (np.frombuffer refuses itemsize 0)
         arr = np.zeros(stored, dtype=dt)
     else:
@@ -680,8 +686,6 @@ def _make_ndarray(buf: Any, dt: np.dtype, shape: tuple[int, ...], flags: int, pe
         arr = arr.transpose(_inverse(perm))
     if flags & F_READONLY:
         arr.flags.writeable = False
-    elif not arr.flags.writeable:
-        arr = arr.copy(order="K")
     return arr
 
 

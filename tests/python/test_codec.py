@@ -728,3 +728,65 @@ def test_python_scalars_keep_their_type() -> None:
         exact(roundtrip(obj), obj)
     for obj in ((1, [2.0]), [(1,), {"a": (2,)}], {(1, 2): "t", 3: None}):
         exact(roundtrip(obj), obj)
+
+
+# ---- the same through a real DataLoader: epoch 2's hits against dataset[i] ----
+
+RECORD = np.dtype([("a", "<i4"), ("b", ">f8"), ("c", "u1", (2,))])
+
+
+class Exacting(torch.utils.data.Dataset):
+    """Items whose type, dtype, fields and flags a hit must keep."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> dict:
+        rec = np.zeros(3, dtype=RECORD)
+        rec["a"], rec["b"], rec["c"] = np.arange(3) + i, np.arange(3) / 7 + i, [[i % 256, 1]] * 3
+        frozen = np.arange(4, dtype=np.int16) + i
+        frozen.flags.writeable = False
+        return {
+            "rec": rec,
+            "row": rec[1],  # a numpy.void with fields
+            "grad": torch.full((2, 3), float(i)).requires_grad_(True),
+            "param": torch.nn.Parameter(torch.arange(3.0) + i),
+            "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3) + i),
+            "channels_last": (torch.arange(24.0) + i).reshape(1, 3, 2, 4).contiguous(memory_format=torch.channels_last),
+            "frozen": frozen,
+            "half": np.float16(i / 2),
+            "pair": (i, [1.5, "x"]),
+            "i": i,
+        }
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_hits_equal_the_dataset(workers: int) -> None:
+    """Epoch 1 stores every item (shuffled, each once: all misses); epoch 2
+    serves from the cache. Every sample of epoch 2 is exactly dataset[i].
+    Through fork workers, torch's own pickling between processes drops the
+    writeable flag on misses and hits alike, so it is checked without them."""
+    import opt4torch
+    from conftest import leaked_since
+
+    before = {p["name"] for p in _engine.pool_list()}
+    ds = Exacting()
+    kwargs = {"num_workers": workers}
+    if workers:
+        kwargs["multiprocessing_context"] = "fork"
+    loader = opt4torch.DataLoader(ds, batch_size=4, shuffle=True, seed=5, cache_items=len(ds), epochs=2,
+                                  collate_fn=list, **kwargs)
+    try:
+        for batch in loader:
+            for item in batch:
+                exact(item, ds[item["i"]], writeable=workers == 0)
+        after_first = loader.cache.stats()["hits"]
+        for batch in loader:
+            for item in batch:
+                exact(item, ds[item["i"]], writeable=workers == 0)
+                assert item["rec"].dtype.names == ("a", "b", "c") and item["grad"].requires_grad
+        stats = loader.cache.stats()
+        assert after_first == 0 and stats["hits"] == len(ds), stats
+    finally:
+        loader.cache.close()
+    assert not leaked_since(before)

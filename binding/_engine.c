@@ -814,7 +814,7 @@ enum {
   REC_NONE, REC_TRUE, REC_FALSE, REC_INT, REC_BIGINT, REC_FLOAT, REC_STR, REC_BYTES, REC_BYTEARRAY,
   REC_TUPLE, REC_LIST, REC_DICT, REC_NDARRAY, REC_TENSOR
 };
-#define REC_FORMAT 2
+#define REC_FORMAT OPT4PY_CODEC_FORMAT
 /* Array flags (_codec.F_*): which each kind may carry. */
 #define REC_F_SCALAR 1
 #define REC_F_READONLY 2
@@ -1943,7 +1943,8 @@ PyMODINIT_FUNC PyInit__engine(void) {
       PyModule_AddIntConstant(m, "OP_ADMIT", OPT4_OP_ADMIT) < 0 ||
       PyModule_AddIntConstant(m, "OP_BYPASS", OPT4_OP_BYPASS) < 0 ||
       PyModule_AddStringConstant(m, "ENGINE_VERSION", OPT4_VERSION_STRING) < 0 ||
-      PyModule_AddIntConstant(m, "MAX_ACCESSES", (long long)OPT4_MAX_ACCESSES) < 0)
+      PyModule_AddIntConstant(m, "MAX_ACCESSES", (long long)OPT4_MAX_ACCESSES) < 0 ||
+      PyModule_AddIntConstant(m, "CODEC_FORMAT", OPT4PY_CODEC_FORMAT) < 0)
     goto fail;
   return m;
 fail:

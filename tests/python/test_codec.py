@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from opt4torch import _engine
-from opt4torch._codec import CodecError, decode, decode_at, encode, encoded_size, make_arrays
+from opt4torch._codec import FORMAT, CodecError, decode, decode_at, encode, encoded_size, make_arrays
 
 
 def roundtrip(obj, allow_pickle=False):
@@ -656,6 +656,18 @@ def test_the_c_batch_decoder_returns_exactly_the_same(trees, repeat) -> None:
     for k, (handled, out) in enumerate(got):
         obj = objs[k // repeat]
         exact(out if handled else decode_at(buf, int(offsets[k]), len(records[k])), obj)
+
+
+def test_one_format_number() -> None:
+    """The codec, the C decoder and the prefetcher's framing (binding/io.c)
+    share one format number: a record of another format is refused, not
+    misread."""
+    assert _engine.CODEC_FORMAT == FORMAT == record_of(None)[2]
+    record = bytearray(record_of((b"x", 1)))
+    record[2] = FORMAT - 1
+    assert c_decode(bytes(record)) == (False, None)
+    with pytest.raises(CodecError, match="format"):
+        decode(record)
 
 
 def test_the_issue_cases() -> None:

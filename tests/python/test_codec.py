@@ -615,6 +615,7 @@ def assert_clear_refusal(exc: CodecError) -> None:
     assert "allow_pickle=True" in msg or "detach()" in msg, f"the error says nothing of what to do: {msg}"
 
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 @given(item_trees)
 def test_a_hit_returns_exactly_what_the_dataset_returned(tree) -> None:
     obj, refused = tree
@@ -633,6 +634,7 @@ def test_a_hit_returns_exactly_what_the_dataset_returned(tree) -> None:
         exact(out, obj)
 
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 @given(st.lists(item_trees, min_size=1, max_size=4), st.integers(1, 4))
 def test_the_c_batch_decoder_returns_exactly_the_same(trees, repeat) -> None:
     """Records side by side, as the pool lays out a batch: repeated records

@@ -880,25 +880,36 @@ leave:
  * values (bytes, bytearray, str, int, float, bool, None and tuples, lists and
  * dicts) become objects at once. Numpy arrays and tensors are collected as
  * runs: arrays with the same header (kind, dtype, shape) at evenly spaced
- * offsets, which is what a batch of same-shaped samples gives. One call per
+ * offsets, which is what a batch of same-shaped samples gives (the header
+ * holds the flags, so requires_grad, Parameter, read-only and dimension
+ * order are the same across a run). One call per
  * batch to the codec's make_arrays(data, runs) turns each run into views of
  * the batch buffer (one strided view, split, for a run of many: far cheaper
  * than a view per sample), and C puts each array into its place. Anything
- * else (PIL images, pickles, ints beyond 64 bits) and any record that does
- * not parse cleanly is left to the Python codec, which owns the format and
- * its error messages. Tags and layout must match _codec.py; tests compare
+ * else (PIL images, pickles, ints beyond 64 bits, complex numbers, arrays of
+ * structured dtypes, whose description is JSON) and any record that does not
+ * parse cleanly is left to the Python codec, which owns the format and its
+ * error messages (the array node layout is in its module docstring). Tags and layout must match _codec.py; tests compare
  * the two. */
 
 enum {
   REC_NONE, REC_TRUE, REC_FALSE, REC_INT, REC_BIGINT, REC_FLOAT, REC_STR, REC_BYTES, REC_BYTEARRAY,
   REC_TUPLE, REC_LIST, REC_DICT, REC_NDARRAY, REC_TENSOR
 };
-#define REC_FORMAT 1
+#define REC_FORMAT OPT4PY_CODEC_FORMAT
+/* Array flags (_codec.F_*): which each kind may carry. */
+#define REC_F_SCALAR 1
+#define REC_F_READONLY 2
+#define REC_F_PERM 4
+#define REC_F_GRAD 8
+#define REC_F_PARAM 16
+#define REC_NDARRAY_FLAGS (REC_F_SCALAR | REC_F_READONLY | REC_F_PERM)
+#define REC_TENSOR_FLAGS (REC_F_PERM | REC_F_GRAD | REC_F_PARAM)
 #define REC_MAX_DEPTH 32
 #define REC_MAX_NDIM 64 /* numpy's limit */
 
 /* Bytes per element of each torch dtype code (_codec._TORCH_DTYPES). */
-static const uint8_t rec_tensor_itemsize[] = {4, 8, 2, 2, 1, 1, 2, 4, 8, 1, 8, 16, 2, 4, 8};
+static const uint8_t rec_tensor_itemsize[] = {4, 8, 2, 2, 1, 1, 2, 4, 8, 1, 8, 16, 2, 4, 8, 4, 1, 1, 1, 1, 1};
 
 typedef struct rec_reader {
   const uint8_t *p, *end;
@@ -908,8 +919,8 @@ typedef struct rec_reader {
 typedef struct rec_run {
   const uint8_t *hdr; /* the node from its tag to the end of its shape */
   size_t hdr_len;
-  int tag, scalar;
-  PyObject *dtype, *shape; /* strong references */
+  int tag, flags;
+  PyObject *dtype, *shape, *perm; /* strong references (perm: a tuple, or None) */
   uint64_t offset, stride;
   size_t count;
 } rec_run;
@@ -1020,9 +1031,9 @@ static int rec_grow(void **items, size_t *cap, size_t need, size_t size) {
 }
 
 /* A new run for the array whose header is hdr[0:hdr_len]. */
-static int rec_new_run(rec_ctx *c, const uint8_t *hdr, size_t hdr_len, int tag, int scalar,
+static int rec_new_run(rec_ctx *c, const uint8_t *hdr, size_t hdr_len, int tag, int flags,
                        const uint8_t *dt, size_t dtlen, unsigned ndim, const uint64_t *dims,
-                       uint64_t offset) {
+                       const uint8_t *perm, uint64_t offset) {
   if (rec_grow((void **)&c->runs, &c->runs_cap, c->nruns + 1, sizeof *c->runs) < 0) return -1;
   PyObject *dtype = tag == REC_NDARRAY ? PyUnicode_DecodeASCII((const char *)dt, (Py_ssize_t)dtlen, NULL)
                                        : PyLong_FromLong(dt[0]);
@@ -1032,11 +1043,20 @@ static int rec_new_run(rec_ctx *c, const uint8_t *hdr, size_t hdr_len, int tag, 
     if (d == NULL) Py_CLEAR(shape);
     else PyTuple_SET_ITEM(shape, k, d);
   }
-  if (shape == NULL) {
+  PyObject *order = NULL;
+  if (shape != NULL && perm == NULL) order = Py_NewRef(Py_None);
+  else if (shape != NULL) order = PyTuple_New(ndim);
+  for (unsigned k = 0; perm != NULL && order != NULL && k < ndim; k++) {
+    PyObject *d = PyLong_FromLong(perm[k]);
+    if (d == NULL) Py_CLEAR(order);
+    else PyTuple_SET_ITEM(order, k, d);
+  }
+  if (order == NULL) {
     Py_XDECREF(dtype);
+    Py_XDECREF(shape);
     return -1;
   }
-  c->runs[c->nruns++] = (rec_run){hdr, hdr_len, tag, scalar, dtype, shape, offset, 0, 1};
+  c->runs[c->nruns++] = (rec_run){hdr, hdr_len, tag, flags, dtype, shape, order, offset, 0, 1};
   return 0;
 }
 
@@ -1044,25 +1064,34 @@ static int rec_new_run(rec_ctx *c, const uint8_t *hdr, size_t hdr_len, int tag, 
  * gets a slot; Py_None stands in for it until make_arrays has made it. */
 static PyObject *rec_array(rec_reader *r, rec_ctx *c, int tag, PyObject *container,
                            Py_ssize_t index, PyObject *key) {
-  const uint8_t *hdr = r->p - 1, *b, *dt;
+  const uint8_t *hdr = r->p - 1, *b, *dt, *perm = NULL;
   uint64_t itemsize, nbytes, offset, dims[REC_MAX_NDIM];
-  size_t dtlen = 1;
-  int scalar = 0;
+  uint32_t dtlen = 1;
+  int flags;
   if (!c->arrays || c->in_key) return NULL;
   if (tag == REC_NDARRAY) {
-    if (rec_take(r, 2, &b) < 0 || b[0] > 1) return NULL;
-    scalar = b[0];
-    dtlen = b[1];
-    if (rec_take(r, dtlen, &dt) < 0) return NULL;
-    itemsize = rec_dtype_itemsize(dt, dtlen);
+    if (rec_take(r, 1, &b) < 0 || (b[0] & ~REC_NDARRAY_FLAGS) != 0) return NULL;
+    flags = b[0];
+    if (rec_u32(r, &dtlen) < 0 || rec_take(r, dtlen, &dt) < 0) return NULL;
+    itemsize = rec_dtype_itemsize(dt, dtlen); /* 0 for a structured dtype's JSON: the codec's */
     if (itemsize == 0) return NULL;
   } else {
-    if (rec_take(r, 1, &dt) < 0 || dt[0] >= sizeof rec_tensor_itemsize) return NULL;
+    if (rec_take(r, 2, &dt) < 0 || dt[0] >= sizeof rec_tensor_itemsize || (dt[1] & ~REC_TENSOR_FLAGS) != 0)
+      return NULL;
     itemsize = rec_tensor_itemsize[dt[0]];
+    flags = dt[1];
   }
   if (rec_take(r, 1, &b) < 0) return NULL;
   unsigned ndim = b[0];
   if (rec_dims(r, ndim, itemsize, dims, &nbytes) < 0) return NULL;
+  if (flags & REC_F_PERM) { /* a permutation of 0 .. ndim - 1 */
+    uint64_t seen = 0;
+    if (rec_take(r, ndim, &perm) < 0) return NULL;
+    for (unsigned k = 0; k < ndim; k++) {
+      if (perm[k] >= ndim || (seen >> perm[k] & 1)) return NULL;
+      seen |= (uint64_t)1 << perm[k];
+    }
+  }
   size_t hdr_len = (size_t)(r->p - hdr);
   if (rec_payload(r, c->base, nbytes, &offset) < 0) return NULL;
   if (rec_grow((void **)&c->slots, &c->slots_cap, c->nslots + 1, sizeof *c->slots) < 0) return NULL;
@@ -1072,7 +1101,7 @@ static PyObject *rec_array(rec_reader *r, rec_ctx *c, int tag, PyObject *contain
       offset > last_end && (last->count == 1 || offset - last_end == last->stride)) {
     last->stride = offset - last->offset - (last->count - 1) * last->stride;
     last->count++;
-  } else if (rec_new_run(c, hdr, hdr_len, tag, scalar, dt, dtlen, ndim, dims, offset) < 0) {
+  } else if (rec_new_run(c, hdr, hdr_len, tag, flags, dt, dtlen, ndim, dims, perm, offset) < 0) {
     return NULL;
   }
   Py_XINCREF(key);
@@ -1172,6 +1201,7 @@ static void rec_truncate(rec_ctx *c, size_t n) {
     if (--run->count == 0) { /* the last run: slots and runs grow together */
       Py_CLEAR(run->dtype);
       Py_CLEAR(run->shape);
+      Py_CLEAR(run->perm);
       c->nruns--;
     }
   }
@@ -1212,16 +1242,16 @@ static int rec_decode_into(rec_ctx *c, const uint8_t *buf, size_t len, PyObject 
 }
 
 /* Make the arrays with make_arrays(data, runs), runs as (tag, dtype, shape,
- * offset, scalar, count, stride), and put each in its slot. */
+ * offset, flags, count, stride, perm), and put each in its slot. */
 static int rec_place_arrays(rec_ctx *c, PyObject *make_arrays, PyObject *data) {
   if (c->nslots == 0) return 0;
   PyObject *runs = PyList_New((Py_ssize_t)c->nruns);
   if (runs == NULL) return -1;
   for (size_t k = 0; k < c->nruns; k++) {
     const rec_run *run = &c->runs[k];
-    PyObject *t = Py_BuildValue("(iOOKinK)", run->tag, run->dtype, run->shape,
-                                (unsigned long long)run->offset, run->scalar, (Py_ssize_t)run->count,
-                                (unsigned long long)run->stride);
+    PyObject *t = Py_BuildValue("(iOOKinKO)", run->tag, run->dtype, run->shape,
+                                (unsigned long long)run->offset, run->flags, (Py_ssize_t)run->count,
+                                (unsigned long long)run->stride, run->perm);
     if (t == NULL) {
       Py_DECREF(runs);
       return -1;
@@ -2002,7 +2032,8 @@ PyMODINIT_FUNC PyInit__engine(void) {
       PyModule_AddIntConstant(m, "OP_ADMIT", OPT4_OP_ADMIT) < 0 ||
       PyModule_AddIntConstant(m, "OP_BYPASS", OPT4_OP_BYPASS) < 0 ||
       PyModule_AddStringConstant(m, "ENGINE_VERSION", OPT4_VERSION_STRING) < 0 ||
-      PyModule_AddIntConstant(m, "MAX_ACCESSES", (long long)OPT4_MAX_ACCESSES) < 0)
+      PyModule_AddIntConstant(m, "MAX_ACCESSES", (long long)OPT4_MAX_ACCESSES) < 0 ||
+      PyModule_AddIntConstant(m, "CODEC_FORMAT", OPT4PY_CODEC_FORMAT) < 0)
     goto fail;
   return m;
 fail:

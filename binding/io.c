@@ -394,7 +394,7 @@ static void le64(uint8_t *p, uint64_t v) {
   for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
-/* The codec's record: "O4", format 1, then the node. A bytes node is tag 7,
+/* The codec's record: "O4", its format byte, then the node. A bytes node is tag 7,
  * u64 length, u64 pad and pad zero bytes so that the payload starts at a
  * multiple of 16; a tuple is tag 9 and a u32 count; an int tag 3 and i64. */
 static int frame_codec(void *vctx, uint32_t item, uint64_t len, uint8_t *head, size_t *head_len,
@@ -403,7 +403,7 @@ static int frame_codec(void *vctx, uint32_t item, uint64_t len, uint8_t *head, s
   size_t n = 0;
   head[n++] = 'O';
   head[n++] = '4';
-  head[n++] = 1;
+  head[n++] = OPT4PY_CODEC_FORMAT;
   if (ctx->mode == FRAME_BYTES_LABEL) {
     if (item >= ctx->n_labels) return -1;
     head[n++] = 9;

@@ -9,6 +9,7 @@ OP_ADMIT: int
 OP_BYPASS: int
 ENGINE_VERSION: str
 MAX_ACCESSES: int
+CODEC_FORMAT: int
 
 class Opt4Error(Exception):
     code: int
@@ -65,9 +66,10 @@ def policy_names() -> list[str]: ...
 def mem_stats() -> dict[str, int]: ...
 def mem_peak_reset() -> None: ...
 
-# (tag, dtype, shape, offset, scalar, count, stride): arrays of one header at
-# offset + j * stride; make_arrays returns count arrays per run, in order.
-ArrayRun = tuple[int, Any, tuple[int, ...], int, int, int, int]
+# (tag, dtype, shape, offset, flags, count, stride, perm): arrays of one header
+# at offset + j * stride (flags _codec.F_*, perm the dimension order or None);
+# make_arrays returns count arrays per run, in order.
+ArrayRun = tuple[int, Any, tuple[int, ...], int, int, int, int, tuple[int, ...] | None]
 MakeArrays = Callable[[bytearray, list[ArrayRun]], list[Any]]
 # (i, status, item, a, b): status 0 HIT (a offset, b length in data), 1 DEFER
 # (a the position to copy from), 2 LOAD (a 1 ADMIT, 2 BYPASS, 3 FALLBACK).

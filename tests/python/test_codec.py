@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from opt4torch import _engine
-from opt4torch._codec import CodecError, decode, decode_at, encode, encoded_size, make_arrays
+from opt4torch._codec import FORMAT, CodecError, decode, decode_at, encode, encoded_size, make_arrays
 
 
 def roundtrip(obj, allow_pickle=False):
@@ -57,7 +57,9 @@ def test_tensor_variants() -> None:
     assert same(roundtrip(base[:, ::2]), base[:, ::2].contiguous())
     g = base.clone().requires_grad_(True)
     out = roundtrip(g)
-    assert torch.equal(out, base) and not out.requires_grad
+    # (This test asserted `not out.requires_grad` until issue 20: a hit must
+    # return the flag the dataset's tensor had.)
+    assert torch.equal(out, base) and out.requires_grad and out.is_leaf
     with pytest.raises(CodecError, match="dense"):
         encode(base.to_sparse())
 
@@ -194,7 +196,7 @@ def test_make_arrays_stacks_runs() -> None:
     share the buffer's storage, each at its own offset."""
     buf = bytearray(64 * 8)
     np.frombuffer(buf, dtype="<f4")[:] = np.arange(128)
-    got = make_arrays(buf, [(13, 0, (2, 2), 16, 0, 4, 64), (12, "<f4", (3,), 0, 0, 1, 0)])
+    got = make_arrays(buf, [(13, 0, (2, 2), 16, 0, 4, 64, None), (12, "<f4", (3,), 0, 0, 1, 0, None)])
     assert len(got) == 5
     for j in range(4):
         assert torch.equal(got[j], torch.arange(4 + 16 * j, 8 + 16 * j, dtype=torch.float32).reshape(2, 2))
@@ -332,3 +334,473 @@ def test_c_decoder_tuples_stay_tracked_by_the_gc() -> None:
     del t
     gc.collect()
     assert ref() is None
+
+
+# ---- Issue 20, bug 4: a hit returns exactly what the dataset returned ----
+#
+# A differential property: for every generated item, decode(encode(x)) is x
+# (type, dtype with its fields, byte order and alignment flag, shape, strides
+# of a dense layout, values byte for byte, writeable, requires_grad, leaf,
+# Parameter), through the Python codec and through the C batch decoder alike;
+# or encode refuses it with a CodecError that names its type and says what
+# to do. Nothing in between.
+
+import dataclasses  # noqa: E402
+import struct  # noqa: E402
+from collections import OrderedDict  # noqa: E402
+
+
+def element_offsets(shape, strides) -> np.ndarray:
+    """Every element's byte offset from the first (an oracle of its own for
+    whether a layout is dense, independent of the codec's)."""
+    if not shape:
+        return np.zeros(1, dtype=np.int64)
+    idx = np.indices(shape).reshape(len(shape), -1)
+    return (np.asarray(strides, dtype=np.int64)[:, None] * idx).sum(0)
+
+
+def is_dense(shape, strides, itemsize) -> bool:
+    """The elements tile their memory exactly: no gap, no overlap, no
+    backwards step (as C, Fortran, channels-last and transposes do)."""
+    n = int(np.prod(shape)) if shape else 1
+    if n == 0:
+        return True
+    if any(s < 0 for d, s in zip(shape, strides) if d > 1):
+        return False
+    off = np.sort(element_offsets(shape, strides))
+    return bool(np.array_equal(off, np.arange(n, dtype=np.int64) * itemsize))
+
+
+def strides_kept(got_shape, got_strides, want_strides, itemsize, dense) -> bool:
+    """Dense layouts keep their strides (along dimensions longer than 1: the
+    others address nothing); other layouts come back C-contiguous."""
+    if 0 in got_shape:  # no element: strides address nothing
+        return True
+    if dense:
+        return all(g == w for d, g, w in zip(got_shape, got_strides, want_strides) if d > 1)
+    c = [itemsize] * len(got_shape)
+    for k in range(len(got_shape) - 2, -1, -1):
+        c[k] = c[k + 1] * got_shape[k + 1]
+    return all(g == w for d, g, w in zip(got_shape, got_strides, c) if d > 1)
+
+
+def same_values(a: np.ndarray, b: np.ndarray) -> bool:
+    """Byte for byte, field by field: the padding between a structured
+    dtype's fields holds no value (numpy's own copies do not keep it)."""
+    if a.dtype.names is None:
+        return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+    return all(same_values(a[name], b[name]) for name in a.dtype.names)
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """The elements' bytes in C order (copied into a fresh tensor: a view may
+    have any stride along a dimension of length 1)."""
+    fresh = torch.empty(t.shape, dtype=t.dtype).copy_(t) if t.dtype is not torch.complex32 else t.clone().contiguous()
+    return bytes(fresh.reshape(-1).view(torch.uint8).numpy()) if t.numel() else b""
+
+
+def exact(got, want, path="x", writeable=True) -> None:
+    """Assert got is want as a hit must return it; names the path on failure."""
+    assert type(got) is type(want), f"{path}: {type(got)} is not {type(want)}"
+    if isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and got.shape == want.shape, (path, got.dtype, want.dtype)
+        assert got.requires_grad == want.requires_grad, f"{path}: requires_grad {got.requires_grad}"
+        assert got.is_leaf == want.is_leaf and got.grad_fn is None, path
+        dense = is_dense(tuple(want.shape), want.stride(), 1)
+        assert strides_kept(tuple(got.shape), got.stride(), want.stride(), 1, dense), \
+            f"{path}: strides {got.stride()} for {want.stride()}"
+        g, w = got.detach(), want.detach().resolve_conj().resolve_neg()
+        assert not g.is_conj() and not g.is_neg()
+        assert tensor_bytes(g) == tensor_bytes(w), f"{path}: values differ"
+    elif isinstance(want, (np.ndarray, np.generic)):
+        assert got.dtype == want.dtype and repr(got.dtype) == repr(want.dtype), (path, got.dtype, want.dtype)
+        assert type(got.dtype) is type(want.dtype) and got.dtype.isalignedstruct == want.dtype.isalignedstruct
+        assert got.dtype.fields == want.dtype.fields, path
+        assert got.shape == want.shape, (path, got.shape, want.shape)
+        if isinstance(want, np.ndarray):
+            if writeable:
+                assert got.flags.writeable == want.flags.writeable, f"{path}: writeable {got.flags.writeable}"
+            dense = is_dense(want.shape, want.strides, want.itemsize)
+            assert strides_kept(got.shape, got.strides, want.strides, want.itemsize, dense), \
+                f"{path}: strides {got.strides} for {want.strides}"
+        assert same_values(np.asarray(got), np.asarray(want)), f"{path}: values differ"
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), path
+        for k, (a, b) in enumerate(zip(got, want)):
+            exact(a, b, f"{path}[{k}]", writeable)
+    elif isinstance(want, dict):
+        assert list(got) == list(want), f"{path}: keys {list(got)}"
+        for k in want:
+            exact(got[k], want[k], f"{path}[{k!r}]", writeable)
+    elif isinstance(want, float):
+        assert struct.pack("<d", got) == struct.pack("<d", want), (path, got, want)
+    elif isinstance(want, complex):
+        assert struct.pack("<dd", got.real, got.imag) == struct.pack("<dd", want.real, want.imag), path
+    else:
+        assert got == want, (path, got, want)
+
+
+SIMPLE_DTYPES = ["<f4", ">f4", "<f8", ">f8", "<f2", "|u1", "|i1", "<i2", ">i2", "<i4", "<i8", ">u8", "|b1",
+                 "<c8", ">c16", "<u2", "<u4", "|S3", "<U2", ">U1", "<M8[ns]", "<M8[D]", "<m8[s]", "|V4"]
+field_names = st.text(alphabet="abcxyz_", min_size=1, max_size=4)
+
+
+@st.composite
+def structured_dtypes(draw, depth=0):
+    """Structured dtypes: packed or aligned, with subarray fields, byte
+    orders, titles, a nested struct, or overlapping fields (a union)."""
+    names = draw(st.lists(field_names, min_size=1, max_size=4, unique=True))
+    formats = []
+    for _ in names:
+        kind = draw(st.integers(0, 5 if depth == 0 else 3))
+        base = np.dtype(draw(st.sampled_from(SIMPLE_DTYPES)))
+        if kind == 4:
+            formats.append(np.dtype((base, tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2))))))
+        elif kind == 5:
+            formats.append(draw(structured_dtypes(depth=1)))
+        else:
+            formats.append(base)
+    style = draw(st.sampled_from(["packed", "aligned", "titles", "union"]))
+    if style == "union":
+        size = max(f.itemsize for f in formats)
+        return np.dtype({"names": names, "formats": formats, "offsets": [0] * len(names), "itemsize": size})
+    if style == "titles":
+        titles = [f"T{n}" if k % 2 == 0 else None for k, n in enumerate(names)]
+        return np.dtype({"names": names, "formats": formats, "titles": titles})
+    return np.dtype(list(zip(names, formats)), align=style == "aligned")
+
+
+@st.composite
+def numpy_items(draw):
+    """(item, refused): arrays in every layout, and numpy scalars."""
+    dt = draw(st.one_of(st.sampled_from(SIMPLE_DTYPES).map(np.dtype), structured_dtypes()))
+    shape = draw(st.lists(st.integers(0, 3), min_size=0, max_size=3).map(tuple))
+    n = int(np.prod(shape)) if shape else 1
+    raw = draw(st.binary(min_size=n * dt.itemsize, max_size=n * dt.itemsize))
+    arr = np.frombuffer(bytearray(raw), dtype=np.uint8).view(dt).reshape(shape) if n else np.zeros(shape, dt)
+    layout = draw(st.sampled_from(["c", "fortran", "transpose", "step", "reverse", "broadcast", "readonly",
+                                   "scalar"]))
+    if layout == "fortran":
+        arr = np.asfortranarray(arr)
+    elif layout == "transpose" and arr.ndim > 1:
+        arr = arr.transpose(draw(st.permutations(range(arr.ndim))))
+    elif layout == "step" and arr.ndim:
+        arr = arr[::2]
+    elif layout == "reverse" and arr.ndim:
+        arr = arr[::-1]
+    elif layout == "broadcast":
+        arr = np.broadcast_to(arr, (2, *arr.shape))  # stride 0, read-only
+    elif layout == "readonly":
+        arr = arr.copy()
+        arr.flags.writeable = False
+    elif layout == "scalar":
+        return np.zeros((), dt)[()] if n == 0 else arr.reshape(-1)[0], False
+    return arr, False
+
+
+TORCH_DTYPES_ALL = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
+                    torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
+                    torch.uint16, torch.uint32, torch.uint64, torch.complex32, torch.float8_e4m3fn,
+                    torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu]
+
+
+@st.composite
+def tensor_items(draw):
+    """(item, refused): tensors of every dtype and layout, with and without
+    requires_grad, Parameters, conjugate views; and what must be refused."""
+    dtype = draw(st.sampled_from(TORCH_DTYPES_ALL))
+    shape = draw(st.lists(st.integers(0, 3), min_size=0, max_size=4).map(tuple))
+    n = int(np.prod(shape)) if shape else 1
+    size = dtype.itemsize
+    raw = bytearray(draw(st.binary(min_size=n * size, max_size=n * size)))
+    if dtype is torch.bool:
+        raw = bytearray(b & 1 for b in raw)
+    t = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)
+    t = t.clone()
+    layout = draw(st.sampled_from(["c", "permute", "channels_last", "step", "expand", "conj"]))
+    if layout == "permute" and t.dim() > 1:
+        t = t.permute(draw(st.permutations(range(t.dim()))))
+    elif layout == "channels_last" and t.dim() == 4:
+        t = t.contiguous(memory_format=torch.channels_last)
+    elif layout == "step" and t.dim():
+        t = t[::2]
+    elif layout == "expand":
+        t = t.expand(2, *t.shape)
+    elif layout == "conj" and dtype in (torch.complex64, torch.complex128):
+        t = t.conj()
+    grad_ok = dtype.is_floating_point or dtype.is_complex
+    kind = draw(st.sampled_from(["plain", "grad", "param", "param_frozen", "nonleaf", "subclass", "sparse",
+                                 "attribute"]))
+    if kind == "grad" and grad_ok:
+        t = t.detach().requires_grad_(True) if not t.is_conj() else t.resolve_conj().requires_grad_(True)
+    elif kind in ("param", "param_frozen") and grad_ok:
+        t = torch.nn.Parameter(t.resolve_conj(), requires_grad=kind == "param")
+    elif kind == "nonleaf" and grad_ok and dtype not in (torch.complex32,) and not str(dtype).startswith("torch.float8"):
+        t = t.resolve_conj().detach().requires_grad_(True) * 1
+        return t, True
+    elif kind == "subclass":
+        return t.as_subclass(Marked), True
+    elif kind == "sparse" and dtype in (torch.float32, torch.int64) and t.dim():
+        return t.contiguous().to_sparse(), True
+    elif kind == "attribute":
+        t = t.clone()
+        t.note = "x"
+        return t, True
+    return t, False
+
+
+class Marked(torch.Tensor):
+    """A tensor subclass: a hit would lose the type, so it is refused."""
+
+
+Pair = namedtuple("Pair", "a b")
+
+
+@dataclasses.dataclass
+class Box:
+    value: int
+
+
+class MyFloat(np.float64):
+    pass
+
+
+def refusables():
+    """Items a hit cannot return as they are: refused, each with its reason."""
+    return st.sampled_from([
+        lambda: Pair(1, 2), lambda: Box(3), lambda: OrderedDict(a=1), lambda: {1, 2}, lambda: Fraction(1, 3),
+        lambda: np.ma.array([1, 2], mask=[0, 1]), lambda: np.arange(4).view(np.matrix),
+        lambda: np.array([object()]), lambda: np.zeros(2, dtype=np.dtype("f4", metadata={"unit": "m"})),
+        lambda: np.rec.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")]),
+        lambda: np.rec.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")])[0],
+        lambda: np.array(["a", "bb"], dtype=np.dtypes.StringDType()), lambda: MyFloat(1.5),
+        lambda: Image.open(_png()),
+    ]).map(lambda make: (make(), True))
+
+
+def _png():
+    import io
+
+    buf = io.BytesIO()
+    Image.new("RGB", (2, 2)).save(buf, format="PNG")
+    buf.seek(0)
+    return buf
+
+
+python_scalars = (st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.floats(allow_nan=True)
+                  | st.complex_numbers(allow_nan=True) | st.text(max_size=6) | st.binary(max_size=6)
+                  | st.binary(max_size=6).map(bytearray)).map(lambda x: (x, False))
+
+
+def _combine(kind):
+    def make(children):
+        items = [c[0] for c in children]
+        refused = any(c[1] for c in children)
+        if kind == "dict":
+            return {f"k{j}": x for j, x in enumerate(items)}, refused
+        return (tuple(items) if kind == "tuple" else items), refused
+    return make
+
+
+item_trees = st.recursive(
+    python_scalars | numpy_items() | tensor_items() | refusables(),
+    lambda inner: st.lists(inner, max_size=3).map(_combine("list")) | st.lists(inner, max_size=3).map(_combine("tuple"))
+    | st.lists(inner, max_size=3).map(_combine("dict")),
+    max_leaves=6)
+
+
+def assert_clear_refusal(exc: CodecError) -> None:
+    msg = str(exc)
+    assert "cannot cache" in msg, msg
+    assert "allow_pickle=True" in msg or "detach()" in msg, f"the error says nothing of what to do: {msg}"
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@given(item_trees)
+def test_a_hit_returns_exactly_what_the_dataset_returned(tree) -> None:
+    obj, refused = tree
+    try:
+        parts = encode(obj)
+    except CodecError as exc:
+        assert refused, f"refused an item a hit can return: {exc}"
+        assert_clear_refusal(exc)
+        return
+    assert not refused, f"encoded an item a hit cannot return as it is: {obj!r}"
+    record = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    exact(decode(bytearray(record)), obj)
+    exact(decode(record), obj)  # a read-only buffer: writeable arrays are copies, not read-only views
+    handled, out = c_decode(record)
+    if handled:
+        exact(out, obj)
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@given(st.lists(item_trees, min_size=1, max_size=4), st.integers(1, 4))
+def test_the_c_batch_decoder_returns_exactly_the_same(trees, repeat) -> None:
+    """Records side by side, as the pool lays out a batch: repeated records
+    make runs, which make_arrays builds as one strided view, split. Each
+    sample is still exactly its item (flags and dimension order included)."""
+    objs = []
+    for obj, refused in trees:
+        try:
+            encode(obj)
+        except CodecError:
+            assert refused
+            continue
+        objs.append(obj)
+    records = [record_of(o) for o in objs for _ in range(repeat)]
+    if not records:
+        return
+    padded = [r + bytes(-len(r) % 16) for r in records]
+    buf = bytearray(b"".join(padded))
+    offsets = np.cumsum([0] + [len(r) for r in padded])
+    got = _engine.decode_records(buf, [(int(offsets[k]), len(r)) for k, r in enumerate(records)], make_arrays)
+    for k, (handled, out) in enumerate(got):
+        obj = objs[k // repeat]
+        exact(out if handled else decode_at(buf, int(offsets[k]), len(records[k])), obj)
+
+
+def test_one_format_number() -> None:
+    """The codec, the C decoder and the prefetcher's framing (binding/io.c)
+    share one format number: a record of another format is refused, not
+    misread."""
+    assert _engine.CODEC_FORMAT == FORMAT == record_of(None)[2]
+    record = bytearray(record_of((b"x", 1)))
+    record[2] = FORMAT - 1
+    assert c_decode(bytes(record)) == (False, None)
+    with pytest.raises(CodecError, match="format"):
+        decode(record)
+
+
+def test_the_issue_cases() -> None:
+    """The two cases of issue 20 bug 4, through both decoders."""
+    rec = np.zeros(3, dtype=[("a", "i4"), ("b", "f8")])
+    rec["a"], rec["b"] = [1, 2, 3], [0.5, 1.5, 2.5]
+    grad = torch.arange(4.0).requires_grad_(True)
+    for obj in (rec, grad, (rec, grad), {"x": grad, "y": [rec]}):
+        record = record_of(obj)
+        exact(decode(bytearray(record)), obj)
+        handled, out = c_decode(record)
+        exact(out if handled else decode(bytearray(record)), obj)
+    out = decode(bytearray(record_of(rec)))
+    assert out.dtype.names == ("a", "b") and out["b"][2] == 2.5  # was |V12 bytes
+    assert c_decode(record_of(grad))[1].requires_grad  # was False on a hit
+
+
+def test_refusals_name_the_type_and_what_to_do() -> None:
+    cases = [
+        (Pair(1, 2), "Pair: a namedtuple"),
+        (Box(1), "Box"),
+        (np.ma.array([1]), "numpy.ma.MaskedArray: a subclass of numpy.ndarray"),
+        (torch.ones(2).as_subclass(Marked), "Marked: a subclass of torch.Tensor"),
+        (torch.ones(2).to_sparse(), "sparse_coo tensor"),
+        (np.zeros(1, np.dtype("f4", metadata={"u": 1})), "metadata"),
+        (np.array(["a"], dtype=np.dtypes.StringDType()), "holds Python objects"),
+        (Image.open(_png()), "PIL image of a subclass"),
+    ]
+    for obj, words in cases:
+        with pytest.raises(CodecError, match="allow_pickle=True") as info:
+            encode(obj)
+        assert words in str(info.value), str(info.value)
+    with pytest.raises(CodecError, match=r"computed by an operation \(MulBackward0\).*detach\(\)"):
+        encode(torch.ones(2, requires_grad=True) * 2)
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(CodecError, match="contains itself"):
+        encode(loop)
+    with pytest.raises(CodecError, match="info"):
+        img = Image.new("L", (1, 1))
+        img.info["when"] = Fraction(1, 2)
+        encode(img)
+
+
+def test_pickle_when_allowed_keeps_the_type() -> None:
+    for obj in (Pair(1, np.arange(3)), Box(2), OrderedDict(b=1, a=2), np.ma.array([1, 2], mask=[0, 1])):
+        out = roundtrip(obj, allow_pickle=True)
+        assert type(out) is type(obj)
+    out = roundtrip(torch.ones(2).as_subclass(Marked), allow_pickle=True)
+    assert type(out) is Marked
+    with pytest.raises(CodecError, match="detach"):  # an autograd graph, even with pickle
+        encode(torch.ones(2, requires_grad=True) * 2, allow_pickle=True)
+
+
+def test_pil_palette_and_info_come_back() -> None:
+    """A palette image (a segmentation mask, say) kept its indices but lost
+    its palette on a hit; info was dropped, and PIL's == compares both."""
+    img = Image.new("P", (3, 2))
+    img.putpalette(bytes(range(256)) * 3)
+    img.info["transparency"] = 0
+    out = roundtrip(img)
+    assert out == img and out.getpalette() == img.getpalette() and out.info == img.info
+    rgba = Image.new("PA", (2, 2))
+    assert roundtrip(rgba) == rgba
+
+
+def test_python_scalars_keep_their_type() -> None:
+    for obj in (np.float16(1.5), np.bool_(True), np.complex64(1 - 2j), np.int8(-3), np.datetime64("2024-01-02"),
+                np.str_("ab"), np.bytes_(b"x"), 1.5, 2, True, 1 + 2j, float("-0.0"), float("nan")):
+        exact(roundtrip(obj), obj)
+    for obj in ((1, [2.0]), [(1,), {"a": (2,)}], {(1, 2): "t", 3: None}):
+        exact(roundtrip(obj), obj)
+
+
+# ---- the same through a real DataLoader: epoch 2's hits against dataset[i] ----
+
+RECORD = np.dtype([("a", "<i4"), ("b", ">f8"), ("c", "u1", (2,))])
+
+
+class Exacting(torch.utils.data.Dataset):
+    """Items whose type, dtype, fields and flags a hit must keep."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> dict:
+        rec = np.zeros(3, dtype=RECORD)
+        rec["a"], rec["b"], rec["c"] = np.arange(3) + i, np.arange(3) / 7 + i, [[i % 256, 1]] * 3
+        frozen = np.arange(4, dtype=np.int16) + i
+        frozen.flags.writeable = False
+        return {
+            "rec": rec,
+            "row": rec[1],  # a numpy.void with fields
+            "grad": torch.full((2, 3), float(i)).requires_grad_(True),
+            "param": torch.nn.Parameter(torch.arange(3.0) + i),
+            "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3) + i),
+            "channels_last": (torch.arange(24.0) + i).reshape(1, 3, 2, 4).contiguous(memory_format=torch.channels_last),
+            "frozen": frozen,
+            "half": np.float16(i / 2),
+            "pair": (i, [1.5, "x"]),
+            "i": i,
+        }
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_hits_equal_the_dataset(workers: int) -> None:
+    """Epoch 1 stores every item (shuffled, each once: all misses); epoch 2
+    serves from the cache. Every sample of epoch 2 is exactly dataset[i].
+    Through fork workers, torch's own pickling between processes drops the
+    writeable flag on misses and hits alike, so it is checked without them."""
+    import opt4torch
+    from conftest import leaked_since
+
+    before = {p["name"] for p in _engine.pool_list()}
+    ds = Exacting()
+    kwargs = {"num_workers": workers}
+    if workers:
+        kwargs["multiprocessing_context"] = "fork"
+    loader = opt4torch.DataLoader(ds, batch_size=4, shuffle=True, seed=5, cache_items=len(ds), epochs=2,
+                                  collate_fn=list, **kwargs)
+    try:
+        for batch in loader:
+            for item in batch:
+                exact(item, ds[item["i"]], writeable=workers == 0)
+        after_first = loader.cache.stats()["hits"]
+        for batch in loader:
+            for item in batch:
+                exact(item, ds[item["i"]], writeable=workers == 0)
+                assert item["rec"].dtype.names == ("a", "b", "c") and item["grad"].requires_grad
+        stats = loader.cache.stats()
+        assert after_first == 0 and stats["hits"] == len(ds), stats
+    finally:
+        loader.cache.close()
+    assert not leaked_since(before)

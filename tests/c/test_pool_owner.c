@@ -180,8 +180,8 @@ static void test_owner_in_another_pid_namespace(void) {
  * right after fork, so a pool's life is its owner's. */
 static void test_forked_child_does_not_keep_the_owner_alive(void) {
   opt4_plan *plan = small_plan();
-  int fds[2], hold[2];
-  ASSERT(pipe(fds) == 0 && pipe(hold) == 0);
+  int fds[2], hold[2], ready[2];
+  ASSERT(pipe(fds) == 0 && pipe(hold) == 0 && pipe(ready) == 0);
   pid_t owner = fork();
   ASSERT(owner >= 0);
   if (owner == 0) {
@@ -191,10 +191,18 @@ static void test_forked_child_does_not_keep_the_owner_alive(void) {
     if (create(plan, 0, &p) != 0) _exit(1);
     pid_t child = fork(); /* a worker forked with the owner's handle */
     if (child == 0) {
-      char c;
+      /* fork has returned here, so the child's fork handler has closed its
+       * copy of the lock: say so. Until a child has run at all, it still
+       * shares the owner's file description (and so its lock), which only
+       * keeps the pool looking alive a moment longer; the test waits for
+       * that moment to pass instead of racing it (3 in 40 runs under load). */
+      char c = 1;
+      if (write(ready[1], &c, 1) != 1) _exit(1);
       (void)!read(hold[0], &c, 1); /* until the test closes its end */
       _exit(0);
     }
+    char c;
+    if (read(ready[0], &c, 1) != 1) _exit(1);
     int32_t cp = (int32_t)child;
     char name[POOL_NAME_MAX] = {0};
     snprintf(name, sizeof name, "%s", opt4_pool_name(p));
@@ -205,6 +213,8 @@ static void test_forked_child_does_not_keep_the_owner_alive(void) {
   }
   close(fds[1]);
   close(hold[0]);
+  close(ready[0]);
+  close(ready[1]);
   int32_t child;
   char name[POOL_NAME_MAX];
   read_full(fds[0], &child, sizeof child);

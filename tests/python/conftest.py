@@ -16,6 +16,33 @@ from hypothesis import HealthCheck, settings
 os.environ.setdefault("OPT4TORCH_POOL_NAMESPACE", f"py{os.getpid()}")
 
 
+def _sweep_dead_test_runs() -> None:
+    """Stale pools of earlier test runs that were killed (their namespaces,
+    py<pid> and the C tests' c<pid>, are seen by no other sweep): for each
+    such namespace whose run is gone, the engine's own sweep, in it. Live
+    runs' namespaces are left alone, their stale-on-purpose pools included."""
+    import re
+
+    from opt4torch.data import remove_stale_pools
+
+    mine = os.environ["OPT4TORCH_POOL_NAMESPACE"]
+    pat = re.compile(rf"opt4-{os.getuid()}-((?:py|c)(\d+))-")
+    dead = set()
+    for n in os.listdir("/dev/shm"):
+        m = pat.match(n)
+        if m and m.group(1) != mine and not os.path.exists(f"/proc/{m.group(2)}"):
+            dead.add(m.group(1))
+    for ns in sorted(dead):
+        os.environ["OPT4TORCH_POOL_NAMESPACE"] = ns
+        try:
+            remove_stale_pools()
+        finally:
+            os.environ["OPT4TORCH_POOL_NAMESPACE"] = mine
+
+
+_sweep_dead_test_runs()
+
+
 def pool_prefix(pid: int) -> str:
     """The start of the /dev/shm names of pools that process pid makes in
     this run's namespace."""

@@ -866,10 +866,15 @@ typedef struct opt4_source_ops {
    * negative code) or later in reap (status OPT4_SOURCE_PENDING). A
    * negative return refuses the whole batch: no read was started. */
   int (*submit)(void *state, opt4_source_read *reads, size_t n);
-  /* Optional (NULL when submit completes every read): wait until none of
-   * the n reads of a batch submitted by this thread is pending, for at most
-   * timeout_ns (0: no limit; OPT4_IO if it ran out, with reads still
-   * pending: reap them later, never reuse their buffers before). */
+  /* Optional (NULL when submit completes every read on the caller's
+   * thread): wait until none of the n reads of a batch submitted by this
+   * thread is pending, for at most timeout_ns. With timeout_ns 0 (no limit)
+   * it returns only once every read is complete (a failed read has its
+   * code in its status); with a limit that runs out it returns OPT4_EIO
+   * with reads still pending: reap them later, never reuse their buffers
+   * before. Reap is where reads completed on other threads are handed
+   * over: it must make their results visible to the caller (a lock, or
+   * release/acquire), and the caller reads no status before it. */
   int (*reap)(void *state, opt4_source_read *reads, size_t n, uint64_t timeout_ns);
   /* Optional: free state (called by opt4_source_close). */
   void (*close)(void *state);
@@ -895,11 +900,13 @@ const char *opt4_source_name(const opt4_source *src);
 uint64_t opt4_source_count(const opt4_source *src);
 /* The length of item i (OPT4_ERANGE past the end). */
 int opt4_source_size_of(opt4_source *src, uint64_t item, uint64_t *len);
-/* Start a batch of reads; then opt4_source_reap, unless every read's
- * status is already final (not OPT4_SOURCE_PENDING). */
+/* Start a batch of reads; then opt4_source_reap before looking at any
+ * read's len or status (a queued source completes reads on other threads;
+ * reap hands them over). */
 int opt4_source_submit(opt4_source *src, opt4_source_read *reads, size_t n);
 /* Wait until no read of the batch is pending (timeout_ns as in
- * opt4_source_ops.reap). Returns 0 at once for a source without reap. */
+ * opt4_source_ops.reap). For a source without reap it returns 0 at once
+ * (OPT4_EINVAL if its submit left a read pending). */
 int opt4_source_reap(opt4_source *src, opt4_source_read *reads, size_t n, uint64_t timeout_ns);
 /* One read, start to finish: item into dst (cap bytes); *len gets its
  * length. The read's own status is returned (OPT4_EITEMSIZE if it does not

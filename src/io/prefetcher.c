@@ -219,16 +219,16 @@ static int pf_load(pf_thread *th, pf_item *it) {
   if (!bad && pf->opts.frame != NULL)
     bad = pf->opts.frame(pf->opts.frame_ctx, job.item, rec_len, it->buf, &head, it->tail, &it->tail_len) != 0 ||
           head > OPT4_FRAME_CAP || it->tail_len > OPT4_FRAME_CAP;
-  /* One read a batch: the claim protocol hands out one miss at a time. A
-   * reap is a bounded wait; one that runs out leaves the buffer to the
-   * source, so the thread gives the claim back and stops loading. */
+  /* One read a batch: the claim protocol hands out one miss at a time. The
+   * reap has no time limit (the source bounds its own I/O), so it returns
+   * with the read complete: the buffer is the thread's again. */
   opt4_source_read rd;
   memset(&rd, 0, sizeof rd);
   rd.item = job.item;
   rd.dst = it->buf + head;
   rd.cap = (size_t)(pf->buf_len - OPT4_FRAME_CAP);
   if (!bad) bad = opt4_source_submit(pf->src, &rd, 1) != 0;
-  if (!bad && rd.status == OPT4_SOURCE_PENDING && opt4_source_reap(pf->src, &rd, 1, 0) != 0) bad = 1;
+  if (!bad && opt4_source_reap(pf->src, &rd, 1, 0) != 0) bad = 1;
   const uint64_t len = rd.len;
   if (bad || rd.status != 0) {
     atomic_fetch_add_explicit(&pf->errors, 1, memory_order_relaxed);

@@ -94,12 +94,17 @@ int opt4_source_submit(opt4_source *src, opt4_source_read *reads, size_t n) {
 
 int opt4_source_reap(opt4_source *src, opt4_source_read *reads, size_t n, uint64_t timeout_ns) {
   if (src == NULL || (reads == NULL && n > 0)) return opt4__fail(OPT4_EINVAL, "source or reads is NULL");
-  size_t pending = 0;
-  for (size_t i = 0; i < n; i++) pending += reads[i].status == OPT4_SOURCE_PENDING;
-  if (pending == 0) return 0;
-  if (src->ops.reap == NULL)
+  /* With a reap, it is always called: a source may complete reads on other
+   * threads, and reap is where their results are handed to the caller (a
+   * read's status must not be looked at before). Without one, submit has
+   * completed every read on this thread. */
+  if (src->ops.reap == NULL) {
+    size_t pending = 0;
+    for (size_t i = 0; i < n; i++) pending += reads[i].status == OPT4_SOURCE_PENDING;
+    if (pending == 0) return 0;
     return opt4__fail(OPT4_EINVAL, "source %s left %zu reads pending and has no reap", src->ops.name,
                       pending);
+  }
   int rc = src->ops.reap(src->state, reads, n, timeout_ns);
   return rc > 0 ? OPT4_EIO : rc;
 }

@@ -940,7 +940,7 @@ typedef struct opt4_prefetcher_opts {
 } opt4_prefetcher_opts;
 
 typedef struct opt4_prefetcher_stats {
-  uint64_t loaded;  /* records read */
+  uint64_t loaded;  /* items read from the source */
   uint64_t bytes;   /* their bytes */
   uint64_t stored;  /* handed over to their consumers */
   uint64_t errors;  /* reads that failed (their consumers load them) */

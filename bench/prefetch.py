@@ -14,8 +14,10 @@ side, in one run, repeated and reported as medians:
 * OPT: opt4torch.DataLoader at capacity C (default 50 %), prefetch off;
 * OPT + prefetch: the same with the C prefetcher.
 
-Reported: iteration time, samples/s, its ratio to in memory, hits, the stall
-rate (accesses that waited for their data), how late the late prefetches
+Reported: iteration time, samples/s, its ratio to in memory, the CPU time
+of the process and its workers (user + system, from getrusage: the main
+process, with its prefetch threads, and the workers once joined), hits, the
+stall rate (accesses that waited for their data), how late the late prefetches
 were, and bytes read from storage beside the plan's predicted miss bytes.
 
     python bench/prefetch.py [--items 2000] [--record-bytes 16384] [--latency 0.002]
@@ -26,8 +28,10 @@ were, and bytes read from storage beside the plan's predicted miss bytes.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -68,10 +72,17 @@ def train(loader: Any, epochs: int, step: float) -> tuple[float, int]:
     return time.perf_counter() - t0, n
 
 
+def cpu_seconds() -> float:
+    """User + system time of this process and of its children that were waited for."""
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
 def run_config(name: str, args: argparse.Namespace, path: str, items: list[tuple[bytes, int]]) -> dict[str, Any]:
     common = dict(batch_size=args.batch, num_workers=args.workers, collate_fn=list,
                   persistent_workers=args.workers > 0, multiprocessing_context="fork" if args.workers else None)
     out: dict[str, Any] = {"config": name}
+    cpu0 = cpu_seconds()
     rf = RecordFile(path, direct=True, latency=args.latency)
     before = rf.info()
     if name == "in memory":
@@ -105,6 +116,8 @@ def run_config(name: str, args: argparse.Namespace, path: str, items: list[tuple
                    plan_miss_bytes=int(sizes[plan.seq[plan.kinds != opt4torch.HIT]].sum()))
         loader.cache.close()
     del loader
+    gc.collect()  # the workers are joined here, so RUSAGE_CHILDREN has them
+    out["cpu_s"] = cpu_seconds() - cpu0
     return out
 
 
@@ -147,17 +160,19 @@ def main() -> None:
         os.rmdir(work)
 
     med = {c: statistics.median(x["seconds"] for x in runs[c]) for c in configs}
+    cpu = {c: statistics.median(x["cpu_s"] for x in runs[c]) for c in configs}
     print(f"\n{args.items} records of {args.record_bytes} B, {args.latency * 1e3:g} ms a read, "
           f"{args.epochs} epochs of epoch shuffle, capacity {args.capacity:.0%}, batch {args.batch}, "
           f"{args.workers} workers, {args.step * 1e3:g} ms step, {args.threads} prefetch threads; "
           f"medians of {args.repeats}; reads: {runs['no cache'][0]['read_note']}\n")
-    print("| configuration | time | samples/s | vs in memory | hits | stall rate | late prefetches "
-          "(mean wait) | bytes read | plan's miss bytes |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| configuration | time | samples/s | vs in memory | CPU | CPU vs in memory | hits | stall rate "
+          "| late prefetches (mean wait) | bytes read | plan's miss bytes |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in configs:
         x = runs[c][-1]
         s = med[c]
-        row = [c, f"{s:.2f} s", f"{x['samples'] / s:,.0f}", f"{s / med['in memory']:.2f}x"]
+        row = [c, f"{s:.2f} s", f"{x['samples'] / s:,.0f}", f"{s / med['in memory']:.2f}x",
+               f"{cpu[c]:.2f} s", f"{cpu[c] / cpu['in memory']:.2f}x"]
         if "hits" in x:
             stall = statistics.median(y["stall_rate"] for y in runs[c])
             late = (f"{x['stalls']} ({x['stall_seconds'] / x['stalls'] * 1e3:.1f} ms)" if x["stalls"] else "0")
@@ -167,7 +182,8 @@ def main() -> None:
             row += ["–", "100%" if c == "no cache" else "0%", "–", f"{x['storage_bytes']:,}", "–"]
         print("| " + " | ".join(row) + " |")
     with open(args.out, "w") as f:
-        json.dump({"machine": machine(), "args": vars(args), "medians_s": med, "runs": runs}, f, indent=1)
+        json.dump({"machine": machine(), "args": vars(args), "medians_s": med, "cpu_medians_s": cpu,
+                   "runs": runs}, f, indent=1)
     print(f"\nraw results: {args.out}")
 
 

@@ -799,8 +799,123 @@ int opt4_records_writer_prepare(opt4_records_writer *w, uint64_t *checksum);
 int opt4_records_writer_finish(opt4_records_writer *w);
 void opt4_records_writer_abort(opt4_records_writer *w);
 
+/* ------------------------------------------------------------------------ */
+/* Sources: where a miss is loaded from                                     */
+/* ------------------------------------------------------------------------ */
+
+/* A source is a dataset the engine can load items from: item i, for i in
+ * [0, count), is a run of bytes of a known length. It is a table of
+ * functions with a private state pointer (the shape of the cache policies,
+ * docs/sources.md), so the prefetcher loads every miss the same way,
+ * whatever holds the data. The library ships one source, the record file
+ * (opt4_source_records); a C user plugs in their own by filling an
+ * opt4_source_ops and calling opt4_source_create.
+ *
+ * Reads go in batches: submit starts a batch of reads (item, destination,
+ * capacity), and reap waits until every read of a batch has completed. A
+ * source that reads with blocking calls (pread) completes each read inside
+ * submit and needs no reap; one that queues its reads (io_uring, an object
+ * store's requests) completes them in reap. Each read's outcome is written
+ * into the read itself, so completions need no other bookkeeping. */
+typedef struct opt4_source opt4_source;
+
+/* A read still in flight (opt4_source_read.status): submit sets it on reads
+ * it leaves to reap; reap replaces it with the final status. */
+#define OPT4_SOURCE_PENDING 1
+
+/* One read of a batch. The caller fills item, dst, cap (and tag, for its
+ * own use: the source never reads it); the source fills len (the item's
+ * length, also when it did not fit) and status: 0, OPT4_SOURCE_PENDING, or
+ * a negative code (OPT4_EITEMSIZE when len > cap, OPT4_ERANGE, OPT4_EIO,
+ * OPT4_ECHECKSUM, ...). */
+typedef struct opt4_source_read {
+  uint64_t item;
+  void *dst;
+  size_t cap;
+  uint64_t tag;
+  uint64_t len;
+  int status;
+  uint32_t reserved;
+} opt4_source_read;
+
+#define OPT4_SOURCE_OPS_VERSION 1u
+
+/* The functions a source implements. `state` is the pointer given to
+ * opt4_source_create. Every function returns 0 or a negative OPT4_E* code
+ * (with opt4__fail-style detail where it can: sources outside the library
+ * return the code only).
+ *
+ * Thread and process safety: the prefetcher calls count, max_size and
+ * size_of once at start, then size_of, submit and reap from all its threads
+ * at once, each thread with its own batches. A source must allow that. It
+ * may also be used in processes forked after it was made (DataLoader
+ * workers): state it keeps must survive fork, or be made again on first
+ * use in the child. */
+typedef struct opt4_source_ops {
+  uint32_t version;  /* OPT4_SOURCE_OPS_VERSION */
+  uint32_t reserved;
+  const char *name;  /* for messages and stats: "records", "files", ... */
+  /* The number of items. */
+  int (*count)(void *state, uint64_t *items);
+  /* The length of item i, in bytes; OPT4_ERANGE past the end. */
+  int (*size_of)(void *state, uint64_t item, uint64_t *len);
+  /* Optional: the largest item's length (NULL: the largest size_of, asked
+   * once per item when the prefetcher starts). */
+  int (*max_size)(void *state, uint64_t *len);
+  /* Start the n reads (n >= 1). Each read completes here (status 0 or a
+   * negative code) or later in reap (status OPT4_SOURCE_PENDING). A
+   * negative return refuses the whole batch: no read was started. */
+  int (*submit)(void *state, opt4_source_read *reads, size_t n);
+  /* Optional (NULL when submit completes every read on the caller's
+   * thread): wait until none of the n reads of a batch submitted by this
+   * thread is pending, for at most timeout_ns. With timeout_ns 0 (no limit)
+   * it returns only once every read is complete (a failed read has its
+   * code in its status); with a limit that runs out it returns OPT4_EIO
+   * with reads still pending: reap them later, never reuse their buffers
+   * before. Reap is where reads completed on other threads are handed
+   * over: it must make their results visible to the caller (a lock, or
+   * release/acquire), and the caller reads no status before it. */
+  int (*reap)(void *state, opt4_source_read *reads, size_t n, uint64_t timeout_ns);
+  /* Optional: free state (called by opt4_source_close). */
+  void (*close)(void *state);
+} opt4_source_ops;
+
+/* Make a source from a table and its state. The table is copied; state
+ * belongs to the source from here on when ops->close is set (closed with
+ * it, also when create fails after checking the table), else stays the
+ * caller's and must outlive the source. Errors: OPT4_EINVAL (a NULL
+ * argument, a missing count, size_of or submit, no name, another
+ * OPT4_SOURCE_OPS_VERSION), OPT4_ENOMEM, and what count returns.
+ * Thread safety: a source may be used from any number of threads at once
+ * (as its ops allow: see above); create and close are not thread-safe
+ * against other use of the same source. */
+int opt4_source_create(const opt4_source_ops *ops, void *state, opt4_source **out);
+/* The record file r as a source (borrowed: r must stay open until the
+ * source is closed). Reads keep counting in opt4_records_info. */
+int opt4_source_records(opt4_records *r, opt4_source **out);
+/* Close a source (ops->close frees its state). NULL is harmless. */
+void opt4_source_close(opt4_source *src);
+/* The table's name, and the source's item count (read once, at create). */
+const char *opt4_source_name(const opt4_source *src);
+uint64_t opt4_source_count(const opt4_source *src);
+/* The length of item i (OPT4_ERANGE past the end). */
+int opt4_source_size_of(opt4_source *src, uint64_t item, uint64_t *len);
+/* Start a batch of reads; then opt4_source_reap before looking at any
+ * read's len or status (a queued source completes reads on other threads;
+ * reap hands them over). */
+int opt4_source_submit(opt4_source *src, opt4_source_read *reads, size_t n);
+/* Wait until no read of the batch is pending (timeout_ns as in
+ * opt4_source_ops.reap). For a source without reap it returns 0 at once
+ * (OPT4_EINVAL if its submit left a read pending). */
+int opt4_source_reap(opt4_source *src, opt4_source_read *reads, size_t n, uint64_t timeout_ns);
+/* One read, start to finish: item into dst (cap bytes); *len gets its
+ * length. The read's own status is returned (OPT4_EITEMSIZE if it does not
+ * fit: *len says how much is needed). */
+int opt4_source_read_one(opt4_source *src, uint64_t item, void *dst, size_t cap, uint64_t *len);
+
 /* The prefetcher: threads that follow a pool's plan ahead of its consumers
- * and load every miss from a record file straight into the pool (ADMITs)
+ * and load every miss from a source (a record file, or any opt4_source)
+ * straight into the pool (ADMITs)
  * or its staging slots (BYPASSes), with no Python and no GIL on the path
  * (see opt4_pool_prefetch_claim). Each thread attaches its own handle. */
 typedef struct opt4_prefetcher opt4_prefetcher;
@@ -825,7 +940,7 @@ typedef struct opt4_prefetcher_opts {
 } opt4_prefetcher_opts;
 
 typedef struct opt4_prefetcher_stats {
-  uint64_t loaded;  /* records read */
+  uint64_t loaded;  /* items read from the source */
   uint64_t bytes;   /* their bytes */
   uint64_t stored;  /* handed over to their consumers */
   uint64_t errors;  /* reads that failed (their consumers load them) */
@@ -835,9 +950,12 @@ typedef struct opt4_prefetcher_stats {
   uint64_t park_timeouts; /* threads a fork did not find parked in time (10 s) */
 } opt4_prefetcher_stats;
 
-/* Start prefetching the pool named pool_name from src (which must stay open
- * until the prefetcher is stopped). The threads run until every miss of
- * the plan is claimed, or opt4_prefetcher_stop(). They block all signals.
+/* Start prefetching the pool named pool_name from record file src (which
+ * must stay open until the prefetcher is stopped). The threads run until
+ * every miss of the plan is claimed, or opt4_prefetcher_stop(). They block
+ * all signals. A thread with nothing to do sleeps on the pool's consumer
+ * progress word (a futex in the shared segment), woken when the consumers
+ * move; it does not poll.
  *
  * Fork: fork() from any thread while a prefetcher runs is safe. Handlers
  * installed with pthread_atfork park every prefetch thread at a point where
@@ -850,6 +968,14 @@ typedef struct opt4_prefetcher_stats {
  * (no thread could start). */
 int opt4_prefetcher_start(const char *pool_name, opt4_records *src,
                           const opt4_prefetcher_opts *opts, opt4_prefetcher **out);
+/* The same from any source (opt4_source_create, opt4_source_records): the
+ * threads load every miss through its table, one read a batch (submit, then
+ * reap), so src must allow calls from all of them at once, and stay open
+ * until the prefetcher is stopped. opt4_prefetcher_start is this with the
+ * record file as the source. Errors: those above, OPT4_ETOOBIG (a largest
+ * item over 1 TiB), and what the source's max_size or size_of return. */
+int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src,
+                                 const opt4_prefetcher_opts *opts, opt4_prefetcher **out);
 int opt4_prefetcher_stats_get(opt4_prefetcher *pf, opt4_prefetcher_stats *out);
 /* Stop the threads (each finishes the item in hand, bounded by the pool's
  * wait timeout, or gives it back), join them and free. NULL is harmless. */

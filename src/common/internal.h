@@ -58,7 +58,24 @@ void opt4__futex_wake(_Atomic uint32_t *word, int shared);
  * fn is called, with ctx, inside the handle's bounded waits, where its
  * thread holds no lock: a thread may park there (around fork). It returns
  * the nanoseconds it kept the thread, not counted against the timeout. */
-void opt4__pool_set_safe_point(opt4_pool *pool, uint64_t (*fn)(void *ctx), void *ctx);
+void opt4__pool_set_safe_point(opt4_pool *pool, uint64_t (*fn)(void *ctx), void *ctx,
+                               const _Atomic uint32_t *park);
+/* The consumers' progress (the pool's head: the furthest position asked
+ * for, rounded down to a multiple of 32). */
+uint64_t opt4__pool_head(const opt4_pool *pool);
+/* Sleep until head differs from seen, for at most timeout_ns: on the
+ * shared futex word head_seq, woken by the consumer that moves head, by
+ * opt4_pool_interrupt, or by opt4__pool_head_kick. Returns at once if head
+ * already moved, the handle is interrupted, or *unless (or the handle's
+ * park word) is nonzero. 1 if the time ran out, else 0. */
+int opt4__pool_head_wait(opt4_pool *pool, uint64_t seen, uint64_t timeout_ns,
+                         const _Atomic uint32_t *unless);
+/* Wake every thread sleeping in opt4__pool_head_wait on this pool (in any
+ * process): they re-check their condition. */
+void opt4__pool_head_kick(opt4_pool *pool);
+/* Whether the prefetch window (lookahead positions past head) has nothing
+ * left to claim: the cursor has reached its end, or the plan's. */
+int opt4__pool_prefetch_window_full(opt4_pool *pool, uint64_t lookahead);
 
 /* ---- hashing (XXH3-64) ---- */
 typedef struct opt4__hasher opt4__hasher;

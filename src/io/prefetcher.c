@@ -1,13 +1,16 @@
 /*
- * prefetcher.c - threads that load a plan's misses from a record file ahead
- * of the consumers, straight into the pool.
+ * prefetcher.c - threads that load a plan's misses from a source (a record
+ * file, or any opt4_source) ahead of the consumers, straight into the pool.
  *
  * Each thread has its own pool handle (hazards and claims are per handle)
- * and a few buffers as large as the largest record plus its frame. It claims
- * the next miss in the window, reads the record with pread (O_DIRECT where
- * the reader has it), and hands it over; a failed read gives the claim back
- * so the consumer loads it. When the window has nothing to claim it sleeps,
- * backing off from 50 us to 1 ms, so a stalled consumer costs little CPU.
+ * and a few buffers as large as the largest item plus its frame. It claims
+ * the next miss in the window, reads the item through the source's table
+ * (submit, then reap), and hands it over; a failed read gives the claim
+ * back so the consumer loads it. When it can do nothing (the window has
+ * nothing to claim, or what it holds must wait for the consumers to come
+ * near) it sleeps on the consumers' progress word in the pool, woken when
+ * they move it (opt4__pool_head_wait), so a thread that is ahead costs no
+ * CPU.
  *
  * Fork. No process may fork while one of these threads can hold a lock (the
  * allocator's, stdio's, a sanitizer's): the child would inherit the lock
@@ -37,6 +40,7 @@
  * registry lock too, so no thread starts or exits across a fork.
  */
 #include "internal.h"
+#include "source.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -54,6 +58,10 @@
  * all: 4 MiB, 1 to 32 items a thread (bench/RESULTS.md, memory). */
 #define DEFAULT_PENDING_BYTES ((uint64_t)4 << 20)
 #define PARK_TIMEOUT_NS ((uint64_t)10 * 1000000000u)
+/* The longest an idle thread sleeps before it looks again without being
+ * woken: a bound (what it waits for may change without the consumers moving:
+ * a floor raised, a claim given back), not a poll interval. */
+#define IDLE_WAIT_NS ((uint64_t)20 * 1000000u)
 
 typedef struct pf_thread {
   opt4_prefetcher *pf;
@@ -65,7 +73,8 @@ typedef struct pf_thread {
 } pf_thread;
 
 struct opt4_prefetcher {
-  opt4_records *src;
+  opt4_source *src;
+  int own_src; /* made by opt4_prefetcher_start from a record file */
   opt4_prefetcher_opts opts;
   uint64_t buf_len;
   uint32_t pending; /* loaded items a thread may hold */
@@ -130,7 +139,11 @@ static void fork_prepare(void) {
   for (opt4_prefetcher *pf = reg_head; pf != NULL; pf = pf->reg_next) {
     pf->round = pf->round == UINT32_MAX ? 1 : pf->round + 1;
     atomic_store_explicit(&pf->park, pf->round, memory_order_release);
-    opt4__futex_wake(&pf->park, 0); /* the idle ones */
+    opt4__futex_wake(&pf->park, 0);
+    /* The idle ones sleep on their pool's progress word: they see park
+     * after the kick (opt4__pool_head_wait checks it). */
+    for (uint32_t i = 0; i < pf->n; i++)
+      if (pf->threads[i].pool != NULL) opt4__pool_head_kick(pf->threads[i].pool);
   }
   uint64_t deadline = now_ns() + PARK_TIMEOUT_NS;
   for (opt4_prefetcher *pf = reg_head; pf != NULL; pf = pf->reg_next) {
@@ -198,16 +211,26 @@ static int pf_load(pf_thread *th, pf_item *it) {
       status == OPT4_PREFETCH_END)
     return -1;
   if (status == OPT4_PREFETCH_IDLE) return 0;
-  uint64_t rec_len = 0, len = 0;
+  uint64_t rec_len = 0;
   size_t head = 0;
   it->t = job.t;
   it->tail_len = 0;
-  int bad = opt4_records_len(pf->src, job.item, &rec_len) != 0;
+  int bad = opt4_source_size_of(pf->src, job.item, &rec_len) != 0;
   if (!bad && pf->opts.frame != NULL)
     bad = pf->opts.frame(pf->opts.frame_ctx, job.item, rec_len, it->buf, &head, it->tail, &it->tail_len) != 0 ||
           head > OPT4_FRAME_CAP || it->tail_len > OPT4_FRAME_CAP;
-  if (bad || opt4_records_read(pf->src, job.item, it->buf + head, (size_t)(pf->buf_len - OPT4_FRAME_CAP),
-                               &len) != 0) {
+  /* One read a batch: the claim protocol hands out one miss at a time. The
+   * reap has no time limit (the source bounds its own I/O), so it returns
+   * with the read complete: the buffer is the thread's again. */
+  opt4_source_read rd;
+  memset(&rd, 0, sizeof rd);
+  rd.item = job.item;
+  rd.dst = it->buf + head;
+  rd.cap = (size_t)(pf->buf_len - OPT4_FRAME_CAP);
+  if (!bad) bad = opt4_source_submit(pf->src, &rd, 1) != 0;
+  if (!bad && opt4_source_reap(pf->src, &rd, 1, 0) != 0) bad = 1;
+  const uint64_t len = rd.len;
+  if (bad || rd.status != 0) {
     atomic_fetch_add_explicit(&pf->errors, 1, memory_order_relaxed);
     opt4_pool_prefetch_release(th->pool, job.t);
     return 1;
@@ -231,7 +254,6 @@ static void *pf_main(void *arg) {
   pf_item *items = calloc(cap, sizeof *items);
   uint32_t *order = calloc(cap, sizeof *order); /* held items, earliest claim first */
   uint32_t held = 0, allocated = 0;
-  long backoff = 50000;
   int end = 0;
   if (items == NULL || order == NULL) goto leave;
   for (; allocated < cap; allocated++)
@@ -239,6 +261,9 @@ static void *pf_main(void *arg) {
   if (allocated == 0) goto leave;
   while (!atomic_load_explicit(&pf->stop, memory_order_relaxed)) {
     pf_safe_point(th);
+    /* The consumers' progress before this round: an idle round sleeps until
+     * it moves from here, so a move during the round is never slept through. */
+    const uint64_t seen = opt4__pool_head(th->pool);
     int progressed = 0;
     uint32_t kept = 0;
     /* Earliest first, and none after one that must wait: handing a later
@@ -263,6 +288,9 @@ static void *pf_main(void *arg) {
       }
       int r = pf_load(th, &items[slot]);
       if (r < 0) end = 1;
+      /* Nothing claimed although the window is not full (the claim's work
+       * per call is bounded): come back at once rather than sleep. */
+      if (r == 0 && !opt4__pool_prefetch_window_full(th->pool, pf->opts.lookahead)) progressed = 1;
       if (r == 2) {
         /* Tried with the others, earliest first, next round: handing it
          * over may wait for the consumers, who may first need an item this
@@ -275,14 +303,13 @@ static void *pf_main(void *arg) {
     }
     if (end && held == 0) break;
     if (!progressed) {
-      /* Idle: a timed sleep on the parking word, so that a fork never
-       * waits for the sleep to end. */
+      /* Idle: sleep until the consumers move (what it holds, and the
+       * window, wait for them), a fork opens a parking round (the park word
+       * is checked in the wait, and fork_prepare kicks the word), or a stop
+       * interrupts the handle. */
       uint64_t t0 = now_ns();
-      opt4__futex_wait(&pf->park, 0, (uint64_t)backoff, 0);
+      opt4__pool_head_wait(th->pool, seen, IDLE_WAIT_NS, &pf->park);
       atomic_fetch_add_explicit(&pf->idle_ns, now_ns() - t0, memory_order_relaxed);
-      backoff = backoff * 2 > 1000000 ? 1000000 : backoff * 2;
-    } else {
-      backoff = 50000;
     }
   }
   /* Stopped: give back what is still held; its consumers load it. */
@@ -305,6 +332,23 @@ int opt4_prefetcher_start(const char *pool_name, opt4_records *src, const opt4_p
   opt4__clear_detail();
   if (pool_name == NULL || src == NULL || out == NULL)
     return opt4__fail(OPT4_EINVAL, "pool name, records or out is NULL");
+  opt4_source *s = NULL;
+  int rc = opt4_source_records(src, &s);
+  if (rc != 0) return rc;
+  rc = opt4_prefetcher_start_source(pool_name, s, opts, out);
+  if (rc != 0) {
+    opt4_source_close(s);
+    return rc;
+  }
+  (*out)->own_src = 1;
+  return 0;
+}
+
+int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src, const opt4_prefetcher_opts *opts,
+                                 opt4_prefetcher **out) {
+  opt4__clear_detail();
+  if (pool_name == NULL || src == NULL || out == NULL)
+    return opt4__fail(OPT4_EINVAL, "pool name, source or out is NULL");
   *out = NULL;
   opt4_prefetcher_opts o;
   memset(&o, 0, sizeof o);
@@ -313,14 +357,17 @@ int opt4_prefetcher_start(const char *pool_name, opt4_records *src, const opt4_p
   if (o.threads > MAX_THREADS)
     return opt4__fail(OPT4_EINVAL, "%u prefetch threads is too many (at most %u)", o.threads, MAX_THREADS);
   if (o.lookahead == 0) o.lookahead = DEFAULT_LOOKAHEAD;
-  opt4_records_info ri;
-  int rc = opt4_records_info_get(src, &ri);
-  if (rc != 0) return rc;
+  uint64_t max_len = 0;
+  int rc = opt4__source_max_size(src, &max_len);
+  if (rc != 0) return rc > 0 ? OPT4_EIO : rc;
+  if (max_len > ((uint64_t)1 << 40))
+    return opt4__fail(OPT4_ETOOBIG, "source %s says its largest item is %llu bytes; at most 1 TiB",
+                      src->ops.name, (unsigned long long)max_len);
   opt4_prefetcher *pf = opt4__calloc(1, sizeof *pf);
   if (pf == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a prefetcher");
   pf->src = src;
   pf->opts = o;
-  pf->buf_len = ri.max_len + OPT4_FRAME_CAP;
+  pf->buf_len = max_len + OPT4_FRAME_CAP;
   /* Loaded items held per thread: as many as the budget allows, 1 to 32. */
   uint64_t budget = o.pending_bytes ? o.pending_bytes : DEFAULT_PENDING_BYTES;
   uint64_t per = budget / ((uint64_t)o.threads * pf->buf_len);
@@ -335,7 +382,7 @@ int opt4_prefetcher_start(const char *pool_name, opt4_records *src, const opt4_p
     pf->threads[i].pf = pf;
     rc = opt4_pool_attach(pool_name, &pf->threads[i].pool);
     if (rc != 0) goto fail;
-    opt4__pool_set_safe_point(pf->threads[i].pool, pf_safe_point, &pf->threads[i]);
+    opt4__pool_set_safe_point(pf->threads[i].pool, pf_safe_point, &pf->threads[i], &pf->park);
   }
   pthread_once(&reg_once, reg_install);
   pthread_mutex_lock(&reg_lock);
@@ -401,6 +448,7 @@ void opt4_prefetcher_stop(opt4_prefetcher *pf) {
   /* A forked child's handles were its parent's: closing them releases
    * nothing of the parent's (opt4_pool_close checks). */
   for (uint32_t i = 0; i < pf->n; i++) opt4_pool_close(pf->threads[i].pool);
+  if (pf->own_src) opt4_source_close(pf->src);
   opt4__free(pf->threads, (size_t)pf->n * sizeof *pf->threads);
   opt4__free(pf, sizeof *pf);
 }

@@ -26,8 +26,10 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free");
 
 #define POOL_MAGIC "OPT4POOL"
 #define META_MAGIC "OPT4META"
-/* 3: the owner's PID namespace and its lock (owner_pidns_*, owner_flags). */
-#define POOL_LAYOUT 3u
+/* 3: the owner's PID namespace and its lock (owner_pidns_*, owner_flags).
+ * 4: head_seq and head_waiters (prefetchers sleep on the consumers'
+ * progress; a layout-3 library's consumers would never wake them). */
+#define POOL_LAYOUT 4u
 #define POOL_HEADER_SIZE 4096u
 #define POOL_NAME_MAX 64
 
@@ -98,7 +100,11 @@ typedef struct pool_header {
   uint64_t pages;
   uint64_t wait_timeout_ns;
   uint32_t max_procs;
-  uint32_t reserved0;
+  /* Prefetchers that wait for the consumers sleep on head_seq (a futex word
+   * is 32 bits; head is 64), which advance_head bumps whenever it moves
+   * head, and wakes only while head_waiters says someone sleeps (layout 4;
+   * runtime.c, "waiting for the consumers"). */
+  _Atomic uint32_t head_seq;
   uint64_t procs_off;
   uint64_t states_off;
   uint64_t failed_off;
@@ -107,7 +113,7 @@ typedef struct pool_header {
   _Atomic uint64_t floor;
   _Atomic uint64_t clock;
   _Atomic uint32_t attached;
-  uint32_t reserved1;
+  _Atomic uint32_t head_waiters;
   _Atomic uint64_t retired[C_COUNT];
   /* Prefetching (docs/prefetch.md). */
   uint64_t bypasses;           /* B: BYPASS positions in the plan */
@@ -245,6 +251,10 @@ struct opt4_pool {
    * kept the thread, which the wait does not count against its timeout. */
   uint64_t (*safe_point)(void *ctx);
   void *safe_ctx;
+  /* Nonzero while the safe point wants the thread: a wait on head_seq
+   * checks it after announcing itself, so a parking round opened as the
+   * thread goes to sleep is never slept through. NULL: none. */
+  const _Atomic uint32_t *park;
 };
 
 /* ---- segment.c ---- */

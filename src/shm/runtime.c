@@ -265,16 +265,65 @@ static void count_read(page_state *ps, uint32_t g) {
   }
 }
 
+/* ---- waiting for the consumers ----
+ *
+ * Prefetchers that are ahead (nothing to claim in their window, or an item
+ * that must wait for the consumers to come near) sleep on head_seq, a
+ * 32-bit futex word beside the 64-bit head, shared across processes. The
+ * consumer that moves head bumps head_seq and calls futex_wake, but only
+ * when head_waiters says someone sleeps: a consumer's access costs nothing
+ * more (head moves once per 32 positions), and a wake-up system call only
+ * when a prefetcher actually waits.
+ *
+ * No wake-up is lost. A sleeper announces itself (head_waiters + 1), then
+ * reads head_seq, then checks its condition (head, interrupted, park), then
+ * sleeps while head_seq still holds what it read; a mover changes head,
+ * then bumps head_seq, then reads head_waiters, all sequentially
+ * consistent. Either the mover sees the sleeper announced and wakes it, or
+ * the sleeper's announcement comes after the mover's read: then its read of
+ * head_seq comes after the bump, and its check sees the new head. The
+ * same holds for opt4_pool_interrupt and opt4__pool_head_kick, which bump
+ * head_seq after they set what the sleeper checks (interrupted, park). */
+
+static void head_bump(pool_header *h) {
+  atomic_fetch_add(&h->head_seq, 1);
+  if (atomic_load(&h->head_waiters) != 0) opt4__futex_wake(&h->head_seq, 1);
+}
+
 /* Consumers' progress, for the prefetchers' window: the furthest position
  * asked for, rounded down to a multiple of 32 so that a CAS on this shared
  * line is needed once per 32 positions, not per access. */
 static inline void advance_head(opt4_pool *pool, uint64_t t) {
   uint64_t want = t & ~(uint64_t)31;
   uint64_t cur = atomic_load_explicit(&pool->h->head, memory_order_relaxed);
-  while (want > cur && !atomic_compare_exchange_weak_explicit(&pool->h->head, &cur, want,
-                                                              memory_order_relaxed,
-                                                              memory_order_relaxed)) {
+  while (want > cur) {
+    if (atomic_compare_exchange_weak_explicit(&pool->h->head, &cur, want, memory_order_relaxed,
+                                              memory_order_relaxed)) {
+      head_bump(pool->h);
+      return;
+    }
   }
+}
+
+uint64_t opt4__pool_head(const opt4_pool *pool) {
+  return atomic_load_explicit(&pool->h->head, memory_order_relaxed);
+}
+
+void opt4__pool_head_kick(opt4_pool *pool) {
+  if (pool != NULL) head_bump(pool->h);
+}
+
+int opt4__pool_head_wait(opt4_pool *pool, uint64_t seen, uint64_t timeout_ns,
+                         const _Atomic uint32_t *unless) {
+  pool_header *h = pool->h;
+  atomic_fetch_add(&h->head_waiters, 1);
+  uint32_t seq = atomic_load(&h->head_seq);
+  int timed_out = 0;
+  if (atomic_load(&h->head) == seen && !atomic_load(&pool->interrupted) &&
+      (unless == NULL || atomic_load(unless) == 0) && (pool->park == NULL || atomic_load(pool->park) == 0))
+    timed_out = opt4__futex_wait(&h->head_seq, seq, timeout_ns, 1);
+  atomic_fetch_sub(&h->head_waiters, 1);
+  return timed_out;
 }
 
 /* Copy generation g out of its pages into dst (the HIT path, also taken by an
@@ -764,7 +813,11 @@ int opt4_pool_item(const opt4_pool *pool, uint64_t t, uint32_t *item, uint32_t *
 int opt4_pool_set_floor(opt4_pool *pool, uint64_t floor) {
   if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
   uint64_t cur = atomic_load(&pool->h->floor);
-  while (floor > cur && !atomic_compare_exchange_weak(&pool->h->floor, &cur, floor)) {
+  while (floor > cur) {
+    if (atomic_compare_exchange_weak(&pool->h->floor, &cur, floor)) {
+      head_bump(pool->h); /* sleeping prefetchers: their window moved */
+      break;
+    }
   }
   return 0;
 }
@@ -942,8 +995,11 @@ static void gather_into(uint8_t *dst, const opt4_iovec *parts, size_t n_parts) {
 /* A prefetcher far ahead waits for the consumers to come near, however long
  * that takes (a slow training step), without spending its timeout: the
  * timeout bounds only waits once the consumers have reached position t,
- * where a consumer may be waiting for this very item. Sleeps 200 us a
- * step; returns 1 while the consumers are behind and nothing interrupted. */
+ * where a consumer may be waiting for this very item. Each step sleeps on
+ * head_seq until the consumers move (at most FAR_WAIT_NS, a bound, not a
+ * poll interval); returns 1 while the consumers are behind and nothing
+ * interrupted. */
+#define FAR_WAIT_NS ((uint64_t)50 * 1000000u)
 static int far_ahead(opt4_pool *pool, uint64_t t) {
   return !atomic_load_explicit(&pool->interrupted, memory_order_relaxed) &&
          atomic_load_explicit(&pool->h->head, memory_order_relaxed) + 32 <= t;
@@ -951,10 +1007,10 @@ static int far_ahead(opt4_pool *pool, uint64_t t) {
 
 static int consumers_behind(opt4_pool *pool, uint64_t t, waiter *w) {
   if (atomic_load_explicit(&pool->interrupted, memory_order_relaxed)) return 0;
-  if (atomic_load_explicit(&pool->h->head, memory_order_relaxed) + 32 > t) return 0;
+  uint64_t head = atomic_load_explicit(&pool->h->head, memory_order_relaxed);
+  if (head + 32 > t) return 0;
   if (pool->safe_point != NULL) pool->safe_point(pool->safe_ctx);
-  struct timespec ts = {0, 200000L};
-  nanosleep(&ts, NULL);
+  opt4__pool_head_wait(pool, head, FAR_WAIT_NS, NULL);
   w->spins = 0; /* the timeout starts when they arrive */
   return 1;
 }
@@ -1118,7 +1174,16 @@ static int prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, 
 int opt4_pool_interrupt(opt4_pool *pool) {
   if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
   atomic_store(&pool->interrupted, 1);
+  head_bump(pool->h); /* this handle's thread may sleep on head_seq */
   return 0;
+}
+
+int opt4__pool_prefetch_window_full(opt4_pool *pool, uint64_t lookahead) {
+  const uint64_t T = pool->h->accesses;
+  uint64_t head = atomic_load_explicit(&pool->h->head, memory_order_relaxed);
+  uint64_t limit = head + lookahead;
+  if (limit > T || limit < head) limit = T;
+  return atomic_load_explicit(&pool->h->pf_cursor, memory_order_acquire) >= limit;
 }
 
 int opt4_pool_prefetch_pending(opt4_pool *pool, uint64_t from, uint64_t to, uint64_t *pending) {

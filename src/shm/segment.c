@@ -870,9 +870,11 @@ fail:
   return rc;
 }
 
-void opt4__pool_set_safe_point(opt4_pool *pool, uint64_t (*fn)(void *ctx), void *ctx) {
+void opt4__pool_set_safe_point(opt4_pool *pool, uint64_t (*fn)(void *ctx), void *ctx,
+                               const _Atomic uint32_t *park) {
   pool->safe_point = fn;
   pool->safe_ctx = ctx;
+  pool->park = park;
 }
 
 void opt4_pool_close(opt4_pool *pool) {

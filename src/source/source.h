@@ -1,0 +1,27 @@
+/*
+ * source.h - sources, private to the engine: the handle behind the public
+ * opt4_source, and the tables the library ships (one file each).
+ *
+ * A source is a table of functions (opt4_source_ops, public: a C user can
+ * write one) and a state pointer, the shape of the cache policies
+ * (src/policy/policy.h). The handle keeps a copy of the table, so a caller's
+ * table may be temporary, and the item count, read once.
+ */
+#ifndef OPT4_SOURCE_H
+#define OPT4_SOURCE_H
+
+#include "internal.h"
+
+struct opt4_source {
+  opt4_source_ops ops;
+  void *state;
+  uint64_t items;
+};
+
+/* The record file (records.c); state is an opt4_records *, borrowed. */
+extern const opt4_source_ops opt4__source_records_ops;
+
+/* The largest item's length: ops.max_size, else the largest size_of. */
+int opt4__source_max_size(opt4_source *src, uint64_t *len);
+
+#endif /* OPT4_SOURCE_H */

@@ -1,0 +1,363 @@
+/* test_source.c - sources: the record file behind the source table, a
+ * table's checks, a queued source of the caller's own (reads completed by
+ * another thread, as an io_uring would) feeding the prefetcher, and
+ * prefetch threads that sleep, not poll, while the consumers pause. */
+#include "pool_util.h"
+
+#include <dirent.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static void tmp_path(char *buf, size_t cap, const char *name) {
+  snprintf(buf, cap, "./opt4-test-%d-%s", (int)getpid(), name);
+}
+
+/* The record file as a source reads what opt4_records_read reads, counts
+ * into the same counters, and refuses a bad batch before any read. */
+static void test_records_source(void) {
+  char path[128];
+  tmp_path(path, sizeof path, "src.rec");
+  write_items(path, 50);
+  opt4_records *r = NULL;
+  ASSERT_OK(opt4_records_open(path, 0, &r));
+  opt4_source *src = NULL;
+  ASSERT_OK(opt4_source_records(r, &src));
+  ASSERT(strcmp(opt4_source_name(src), "records") == 0);
+  ASSERT_U64_EQ(opt4_source_count(src), 50);
+  uint8_t buf[PAGE];
+  for (uint32_t i = 0; i < 50; i++) {
+    uint64_t len = 0;
+    ASSERT_OK(opt4_source_size_of(src, i, &len));
+    ASSERT_U64_EQ(len, item_len(i));
+    ASSERT_OK(opt4_source_read_one(src, i, buf, sizeof buf, &len));
+    ASSERT(item_check(i, buf, (size_t)len));
+  }
+  /* A batch: every read completes in submit (no reap needed). */
+  opt4_source_read rd[3];
+  uint8_t bufs[3][PAGE];
+  memset(rd, 0, sizeof rd);
+  for (int k = 0; k < 3; k++) {
+    rd[k].item = (uint64_t)(7 * k + 1);
+    rd[k].dst = bufs[k];
+    rd[k].cap = PAGE;
+  }
+  rd[2].cap = 4; /* too small: that read alone fails */
+  ASSERT_OK(opt4_source_submit(src, rd, 3));
+  ASSERT_OK(opt4_source_reap(src, rd, 3, 0));
+  ASSERT_EQ(rd[0].status, 0);
+  ASSERT_EQ(rd[1].status, 0);
+  ASSERT(item_check(1, bufs[0], (size_t)rd[0].len) && item_check(8, bufs[1], (size_t)rd[1].len));
+  ASSERT_EQ(rd[2].status, OPT4_EITEMSIZE);
+  ASSERT_U64_EQ(rd[2].len, item_len(15));
+  opt4_records_info ri;
+  ASSERT_OK(opt4_records_info_get(r, &ri));
+  ASSERT_U64_EQ(ri.reads, 52);
+  /* Out of range: the whole batch is refused, nothing read. */
+  rd[1].item = 50;
+  ASSERT_ERR(opt4_source_submit(src, rd, 3), OPT4_ERANGE);
+  ASSERT(strstr(opt4_errdetail(), "item 50") != NULL);
+  uint64_t len = 0;
+  ASSERT_ERR(opt4_source_size_of(src, 50, &len), OPT4_ERANGE);
+  ASSERT_OK(opt4_records_info_get(r, &ri));
+  ASSERT_U64_EQ(ri.reads, 52);
+  opt4_source_close(src);
+  opt4_source_close(NULL);
+  opt4_records_close(r);
+  unlink(path);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+/* ---- a queued source: items in memory, reads completed by a "device"
+ * thread, reap waits for them (the shape of io_uring behind the table) ---- */
+
+#define QCAP 1024
+
+typedef struct mem_queue {
+  uint32_t items;
+  pthread_mutex_t mu;
+  pthread_cond_t submitted, completed;
+  opt4_source_read *q[QCAP];
+  uint32_t qhead, qlen;
+  int stop;
+  pthread_t device;
+  uint64_t reads, closed;
+  int fail_count; /* count() fails: create must close the state */
+} mem_queue;
+
+static void *device_main(void *p) {
+  mem_queue *m = p;
+  pthread_mutex_lock(&m->mu);
+  for (;;) {
+    while (m->qlen == 0 && !m->stop) pthread_cond_wait(&m->submitted, &m->mu);
+    if (m->qlen == 0) break;
+    opt4_source_read *rd = m->q[m->qhead];
+    m->qhead = (m->qhead + 1) % QCAP;
+    m->qlen--;
+    uint32_t x = (uint32_t)rd->item;
+    rd->len = item_len(x);
+    if (rd->len > rd->cap) {
+      rd->status = OPT4_EITEMSIZE;
+    } else {
+      item_fill(x, rd->dst);
+      rd->status = 0;
+    }
+    m->reads++;
+    pthread_cond_broadcast(&m->completed);
+  }
+  pthread_mutex_unlock(&m->mu);
+  return NULL;
+}
+
+static int mq_count(void *state, uint64_t *items) {
+  mem_queue *m = state;
+  if (m->fail_count) return OPT4_EIO;
+  *items = m->items;
+  return 0;
+}
+
+static int mq_size_of(void *state, uint64_t item, uint64_t *len) {
+  (void)state;
+  *len = item_len((uint32_t)item);
+  return 0;
+}
+
+static int mq_submit(void *state, opt4_source_read *reads, size_t n) {
+  mem_queue *m = state;
+  pthread_mutex_lock(&m->mu);
+  if (m->qlen + n > QCAP) {
+    pthread_mutex_unlock(&m->mu);
+    return OPT4_EIO;
+  }
+  for (size_t i = 0; i < n; i++) m->q[(m->qhead + m->qlen++) % QCAP] = &reads[i];
+  pthread_cond_signal(&m->submitted);
+  pthread_mutex_unlock(&m->mu);
+  return 0;
+}
+
+static int mq_reap(void *state, opt4_source_read *reads, size_t n, uint64_t timeout_ns) {
+  mem_queue *m = state;
+  (void)timeout_ns; /* the device always completes */
+  pthread_mutex_lock(&m->mu);
+  for (size_t i = 0; i < n; i++)
+    while (reads[i].status == OPT4_SOURCE_PENDING) pthread_cond_wait(&m->completed, &m->mu);
+  pthread_mutex_unlock(&m->mu);
+  return 0;
+}
+
+static void mq_close(void *state) {
+  mem_queue *m = state;
+  pthread_mutex_lock(&m->mu);
+  m->stop = 1;
+  m->closed++;
+  pthread_cond_signal(&m->submitted);
+  pthread_mutex_unlock(&m->mu);
+  pthread_join(m->device, NULL);
+}
+
+static const opt4_source_ops mq_ops = {
+    .version = OPT4_SOURCE_OPS_VERSION,
+    .name = "mem_queue",
+    .count = mq_count,
+    .size_of = mq_size_of,
+    .submit = mq_submit,
+    .reap = mq_reap,
+    .close = mq_close,
+};
+
+static void mq_init(mem_queue *m, uint32_t items) {
+  memset(m, 0, sizeof *m);
+  m->items = items;
+  pthread_mutex_init(&m->mu, NULL);
+  pthread_cond_init(&m->submitted, NULL);
+  pthread_cond_init(&m->completed, NULL);
+  ASSERT(pthread_create(&m->device, NULL, device_main, m) == 0);
+}
+
+static void mq_destroy(mem_queue *m) {
+  pthread_mutex_destroy(&m->mu);
+  pthread_cond_destroy(&m->submitted);
+  pthread_cond_destroy(&m->completed);
+}
+
+/* The table's checks, and who closes the state. */
+static void test_create_checks(void) {
+  opt4_source *src = NULL;
+  ASSERT_ERR(opt4_source_create(NULL, NULL, &src), OPT4_EINVAL);
+  opt4_source_ops bad = mq_ops;
+  bad.version = 99;
+  ASSERT_ERR(opt4_source_create(&bad, NULL, &src), OPT4_EINVAL);
+  ASSERT(strstr(opt4_errdetail(), "version 99") != NULL);
+  bad = mq_ops;
+  bad.submit = NULL;
+  bad.close = NULL;
+  ASSERT_ERR(opt4_source_create(&bad, NULL, &src), OPT4_EINVAL);
+  ASSERT(strstr(opt4_errdetail(), "submit") != NULL);
+  ASSERT(src == NULL);
+  /* count fails: the state is closed (ops.close set), nothing leaks. */
+  mem_queue m;
+  mq_init(&m, 10);
+  m.fail_count = 1;
+  ASSERT_ERR(opt4_source_create(&mq_ops, &m, &src), OPT4_EIO);
+  ASSERT_U64_EQ(m.closed, 1);
+  mq_destroy(&m);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+/* Voluntary context switches of this process's threads other than the
+ * calling one: each sleep that ends (a wake-up or a timeout) is one. */
+static uint64_t other_threads_switches(void) {
+  DIR *d = opendir("/proc/self/task");
+  ASSERT(d != NULL);
+  uint64_t sum = 0;
+  long self = (long)syscall(SYS_gettid);
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.' || atol(e->d_name) == self) continue;
+    char p[320], line[256];
+    snprintf(p, sizeof p, "/proc/self/task/%s/status", e->d_name);
+    FILE *f = fopen(p, "r");
+    if (f == NULL) continue; /* a thread that has just exited */
+    while (fgets(line, sizeof line, f) != NULL) {
+      unsigned long long v;
+      if (sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1) sum += v;
+    }
+    fclose(f);
+  }
+  closedir(d);
+  return sum;
+}
+
+/* A user's queued source behind the prefetcher: every miss is prefetched
+ * through submit + reap, the bytes are right, the hits are the plan's. And
+ * while the consumers pause, the prefetch threads sleep on the pool's
+ * progress word: few wake-ups (bounded waits end by timeout, 20 to 50 ms),
+ * where the polling threads before woke every 50 us to 1 ms. */
+static void test_prefetch_from_queued_source(void) {
+  const uint32_t N = 300, THREADS = 4;
+  mem_queue m;
+  mq_init(&m, N);
+  opt4_source *src = NULL;
+  ASSERT_OK(opt4_source_create(&mq_ops, &m, &src));
+  opt4_plan *plan = random_plan(6000, N, 80, 17);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 8, 0};
+  opt4_pool *pool = NULL;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  opt4_prefetcher_opts po = {THREADS, 0, 256, NULL, NULL, 0};
+  opt4_prefetcher *pf = NULL;
+  ASSERT_OK(opt4_prefetcher_start_source(opt4_pool_name(pool), src, &po, &pf));
+  uint8_t buf[PAGE];
+  uint64_t hits = 0, prefetched = 0, wrong = 0, loads = 0, switches = 0;
+  const uint64_t pause_at = in.accesses / 2;
+  for (uint64_t t = 0; t < in.accesses; t++) {
+    if (t == pause_at) {
+      /* Let the threads fill the window and go idle, then count their
+       * wake-ups over a pause of the consumers. */
+      uint64_t pending = 1;
+      for (int i = 0; i < 2000 && pending > 0; i++) {
+        ASSERT_OK(opt4_pool_prefetch_pending(pool, t, t + 200, &pending));
+        if (pending > 0) usleep(1000);
+      }
+      uint64_t before = other_threads_switches();
+      usleep(400000);
+      switches = other_threads_switches() - before;
+    }
+    opt4_get_result r;
+    ASSERT_OK(opt4_pool_get(pool, t, NULL, 0, buf, sizeof buf, &r));
+    if (r.status == OPT4_GET_HIT) {
+      hits++;
+      prefetched += r.reason == OPT4_REASON_PREFETCHED;
+      if (!item_check(r.item, buf, r.len)) wrong++;
+    } else {
+      ASSERT_EQ(r.status, OPT4_GET_LOAD);
+      uint64_t len = 0;
+      ASSERT_OK(opt4_source_read_one(src, r.item, buf, sizeof buf, &len));
+      loads++;
+      if (!item_check(r.item, buf, (size_t)len)) wrong++;
+      if (r.reason == OPT4_REASON_ADMIT) {
+        opt4_iovec part = {buf, (size_t)len};
+        int stored;
+        ASSERT_OK(opt4_pool_put(pool, t, &part, 1, &stored));
+      }
+    }
+  }
+  opt4_prefetcher_stats ps;
+  ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
+  opt4_prefetcher_stop(pf);
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  fprintf(stderr, "    %llu of %llu misses prefetched, %llu loaded by the consumer, %llu stalls; "
+          "%llu wake-ups of %u prefetch threads over a 400 ms pause\n",
+          (unsigned long long)prefetched, (unsigned long long)in.misses, (unsigned long long)loads,
+          (unsigned long long)st.stalls, (unsigned long long)switches, THREADS);
+  ASSERT_U64_EQ(wrong, 0);
+  ASSERT_U64_EQ(st.fallbacks, 0);
+  ASSERT_U64_EQ(hits, in.hits + prefetched);
+  ASSERT_U64_EQ(prefetched + loads, in.misses);
+  ASSERT_U64_EQ(ps.errors, 0);
+  ASSERT(ps.loaded >= prefetched);
+  ASSERT(prefetched > 0);
+  /* A 1 ms poll would be 400 a thread; a 20 ms bounded sleep is 20. */
+  ASSERT(switches < 60u * THREADS);
+  ASSERT_OK(opt4_pool_unlink(pool));
+  opt4_pool_close(pool);
+  opt4_plan_close(plan);
+  opt4_source_close(src);
+  ASSERT_U64_EQ(m.closed, 1);
+  mq_destroy(&m);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+/* opt4_prefetcher_start from a record file (the wrapper over
+ * opt4_source_records) loads ahead of consumers that have not started, and
+ * stop ends threads that sleep on the progress word (opt4_pool_interrupt
+ * wakes them) without waiting out the pool's timeout. */
+static void test_stop_wakes_sleepers(void) {
+  char path[128];
+  tmp_path(path, sizeof path, "stop.rec");
+  write_items(path, 100);
+  opt4_records *r = NULL;
+  ASSERT_OK(opt4_records_open(path, 0, &r));
+  opt4_plan *plan = random_plan(2000, 100, 30, 5);
+  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 4, 0};
+  opt4_pool *pool = NULL;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  opt4_prefetcher_opts po = {4, 0, 64, NULL, NULL, 0};
+  opt4_prefetcher *pf = NULL;
+  ASSERT_OK(opt4_prefetcher_start(opt4_pool_name(pool), r, &po, &pf));
+  /* Nothing consumes: the threads fill the window and sleep. */
+  uint64_t pending = 1;
+  for (int i = 0; i < 2000 && pending > 0; i++) {
+    ASSERT_OK(opt4_pool_prefetch_pending(pool, 0, 32, &pending));
+    if (pending > 0) usleep(1000);
+  }
+  ASSERT_U64_EQ(pending, 0);
+  opt4_records_info ri;
+  ASSERT_OK(opt4_records_info_get(r, &ri));
+  ASSERT(ri.reads > 0);
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  opt4_prefetcher_stop(pf);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  double ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+  fprintf(stderr, "    stop took %.1f ms\n", ms);
+  /* The pool's timeout is 20 s: a stop that waited it out fails here. */
+  ASSERT(ms < 2000.0);
+  ASSERT_OK(opt4_pool_unlink(pool));
+  opt4_pool_close(pool);
+  opt4_plan_close(plan);
+  opt4_records_close(r);
+  unlink(path);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+int main(void) {
+  RUN(test_records_source);
+  RUN(test_create_checks);
+  RUN(test_prefetch_from_queued_source);
+  RUN(test_stop_wakes_sleepers);
+  return 0;
+}

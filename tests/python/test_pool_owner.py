@@ -211,7 +211,11 @@ def test_cleanup_keeps_a_live_pool_even_forced_unless_named() -> None:
 # ---- bug 6: Ctrl-C during the DataLoader's construction ----
 
 BUILD = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
+    # The disposition this test relies on, whatever the suite inherited (a
+    # background job starts with SIGINT ignored, and Python then installs
+    # no KeyboardInterrupt handler).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {here!r})
     import opt4torch
     from datasets_for_tests import Checked

@@ -398,6 +398,9 @@ class _Follower:
 
     def __init__(self, plan: Plan | None, maxsize: int, divergence_limit: float) -> None:
         self.plan = plan
+        self._plan_hits = plan.hits if plan is not None else 0
+        self._plan_accesses = plan.accesses if plan is not None else 0
+        self._plan_items = plan.items if plan is not None else 0
         self.maxsize = maxsize
         self.divergence_limit = divergence_limit
         self.calls = 0
@@ -406,6 +409,19 @@ class _Follower:
         self.beyond = 0
         self.lru: _LRU | None = None
         self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Picklable, so that spawn workers receive it (a lock and the
+        # engine's plan handle are not; what a worker needs is copied out).
+        state = self.__dict__.copy()
+        state.pop("_lock", None)
+        state.pop("plan", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self.plan = None
 
     def _diverged(self) -> bool:
         """After a mismatch: has the sequence left the plan for good?"""
@@ -443,8 +459,8 @@ class _Follower:
             "mismatches": self.mismatches,
             "beyond_plan": self.beyond,
             "degraded_to_lru": self.lru is not None,
-            "plan_hits": self.plan.hits if self.plan is not None else 0,
-            "plan_accesses": self.plan.accesses if self.plan is not None else 0,
+            "plan_hits": self._plan_hits,
+            "plan_accesses": self._plan_accesses,
         }
 
 
@@ -535,7 +551,7 @@ class OPTCacheDecorator(_Follower):
             "OPTCacheDecorator keeps its cache and its position in one process: in a DataLoader "
             "worker it sees only some of the calls and cannot follow the plan. With num_workers > 0 "
             f"use SharedOPTCacheDecorator({self.precomputed_path!r}, maxsize={self.maxsize}, "
-            f"dataset_size={self.plan.items if self.plan is not None else '...'}) "
+            f"dataset_size={self._plan_items}) "
             "(or get_opt_cache(num_workers=..., ...) with the same arguments): one pool for all "
             "workers, with the plan's hits", RuntimeWarning, stacklevel=4)
 
@@ -957,7 +973,7 @@ class SharedOPTCacheDecorator(_Follower):
             "timeouts": ps.get("timeouts", 0),
             "mismatches": self.mismatches,
             "degraded_to_lru": self.lru is not None,
-            "plan_hits": self.plan.hits if self.plan is not None else None,
+            "plan_hits": self._plan_hits,
             "plan_accesses": self.total_iter,
         }
 

@@ -378,7 +378,8 @@ def test_shared_decorator_checks(tmp_path) -> None:
     cache.close()
 
 
-def test_opt_decorator_with_workers_says_what_to_use(tmp_path) -> None:
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])  # spawn: it must pickle, as theirs does
+def test_opt_decorator_with_workers_says_what_to_use(tmp_path, ctx: str) -> None:
     from OPT4TorchDataSet import generate_precomputed_file, get_opt_cache
 
     path = tmp_path / "p.safetensors"
@@ -388,7 +389,7 @@ def test_opt_decorator_with_workers_says_what_to_use(tmp_path) -> None:
 
     log = tmp_path / "worker-warnings.txt"
     loader = DataLoader(HeavyDataset(100, cache_obj=cache), batch_size=8, num_workers=2,
-                        multiprocessing_context="fork", worker_init_fn=functools.partial(log_warnings, str(log)),
+                        multiprocessing_context=ctx, worker_init_fn=functools.partial(log_warnings, str(log)),
                         sampler=RandomSampler(range(100), num_samples=400, generator=torch.Generator().manual_seed(0)))
     assert sum(len(b) for b in loader) == 400  # it runs, with each worker's own copy
     said = log.read_text()

@@ -375,6 +375,25 @@ def _warn_instance_getitem(fn: Callable[..., Any]) -> None:
             "__getitem__ instead (docs/migrating.md shows how)", RuntimeWarning, stacklevel=3)
 
 
+class _Cached:
+    """What the decorators return: ``fn`` through the cache. An object, not
+    a closure, so that a dataset holding it pickles for spawn workers when
+    ``fn`` does (the earlier README keeps ``self._cached_getitem`` on the
+    dataset); a descriptor, so that it also decorates a method in a class
+    body."""
+
+    def __init__(self, cache: Any, fn: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, fn)
+        self.cache = cache
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn = self.__wrapped__  # type: ignore[attr-defined]
+        return self.cache._access(lambda: fn(*args, **kwargs), _index_of(args))
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else functools.partial(self, obj)
+
+
 class _LRU:
     """The online fallback once the accesses diverge from the plan."""
 
@@ -439,13 +458,7 @@ class _Follower:
         """Decorate ``fn(index)`` or ``fn(obj, index)``; ``wrapped.cache`` is
         this object. Cheap enough to call per access (``cache(fn)(i)``)."""
         _warn_instance_getitem(fn)
-
-        @functools.wraps(fn)
-        def cached(*args: Any, **kwargs: Any) -> Any:
-            return self._access(lambda: fn(*args, **kwargs), _index_of(args))
-
-        cached.cache = self  # type: ignore[attr-defined]
-        return cached
+        return _Cached(self, fn)
 
     def _access(self, load: Callable[[], Any], index: int) -> Any:
         raise NotImplementedError
@@ -1043,22 +1056,19 @@ class CachetoolsDecorator:
 
     def __call__(self, func: Callable[..., Any]) -> Callable[..., Any]:
         _warn_instance_getitem(func)
+        return _Cached(self, func)
 
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            idx = _index_of(args)
-            try:
-                return self.cache[idx]
-            except KeyError:
-                pass
-            result = func(*args, **kwargs)
-            try:
-                self.cache[idx] = result
-            except ValueError:
-                pass
-            return result
-
-        return wrapper
+    def _access(self, load: Callable[[], Any], idx: int) -> Any:
+        try:
+            return self.cache[idx]
+        except KeyError:
+            pass
+        result = load()
+        try:
+            self.cache[idx] = result
+        except ValueError:
+            pass
+        return result
 
 
 def get_opt_cache(mode: str | None = None, num_workers: int = 0, **kwargs: Any) -> Any:

@@ -232,6 +232,17 @@ def test_opt_decorator_semantics(tmp_path) -> None:
     calls.clear()
     g = zero(DS.load)
     assert [g(ds, 3), g(ds, 3)] == [30, 30] and calls == [3, 3]
+    # In a class body, as a method decorator.
+    body_cache = OPTCacheDecorator(path, 20, 600)
+
+    class Body:
+        @body_cache
+        def load(self, idx):
+            return (self, idx)
+
+    b = Body()
+    assert [b.load(i) for i in seq] == [(b, i) for i in seq]
+    assert body_cache.stats()["hits"] == opt4torch.plan(seq, 20, items=200).hits
     with pytest.raises(TypeError, match="unexpected keyword arguments: window"):
         OPTCacheDecorator(path, 20, 600, window=5)
 
@@ -349,6 +360,26 @@ def test_shared_decorator_gets_the_plans_hits(tmp_path, workers: int, ctx: str) 
     st = cache.stats()
     assert (st["current"], st["hits"], st["miss"], st["pool_utilized"]) == (0, 0, 0, 0)
     cache.close()
+    assert not leaked_since(before)
+
+
+def test_earlier_readme_pattern_under_spawn(tmp_path) -> None:
+    """The earlier README keeps the wrapped loader on the dataset
+    (self._cached_getitem), so spawn workers receive it pickled; values of
+    any type (no item_shape), the pool made by the first worker that loads."""
+    from test_cachelib import CustomDataset, readme_sampler
+
+    before = our_pools()
+    source = [(i, f"item {i}") for i in range(300)]
+    with pytest.warns(DeprecationWarning, match="prediction_window"):
+        ds = CustomDataset(source, cache_size=100, precomputed_path=str(tmp_path / "s.pkl"), decorator="shared")
+    loader = DataLoader(ds, batch_size=16, sampler=readme_sampler(300), num_workers=2,
+                        multiprocessing_context="spawn", collate_fn=list)
+    got = [row for batch in loader for row in batch]
+    assert got == [source[i] for i in readme_sampler(300)]
+    st = ds.cache_decorator.stats()
+    assert st["hits"] == st["plan_hits"] == opt4torch.plan(list(readme_sampler(300)), 100, items=300).hits
+    ds.cache_decorator.close()
     assert not leaked_since(before)
 
 

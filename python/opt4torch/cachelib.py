@@ -446,13 +446,16 @@ class _Follower:
         """After a mismatch: has the sequence left the plan for good?"""
         limit = max(16, self.divergence_limit * self.calls)
         if self.lru is None and self.mismatches > limit:
-            warnings.warn(
-                f"{self.mismatches} of {self.calls} accesses did not match the plan (a forgotten "
-                "set_epoch, an unseeded sampler, or a different sampler?): falling back to an "
-                f"online LRU cache of {self._lru_size()} items", DivergenceWarning, stacklevel=4)
-            self.lru = _LRU(self._lru_size())
+            self._fall_back(f"{self.mismatches} of {self.calls} accesses did not match the plan")
             return True
         return False
+
+    def _fall_back(self, what: str) -> None:
+        """Leave the plan for an online LRU, with the warning (lock held)."""
+        warnings.warn(
+            f"{what} (a forgotten set_epoch, an unseeded sampler, or a different sampler?): falling "
+            f"back to an online LRU cache of {self._lru_size()} items", DivergenceWarning, stacklevel=5)
+        self.lru = _LRU(self._lru_size())
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Decorate ``fn(index)`` or ``fn(obj, index)``; ``wrapped.cache`` is
@@ -924,23 +927,35 @@ class SharedOPTCacheDecorator(_Follower):
             t = pool.clock_next()
         else:
             clock = pool.clock_next()  # every process's calls so far
-            if not 0 <= index < items:
-                t = None
-            else:
-                t = pool.occurrence_next(index)
-                # With the planned sampler, a call's position is within the
-                # batches in flight of the calls made so far; far from it,
-                # this is another order (an unseeded sampler, a forgotten
-                # set_epoch): never wait on it, count it as a mismatch.
-                if t is not None and t < accesses and abs(t - clock) > self.divergence_window:
-                    self._mismatch(pool, t)
-                    return None
+            t = pool.occurrence_next(index) if 0 <= index < items else None
+            if t is not None and t < accesses and self._off_order(t, clock):
+                self._mismatch(pool, t)
+                return None
         if t is None or t >= accesses:
             with self._lock:
                 self.beyond += 1
             self._bump(_BEYOND)
             return None
         return int(t)
+
+    def _off_order(self, t: int, clock: int) -> bool:
+        """Does the occurrence mapping's position ``t`` show that the calls
+        do not follow the plan (an unseeded sampler, another seed, a
+        forgotten set_epoch)? Then it must not be waited on: an admission
+        there may wait for reads that never come.
+
+        With the planned sampler, one process alone makes every call in the
+        plan's order, so ``t`` is the global call count: anything else is
+        off order. With workers, positions are only known to lie within the
+        batches in flight of the call count; further than
+        ``divergence_window`` is off order. Closer than that, another order
+        goes undetected and can cost timed-out waits (bounded by
+        ``wait_timeout``, counted in ``stats()["timeouts"]``)."""
+        import torch.utils.data as tud
+
+        if tud.get_worker_info() is None:
+            return t != clock
+        return abs(t - clock) > self.divergence_window
 
     def _mismatch(self, pool: Any, t: int) -> bool:
         pool.skip(t)

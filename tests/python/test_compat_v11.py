@@ -383,6 +383,27 @@ def test_earlier_readme_pattern_under_spawn(tmp_path) -> None:
     assert not leaked_since(before)
 
 
+@pytest.mark.parametrize("order", ["another seed", "sequential"])
+def test_shared_decorator_off_the_plan_in_one_process(tmp_path, order: str) -> None:
+    """The planned sampler not used (another seed, or no sampler at all as in
+    their README): in one process the occurrence mapping sees it at once, so
+    nothing waits for an admission that never comes; the cache falls back to
+    LRU and every item is still the right one."""
+    from OPT4TorchDataSet import SharedOPTCacheDecorator, generate_precomputed_file
+
+    generate_precomputed_file(300, 900, tmp_path / "p.safetensors", random_seed=1, maxsize=100)
+    cache = SharedOPTCacheDecorator(tmp_path / "p.safetensors", 100, 300, (3, 8, 8))
+    ds = HeavyDataset(300, cache_obj=cache)
+    seq = their_sequence(300, 900, 2) if order == "another seed" else list(range(300)) * 3
+    with pytest.warns(opt4torch.cachelib.DivergenceWarning, match="did not match the plan"):
+        rows = [row for batch in DataLoader(ds, batch_size=16, sampler=seq) for row in batch]
+    assert all(torch.equal(row, ds.data[i]) for row, i in zip(rows, seq))
+    st = cache.stats()
+    assert st["timeouts"] == 0 and st["degraded_to_lru"] and st["current"] == 900
+    assert st["hits"] + st["miss"] == 900
+    cache.close()
+
+
 def test_shared_clock_remains_an_option(tmp_path) -> None:
     cache, order = run_shared(tmp_path, 0, None, position="clock")
     assert cache.stats()["hits"] == opt4torch.plan(order, 60, items=300).hits

@@ -710,6 +710,7 @@ class SharedOPTCacheDecorator(_Follower):
         self.allow_pickle = allow_pickle
         self.wait_timeout = wait_timeout
         self.divergence_window = int(divergence_window)
+        self._timeouts_here = self._timeouts_seen = 0
         self.item_shape: tuple[int, ...] | None = None
         self.item_dtype = None
         if item_shape is not None:
@@ -909,6 +910,8 @@ class SharedOPTCacheDecorator(_Follower):
             with self._lock:
                 self.hits += 1
             return self._decode(data, a, b)
+        if status == 2 and a == 3:  # a HIT that had to load: did its wait run out?
+            self._timed_out(pool)
         if status == 2 and a == 1:
             try:
                 shown, parts = self._encode(load())
@@ -917,9 +920,27 @@ class SharedOPTCacheDecorator(_Follower):
                 # readers load at once instead of waiting for it.
                 pool.skip(t)
                 raise
-            pool.store_batch([(t, parts)])
+            if pool.store_batch([(t, parts)])[0] != 1:  # not stored: did its wait run out?
+                self._timed_out(pool)
             return shown
         return self._load(load)
+
+    def _timed_out(self, pool: Any) -> None:
+        """A wait of this process ran out (``wait_timeout``): the positions it
+        waited for were not reached. With the planned sampler that takes a
+        stalled process; under another order (which workers cannot tell from
+        the positions alone on a small dataset) it happens at every few
+        admissions. Twice in a process: fall back to LRU, so that a wrong
+        order costs two waits per process, not one per admission."""
+        seen = pool.stats()["timeouts"]  # every process's: a load or a size is not a timeout
+        with self._lock:
+            if seen <= self._timeouts_seen:
+                return
+            self._timeouts_seen = seen
+            self._timeouts_here += 1
+            if self.lru is None and self._timeouts_here >= 2:
+                self._fall_back(f"{self._timeouts_here} waits of this process for the plan's earlier "
+                                f"positions ran out (wait_timeout={self.wait_timeout} s)")
 
     def _next_position(self, pool: Any, index: int) -> int | None:
         accesses, items = self._local.shape
@@ -1012,7 +1033,8 @@ class SharedOPTCacheDecorator(_Follower):
         if os.getpid() != self._owner_pid:
             raise RuntimeError("reset() belongs to the main process that built the cache")
         with self._lock:
-            self.calls = self.hits = self.mismatches = self.beyond = 0
+            self.calls = self.hits = self.mismatches = self.beyond = self._timeouts_here = 0
+            self._timeouts_seen = 0
             self.lru = None
         with self._open_rendezvous() as f:
             name = os.pread(f.fileno(), _NAME_BYTES, 0).rstrip(b"\0").decode()

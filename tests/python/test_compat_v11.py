@@ -404,6 +404,29 @@ def test_shared_decorator_off_the_plan_in_one_process(tmp_path, order: str) -> N
     cache.close()
 
 
+def test_shared_decorator_off_the_plan_with_workers(tmp_path) -> None:
+    """The same with two workers, in sequential order: their positions look
+    plausible on a dataset this small, so the sign is waits that run out.
+    Each worker falls back to LRU after two: a few waits in all (not one per
+    admission), and every item right."""
+    from OPT4TorchDataSet import SharedOPTCacheDecorator, generate_precomputed_file
+
+    generate_precomputed_file(300, 900, tmp_path / "p.safetensors", random_seed=1, maxsize=100)
+    cache = SharedOPTCacheDecorator(tmp_path / "p.safetensors", 100, 300, (3, 8, 8), wait_timeout=1.0)
+    ds = HeavyDataset(300, cache_obj=cache)
+    seq = list(range(300)) * 3
+    log = tmp_path / "worker-warnings.txt"
+    loader = DataLoader(ds, batch_size=16, sampler=seq, num_workers=2, multiprocessing_context="fork",
+                        worker_init_fn=functools.partial(log_warnings, str(log)))
+    rows = [row for batch in loader for row in batch]
+    assert all(torch.equal(row, ds.data[i]) for row, i in zip(rows, seq))
+    st = cache.stats()
+    assert 1 <= st["timeouts"] <= 4, st  # two per worker at most
+    assert st["hits"] + st["miss"] == 900 and st["off_plan"] > 800
+    assert log.read_text().count("waits of this process for the plan's earlier positions ran out") >= 1
+    cache.close()
+
+
 def test_shared_clock_remains_an_option(tmp_path) -> None:
     cache, order = run_shared(tmp_path, 0, None, position="clock")
     assert cache.stats()["hits"] == opt4torch.plan(order, 60, items=300).hits

@@ -1,7 +1,22 @@
-"""The earlier design's package name: ``from OPT4TorchDataSet.cachelib import
-generate_precomputed_file, OPTCacheDecorator`` keeps working. The code lives in
-``opt4torch``; this is a thin alias."""
+"""OPT4TorchDataSet's package name, served by ``opt4torch``.
+
+``from OPT4TorchDataSet import get_opt_cache, OPTCacheDecorator,
+SharedOPTCacheDecorator, generate_precomputed_file`` works as with
+OPT4TorchDataSet 1.1 (and ``OPT4TorchDataSet.cachelib`` as before it): the
+code is :mod:`opt4torch.cachelib`; docs/migrating.md says what differs.
+"""
 
 from opt4torch import __version__
+from opt4torch.cachelib import (
+    OPTCacheDecorator,
+    SharedOPTCacheDecorator,
+    generate_precomputed_file,
+    get_opt_cache,
+)
 
-__all__ = ["__version__"]
+__all__ = [
+    "get_opt_cache",
+    "OPTCacheDecorator",
+    "SharedOPTCacheDecorator",
+    "generate_precomputed_file",
+]

@@ -1,17 +1,23 @@
-"""Alias of :mod:`opt4torch.cachelib` under the earlier design's name."""
+"""``OPT4TorchDataSet.cachelib``: an alias of :mod:`opt4torch.cachelib`."""
 
 from opt4torch.cachelib import (
+    CachetoolsDecorator,
     DivergenceWarning,
     OPTCacheDecorator,
     SharedOPTCacheDecorator,
+    SuboptimalPlanWarning,
     generate_precomputed_file,
     get_opt_cache,
+    read_precomputed_safetensors,
 )
 
 __all__ = [
-    "DivergenceWarning",
+    "generate_precomputed_file",
     "OPTCacheDecorator",
     "SharedOPTCacheDecorator",
-    "generate_precomputed_file",
+    "CachetoolsDecorator",
     "get_opt_cache",
+    "read_precomputed_safetensors",
+    "DivergenceWarning",
+    "SuboptimalPlanWarning",
 ]

@@ -32,12 +32,17 @@ def test_generate_precomputed_file_meaning(tmp_path) -> None:
     want = list(RandomSampler(range(1000), replacement=True, num_samples=3000,
                               generator=torch.Generator().manual_seed(42)))
     assert np.array_equal(opt4torch.load_plan(path).seq, want)
-    # Without replacement: permutations, like the sampler gives.
-    q = generate_precomputed_file(100, 250, tmp_path / "nr.opt4", random_seed=1, replacement=False,
-                                  capacity=30)
-    want = list(RandomSampler(range(100), replacement=False, num_samples=250,
+    # Without replacement: a permutation, like the sampler gives. capacity=
+    # is the earlier spelling of maxsize=.
+    with pytest.warns(DeprecationWarning, match="use maxsize="):
+        q = generate_precomputed_file(100, 100, tmp_path / "nr.opt4", random_seed=1, replacement=False,
+                                      capacity=30)
+    want = list(RandomSampler(range(100), replacement=False, num_samples=100,
                               generator=torch.Generator().manual_seed(1)))
     assert np.array_equal(q.seq, want) and q.capacity == 30
+    # OPT4TorchDataSet 1.1 refuses more samples than items without replacement.
+    with pytest.raises(ValueError, match=r"total_iterations \(250\) cannot exceed dataset_size \(100\)"):
+        generate_precomputed_file(100, 250, tmp_path / "nr2.opt4", random_seed=1, replacement=False)
 
 
 class CustomDataset(data.Dataset):
@@ -144,7 +149,9 @@ def test_errors(tmp_path) -> None:
     with pytest.raises(ValueError, match="total_iter=299 but .* 300 accesses"):
         OPTCacheDecorator(path, 10, 1000, 299)
     with pytest.raises(ValueError, match="maxsize"):
-        OPTCacheDecorator(path, 0)
+        OPTCacheDecorator(path, -1)
+    # OPT4TorchDataSet 1.1: maxsize=0 passes every call straight through.
+    assert OPTCacheDecorator(path, 0)(lambda obj, i: i * 2)(None, 21) == 42
     with pytest.raises(ValueError, match="mode must be"):
         get_opt_cache(mode="rust", precomputed_path=path, maxsize=10)
     with pytest.raises(FileNotFoundError):
@@ -159,5 +166,6 @@ def test_errors(tmp_path) -> None:
         f = dec(lambda obj, i: i)
         for i in opt4torch.load_plan(path).seq.tolist():
             assert f(None, i) == i
-    with pytest.warns(RuntimeWarning, match="more calls than the plan"):
-        assert f(None, 5) == 5
+    # OPT4TorchDataSet 1.1: a call past total_iter raises IndexError.
+    with pytest.raises(IndexError, match="past total_iter=300"):
+        f(None, 5)

@@ -28,6 +28,9 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+
+/* Kills allowed before some batch must finish (see the supervisor). */
+#define KILLS_PER_BATCH 4
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -327,7 +330,7 @@ static void test_kill_at_random_points(uint64_t want_reads) {
   for (int i = 0; i < W; i++) pids[i] = spawn(c, i, pool, T);
 
   uint64_t kills[PH_COUNT] = {0}, total_kills = 0, requeued = 0, max_stall_ns = 0;
-  uint64_t start = now_ns();
+  uint64_t start = now_ns(), completions_at_kill = UINT64_MAX, kills_since_progress = 0;
   while (!all_done(c, nb)) {
     struct timespec ts = {0, (long)(200000 + test_rand(&rng) % 2800000)}; /* 0.2 to 3 ms */
     nanosleep(&ts, NULL);
@@ -341,6 +344,20 @@ static void test_kill_at_random_points(uint64_t want_reads) {
       dump(pool, c);
       FAIL_AT("no batch finished for %.1f s: hung", (double)stall / 1e9);
     }
+    /* At most KILLS_PER_BATCH kills, then one until some batch finishes.
+     * Killing by the clock alone starved the workers on a loaded machine: a
+     * worker lived a few ms of wall time, too little CPU to finish a batch,
+     * and no batch finished for a minute (a fresh-clone run beside two busy
+     * processes) with no wait ever timing out. Tied to progress, the kill
+     * rate follows the machine's speed, and a minute without a finished
+     * batch, with no kills in it, is a hang of the pool's. */
+    uint64_t done_now = atomic_load(&c->completions);
+    if (done_now != completions_at_kill) {
+      completions_at_kill = done_now;
+      kills_since_progress = 0;
+    }
+    if (kills_since_progress >= KILLS_PER_BATCH) continue;
+    kills_since_progress++;
     int i = (int)(test_rand(&rng) % W);
     wslot *sl = &c->w[i];
     uint32_t phase = atomic_load(&sl->phase);

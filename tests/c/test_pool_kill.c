@@ -344,7 +344,7 @@ static void test_kill_at_random_points(uint64_t want_reads) {
       dump(pool, c);
       FAIL_AT("no batch finished for %.1f s: hung", (double)stall / 1e9);
     }
-    /* At most KILLS_PER_BATCH kills, then one until some batch finishes.
+    /* At most KILLS_PER_BATCH kills, then none until some batch finishes.
      * Killing by the clock alone starved the workers on a loaded machine: a
      * worker lived a few ms of wall time, too little CPU to finish a batch,
      * and no batch finished for a minute (a fresh-clone run beside two busy

@@ -394,8 +394,10 @@ def same_values(a: np.ndarray, b: np.ndarray) -> bool:
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
     """The elements' bytes in C order (copied into a fresh tensor: a view may
-    have any stride along a dimension of length 1)."""
-    fresh = torch.empty(t.shape, dtype=t.dtype).copy_(t) if t.dtype is not torch.complex32 else t.clone().contiguous()
+    have any stride along a dimension of length 1, which clone() keeps and
+    contiguous() does not mend: a complex32 step view of shape (1,) has
+    stride (2,), and view(torch.uint8) refuses it)."""
+    fresh = t.clone(memory_format=torch.contiguous_format)
     return bytes(fresh.reshape(-1).view(torch.uint8).numpy()) if t.numel() else b""
 
 
@@ -470,14 +472,43 @@ def structured_dtypes(draw, depth=0):
     return np.dtype(list(zip(names, formats)), align=style == "aligned")
 
 
+def _unicode_units(dt: np.dtype, base: int = 0):
+    """(offset, byte order) of every UCS4 code unit in one element of dt:
+    plain U dtypes, and U fields inside structs and subarrays."""
+    if dt.names:
+        for name in dt.names:
+            yield from _unicode_units(dt.fields[name][0], base + dt.fields[name][1])
+    elif dt.subdtype is not None:
+        sub, shape = dt.subdtype
+        for k in range(int(np.prod(shape))):
+            yield from _unicode_units(sub, base + k * sub.itemsize)
+    elif dt.kind == "U":
+        order = "big" if dt.byteorder == ">" else "little"
+        for k in range(dt.itemsize // 4):
+            yield base + 4 * k, order
+
+
+def _code_points(dt: np.dtype, raw: bytearray) -> bytearray:
+    """raw with each UCS4 unit folded into U+0000..U+10FFFF. Random bytes
+    make units past U+10FFFF, which no str can hold: numpy raises
+    SystemError ("invalid maximum character") taking such an element as a
+    scalar, before the codec ever sees it."""
+    units = list(_unicode_units(dt))
+    for start in range(0, len(raw), dt.itemsize or 1):
+        for off, order in units:
+            at = start + off
+            raw[at:at + 4] = (int.from_bytes(raw[at:at + 4], order) % 0x110000).to_bytes(4, order)
+    return raw
+
+
 @st.composite
 def numpy_items(draw):
     """(item, refused): arrays in every layout, and numpy scalars."""
     dt = draw(st.one_of(st.sampled_from(SIMPLE_DTYPES).map(np.dtype), structured_dtypes()))
     shape = draw(st.lists(st.integers(0, 3), min_size=0, max_size=3).map(tuple))
     n = int(np.prod(shape)) if shape else 1
-    raw = draw(st.binary(min_size=n * dt.itemsize, max_size=n * dt.itemsize))
-    arr = np.frombuffer(bytearray(raw), dtype=np.uint8).view(dt).reshape(shape) if n else np.zeros(shape, dt)
+    raw = _code_points(dt, bytearray(draw(st.binary(min_size=n * dt.itemsize, max_size=n * dt.itemsize))))
+    arr = np.frombuffer(raw, dtype=np.uint8).view(dt).reshape(shape) if n else np.zeros(shape, dt)
     layout = draw(st.sampled_from(["c", "fortran", "transpose", "step", "reverse", "broadcast", "readonly",
                                    "scalar"]))
     if layout == "fortran":

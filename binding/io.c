@@ -1,6 +1,7 @@
 /*
- * io.c - record files and the C prefetcher, for Python: the types Records
- * (a reader), RecordWriter and Prefetcher. Reads and the prefetcher's
+ * io.c - record files, file ranges and the C prefetcher, for Python: the
+ * types Records (a reader), Ranges (byte ranges of files), RecordWriter and
+ * Prefetcher, and tar_index. Reads and the prefetcher's
  * threads run without the GIL.
  */
 #define PY_SSIZE_T_CLEAN
@@ -372,9 +373,238 @@ static PyTypeObject OutFileType = {
     .tp_new = outfile_new,
 };
 
+
+/* ---- Ranges: byte ranges of files (opt4_ranges), and the tar indexer ---- */
+
+typedef struct {
+  PyObject_HEAD
+  opt4_ranges *r;
+  Py_ssize_t readers; /* calls in progress without the GIL, and prefetchers */
+} RangesObject;
+
+static PyTypeObject RangesType;
+
+static int ranges_check(RangesObject *self) {
+  if (self->r == NULL) {
+    PyErr_SetString(PyExc_ValueError, "operation on closed file ranges");
+    return -1;
+  }
+  return 0;
+}
+
+/* Ranges(paths, items, direct=False): items is a C-contiguous int64 buffer
+ * of (file, offset, length) rows. */
+static PyObject *ranges_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"paths", "items", "direct", NULL};
+  PyObject *paths, *items;
+  int direct = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|p", kwlist, &paths, &items, &direct)) return NULL;
+  PyObject *seq = PySequence_Fast(paths, "paths must be a sequence of paths");
+  if (seq == NULL) return NULL;
+  Py_ssize_t nf = PySequence_Fast_GET_SIZE(seq);
+  PyObject *result = NULL;
+  PyObject **enc = PyMem_Calloc((size_t)(nf ? nf : 1), sizeof *enc);
+  const char **cp = PyMem_Calloc((size_t)(nf ? nf : 1), sizeof *cp);
+  Py_buffer view = {0};
+  int have_view = 0;
+  if (enc == NULL || cp == NULL) {
+    PyErr_NoMemory();
+    goto leave;
+  }
+  for (Py_ssize_t f = 0; f < nf; f++) {
+    if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(seq, f), &enc[f])) goto leave;
+    cp[f] = PyBytes_AS_STRING(enc[f]);
+  }
+  if (PyObject_GetBuffer(items, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto leave;
+  have_view = 1;
+  if (view.itemsize != 8 || view.format == NULL || (strcmp(view.format, "q") != 0 && strcmp(view.format, "l") != 0) ||
+      view.len % 24 != 0) {
+    PyErr_SetString(PyExc_TypeError, "items must be a contiguous int64 array of (file, offset, length) rows");
+    goto leave;
+  }
+  const int64_t *rows = view.buf;
+  uint64_t n = (uint64_t)view.len / 24;
+  for (uint64_t i = 0; i < 3 * n; i++)
+    if (rows[i] < 0) {
+      PyErr_Format(PyExc_ValueError, "item %llu has a negative file, offset or length", (unsigned long long)(i / 3));
+      goto leave;
+    }
+  opt4_ranges *r = NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_ranges_open(cp, (uint64_t)nf, (const opt4_range *)view.buf, n,
+                                               direct ? OPT4_RANGES_DIRECT : 0, &r);
+  Py_END_ALLOW_THREADS if (rc != 0) {
+    opt4py_raise_records(rc, "open file ranges");
+    goto leave;
+  }
+  RangesObject *self = (RangesObject *)type->tp_alloc(type, 0);
+  if (self == NULL) {
+    opt4_ranges_close(r);
+    goto leave;
+  }
+  self->r = r;
+  result = (PyObject *)self;
+leave:
+  if (have_view) PyBuffer_Release(&view);
+  if (enc != NULL)
+    for (Py_ssize_t f = 0; f < nf; f++) Py_XDECREF(enc[f]);
+  PyMem_Free(enc);
+  PyMem_Free(cp);
+  Py_DECREF(seq);
+  return result;
+}
+
+static void ranges_dealloc(RangesObject *self) {
+  opt4_ranges_close(self->r);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *ranges_close(RangesObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->readers > 0) {
+    PyErr_SetString(PyExc_RuntimeError, "cannot close file ranges while they are being read");
+    return NULL;
+  }
+  opt4_ranges_close(self->r);
+  self->r = NULL;
+  Py_RETURN_NONE;
+}
+
+static Py_ssize_t ranges_length(RangesObject *self) {
+  if (ranges_check(self) < 0) return -1;
+  opt4_ranges_info in;
+  opt4_ranges_info_get(self->r, &in);
+  return (Py_ssize_t)in.count;
+}
+
+static PyObject *ranges_read(RangesObject *self, PyObject *arg) {
+  if (ranges_check(self) < 0) return NULL;
+  unsigned long long i = PyLong_AsUnsignedLongLong(arg);
+  if (i == (unsigned long long)-1 && PyErr_Occurred()) {
+    if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_IndexError, "item index %R is out of range", arg);
+    }
+    return NULL;
+  }
+  uint64_t len = 0;
+  int rc = opt4_ranges_len(self->r, i, &len);
+  if (rc != 0) return opt4py_raise_records(rc, "read item");
+  PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
+  if (out == NULL) return NULL;
+  self->readers++;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_ranges_read(self->r, i, PyBytes_AS_STRING(out), (size_t)len, &len);
+  Py_END_ALLOW_THREADS self->readers--;
+  if (rc != 0) {
+    Py_DECREF(out);
+    return opt4py_raise_records(rc, "read item");
+  }
+  return out;
+}
+
+static PyObject *ranges_len_of(RangesObject *self, PyObject *arg) {
+  if (ranges_check(self) < 0) return NULL;
+  unsigned long long i = PyLong_AsUnsignedLongLong(arg);
+  if (i == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  uint64_t len = 0;
+  int rc = opt4_ranges_len(self->r, i, &len);
+  if (rc != 0) return opt4py_raise(rc, "item length");
+  return PyLong_FromUnsignedLongLong(len);
+}
+
+static PyObject *ranges_info(RangesObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (ranges_check(self) < 0) return NULL;
+  opt4_ranges_info in;
+  opt4_ranges_info_get(self->r, &in);
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:O,s:K,s:K,s:K,s:d,s:s}", "count", (unsigned long long)in.count, "files",
+                       (unsigned long long)in.files, "total_bytes", (unsigned long long)in.total_bytes, "max_len",
+                       (unsigned long long)in.max_len, "direct", in.direct ? Py_True : Py_False, "dio_align",
+                       (unsigned long long)in.dio_align, "reads", (unsigned long long)in.reads, "bytes_read",
+                       (unsigned long long)in.bytes_read, "latency", (double)in.latency_ns / 1e9, "note", in.note);
+}
+
+static PyObject *ranges_set_latency(RangesObject *self, PyObject *arg) {
+  if (ranges_check(self) < 0) return NULL;
+  double sec = PyFloat_AsDouble(arg);
+  if (sec == -1.0 && PyErr_Occurred()) return NULL;
+  if (!(sec >= 0.0 && sec < 3600.0)) {
+    PyErr_SetString(PyExc_ValueError, "latency must be between 0 and 3600 seconds");
+    return NULL;
+  }
+  opt4_ranges_set_latency(self->r, (uint64_t)(sec * 1e9 + 0.5));
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef ranges_methods[] = {
+    {"read", (PyCFunction)ranges_read, METH_O, "read(i) -> bytes of item i"},
+    {"len_of", (PyCFunction)ranges_len_of, METH_O, "len_of(i) -> length of item i"},
+    {"info", (PyCFunction)ranges_info, METH_NOARGS, "Counts, sizes, how reads are done."},
+    {"set_latency", (PyCFunction)ranges_set_latency, METH_O,
+     "set_latency(seconds): sleep this long before each read (an emulated slow store)"},
+    {"close", (PyCFunction)ranges_close, METH_NOARGS, "Close the files."},
+    {NULL, NULL, 0, NULL}};
+
+static PySequenceMethods ranges_as_sequence = {.sq_length = (lenfunc)ranges_length};
+
+static PyTypeObject RangesType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "opt4torch._engine.Ranges",
+    .tp_basicsize = sizeof(RangesObject),
+    .tp_dealloc = (destructor)ranges_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Ranges(paths, items, direct=False): byte ranges of files read in place, by index "
+              "(thread-safe); items are int64 (file, offset, length) rows.",
+    .tp_methods = ranges_methods,
+    .tp_as_sequence = &ranges_as_sequence,
+    .tp_new = ranges_new,
+};
+
+static PyObject *decode_name(const char *p, uint64_t n) {
+  return PyUnicode_DecodeUTF8(p, (Py_ssize_t)n, "surrogateescape");
+}
+
+/* tar_index(path) -> [(key, offset, length, [(field, offset, size), ...]), ...] */
+static PyObject *py_tar_index(PyObject *Py_UNUSED(m), PyObject *arg) {
+  PyObject *path;
+  if (!PyUnicode_FSConverter(arg, &path)) return NULL;
+  opt4_tar_index *t = NULL;
+  int rc;
+  const char *p = PyBytes_AS_STRING(path);
+  Py_BEGIN_ALLOW_THREADS rc = opt4_tar_index_file(p, &t);
+  Py_END_ALLOW_THREADS Py_DECREF(path);
+  if (rc != 0) return opt4py_raise_records(rc, "index tar shard");
+  opt4_tar_view v;
+  opt4_tar_index_view(t, &v);
+  PyObject *out = PyList_New((Py_ssize_t)v.n_samples);
+  for (uint64_t s = 0; out != NULL && s < v.n_samples; s++) {
+    const opt4_tar_sample *sm = &v.samples[s];
+    PyObject *mem = PyList_New((Py_ssize_t)sm->members);
+    for (uint64_t k = 0; mem != NULL && k < sm->members; k++) {
+      const opt4_tar_member *mm = &v.members[sm->first_member + k];
+      PyObject *field = decode_name(v.names + mm->field_off, mm->field_len);
+      PyObject *row = field ? Py_BuildValue("(NKK)", field, (unsigned long long)mm->offset,
+                                            (unsigned long long)mm->size) : NULL;
+      if (row == NULL) Py_CLEAR(mem);
+      else PyList_SET_ITEM(mem, (Py_ssize_t)k, row);
+    }
+    PyObject *key = mem ? decode_name(v.names + sm->key_off, sm->key_len) : NULL;
+    PyObject *row = key ? Py_BuildValue("(NKKN)", key, (unsigned long long)sm->offset,
+                                        (unsigned long long)sm->length, mem) : NULL;
+    if (row == NULL) {
+      if (key == NULL) Py_XDECREF(mem);
+      Py_CLEAR(out);
+    } else {
+      PyList_SET_ITEM(out, (Py_ssize_t)s, row);
+    }
+  }
+  opt4_tar_index_close(t);
+  return out;
+}
+
 static PyMethodDef io_functions[] = {
     {"outfile_check", (PyCFunction)(void (*)(void))py_outfile_check, METH_VARARGS | METH_KEYWORDS,
      "outfile_check(path, no_symlink=False): refuse a target as OutFile would, creating nothing"},
+    {"tar_index", (PyCFunction)py_tar_index, METH_O,
+     "tar_index(path) -> [(key, offset, length, [(field, offset, size), ...]), ...]: a tar shard's samples "
+     "as WebDataset groups them (opt4_tar_index_file)"},
     {NULL, NULL, 0, NULL}};
 
 /* ---- Prefetcher ---- */
@@ -433,7 +663,9 @@ static int frame_codec(void *vctx, uint32_t item, uint64_t len, uint8_t *head, s
 typedef struct {
   PyObject_HEAD
   opt4_prefetcher *pf;
-  PyObject *records; /* kept alive while the threads read it */
+  PyObject *records; /* Records or Ranges, kept alive while the threads read it */
+  Py_ssize_t *readers; /* its count of readers, which keeps it open */
+  opt4_source *src;    /* the source made over Ranges (records need none) */
   frame_ctx frame;
   int64_t *labels;
   pid_t pid; /* the threads live in this process only */
@@ -456,14 +688,17 @@ static void prefetcher_stop_now(PrefetcherObject *self) {
 static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"pool_name", "records", "threads", "lookahead", "frame", "labels", NULL};
   const char *name, *frame = "bytes";
-  RecordsObject *rec;
+  PyObject *rec;
   unsigned int threads = 0;
   unsigned long long lookahead = 0;
   PyObject *labels = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!|IKsO", kwlist, &name, &RecordsType, &rec, &threads,
-                                   &lookahead, &frame, &labels))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|IKsO", kwlist, &name, &rec, &threads, &lookahead, &frame,
+                                   &labels))
     return NULL;
-  if (records_check(rec) < 0) return NULL;
+  int is_ranges = PyObject_TypeCheck(rec, &RangesType);
+  if (!is_ranges && !PyObject_TypeCheck(rec, &RecordsType))
+    return PyErr_Format(PyExc_TypeError, "the prefetcher reads Records or Ranges, not %s", Py_TYPE(rec)->tp_name);
+  if (is_ranges ? ranges_check((RangesObject *)rec) < 0 : records_check((RecordsObject *)rec) < 0) return NULL;
   PrefetcherObject *self = (PrefetcherObject *)type->tp_alloc(type, 0);
   if (self == NULL) return NULL;
   if (strcmp(frame, "raw") == 0) {
@@ -497,7 +732,8 @@ static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
     self->frame.labels = self->labels;
     self->frame.n_labels = n;
   }
-  self->records = Py_NewRef((PyObject *)rec);
+  self->records = Py_NewRef(rec);
+  self->readers = is_ranges ? &((RangesObject *)rec)->readers : &((RecordsObject *)rec)->readers;
   opt4_prefetcher_opts o;
   memset(&o, 0, sizeof o);
   o.threads = threads;
@@ -508,10 +744,20 @@ static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
   }
   int rc;
   opt4_prefetcher *pf = NULL;
-  rec->readers++; /* the record file stays open while the threads run */
-  Py_BEGIN_ALLOW_THREADS rc = opt4_prefetcher_start(name, rec->r, &o, &pf);
+  if (is_ranges) {
+    rc = opt4_source_ranges(((RangesObject *)rec)->r, &self->src);
+    if (rc != 0) {
+      Py_DECREF(self);
+      return opt4py_raise(rc, "start prefetcher");
+    }
+  }
+  (*self->readers)++; /* the file stays open while the threads run */
+  opt4_source *src = self->src;
+  opt4_records *records = is_ranges ? NULL : ((RecordsObject *)rec)->r;
+  Py_BEGIN_ALLOW_THREADS rc = src != NULL ? opt4_prefetcher_start_source(name, src, &o, &pf)
+                                          : opt4_prefetcher_start(name, records, &o, &pf);
   Py_END_ALLOW_THREADS if (rc != 0) {
-    rec->readers--;
+    (*self->readers)--;
     Py_DECREF(self);
     return opt4py_raise(rc, "start prefetcher");
   }
@@ -523,11 +769,15 @@ static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
 static void prefetcher_release(PrefetcherObject *self) {
   int had = self->pf != NULL;
   prefetcher_stop_now(self);
-  if (had && self->records != NULL) ((RecordsObject *)self->records)->readers--;
+  if (had && self->readers != NULL) (*self->readers)--;
 }
 
 static void prefetcher_dealloc(PrefetcherObject *self) {
   prefetcher_release(self);
+  if (self->src != NULL && self->pf == NULL) {
+    opt4_source_close(self->src); /* after the threads: they read through it */
+    self->src = NULL;
+  }
   Py_XDECREF(self->records);
   PyMem_Free(self->labels);
   Py_TYPE(self)->tp_free((PyObject *)self);
@@ -568,18 +818,20 @@ static PyTypeObject PrefetcherType = {
     .tp_dealloc = (destructor)prefetcher_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Prefetcher(pool_name, records, threads=8, lookahead=4096, frame='bytes', labels=None): "
-              "C threads loading a pool's misses from a record file ahead of its consumers.",
+              "C threads loading a pool's misses from a record file (Records) or file ranges (Ranges) "
+              "ahead of its consumers.",
     .tp_methods = prefetcher_methods,
     .tp_getset = prefetcher_getset,
     .tp_new = prefetcher_new,
 };
 
 int opt4py_io_init(PyObject *m) {
-  if (PyType_Ready(&RecordsType) < 0 || PyType_Ready(&WriterType) < 0 || PyType_Ready(&PrefetcherType) < 0 ||
+  if (PyType_Ready(&RecordsType) < 0 || PyType_Ready(&RangesType) < 0 || PyType_Ready(&WriterType) < 0 || PyType_Ready(&PrefetcherType) < 0 ||
       PyType_Ready(&OutFileType) < 0)
     return -1;
   if (PyModule_AddFunctions(m, io_functions) < 0) return -1;
   if (PyModule_AddObjectRef(m, "Records", (PyObject *)&RecordsType) < 0 ||
+      PyModule_AddObjectRef(m, "Ranges", (PyObject *)&RangesType) < 0 ||
       PyModule_AddObjectRef(m, "RecordWriter", (PyObject *)&WriterType) < 0 ||
       PyModule_AddObjectRef(m, "OutFile", (PyObject *)&OutFileType) < 0 ||
       PyModule_AddObjectRef(m, "Prefetcher", (PyObject *)&PrefetcherType) < 0)

@@ -807,8 +807,10 @@ void opt4_records_writer_abort(opt4_records_writer *w);
  * [0, count), is a run of bytes of a known length. It is a table of
  * functions with a private state pointer (the shape of the cache policies,
  * docs/sources.md), so the prefetcher loads every miss the same way,
- * whatever holds the data. The library ships one source, the record file
- * (opt4_source_records); a C user plugs in their own by filling an
+ * whatever holds the data. The library ships two: the record file
+ * (opt4_source_records) and byte ranges of files read in place
+ * (opt4_source_ranges: an image folder, tar shards indexed by
+ * opt4_tar_index_file); a C user plugs in their own by filling an
  * opt4_source_ops and calling opt4_source_create.
  *
  * Reads go in batches: submit starts a batch of reads (item, destination,
@@ -893,6 +895,115 @@ int opt4_source_create(const opt4_source_ops *ops, void *state, opt4_source **ou
 /* The record file r as a source (borrowed: r must stay open until the
  * source is closed). Reads keep counting in opt4_records_info. */
 int opt4_source_records(opt4_records *r, opt4_source **out);
+/* Byte ranges of files, read in place: item i is `length` bytes at `offset`
+ * of file `file` (an index into the paths given to opt4_ranges_open). One
+ * file an item (an ImageFolder tree) or many items a file (tar shards, see
+ * opt4_tar_index_file). Reads are preads, or O_DIRECT reads through an
+ * aligned bounce buffer (the record file's way) with OPT4_RANGES_DIRECT
+ * where the filesystem allows it (probed at open: info.note says how reads
+ * are done; a file that refuses O_DIRECT later is read buffered).
+ *
+ * Thread and process safety: opt4_ranges_read may be called from any
+ * number of threads at once, and in processes forked after open
+ * (DataLoader workers): the counters are shared with them. With at most 64
+ * files, each file is opened on first use and kept open; with more, each
+ * read opens and closes its file. Files are not checked at open: a file
+ * missing or shorter than an item's range fails that item's read
+ * (OPT4_EIO, OPT4_ETRUNCATED, naming the file). */
+typedef struct opt4_ranges opt4_ranges;
+
+typedef struct opt4_range {
+  uint64_t file;   /* index into paths */
+  uint64_t offset; /* bytes from the file's start */
+  uint64_t length;
+} opt4_range;
+
+#define OPT4_RANGES_DIRECT 0x1u /* read with O_DIRECT where the filesystem allows */
+
+typedef struct opt4_ranges_info {
+  uint64_t count;       /* items */
+  uint64_t files;
+  uint64_t total_bytes; /* the items' lengths, summed */
+  uint64_t max_len;     /* the longest item */
+  uint64_t direct;      /* 1 if reads use O_DIRECT */
+  uint64_t dio_align;   /* the offset alignment O_DIRECT reads use */
+  uint64_t reads;       /* items read so far, by every thread and by the
+                           processes forked after open (one shared count) */
+  uint64_t bytes_read;  /* their bytes */
+  uint64_t latency_ns;  /* emulated latency per read (opt4_ranges_set_latency) */
+  const char *note;     /* how reads are done, and why (valid while open) */
+} opt4_ranges_info;
+
+/* Make a reader of n_items ranges of n_files files. paths and items are
+ * copied. Errors: OPT4_EINVAL (a NULL argument or path, unknown flags),
+ * OPT4_ERANGE (an item's file past n_files, or a range past 2^63),
+ * OPT4_ETOOBIG, OPT4_ENOMEM. */
+int opt4_ranges_open(const char *const *paths, uint64_t n_files, const opt4_range *items, uint64_t n_items,
+                     uint32_t flags, opt4_ranges **out);
+/* Close the reader (and the files it keeps open). NULL is harmless. */
+void opt4_ranges_close(opt4_ranges *r);
+int opt4_ranges_info_get(const opt4_ranges *r, opt4_ranges_info *out);
+/* The length of item i (OPT4_ERANGE past the end). */
+int opt4_ranges_len(const opt4_ranges *r, uint64_t i, uint64_t *len);
+/* Read item i into dst (cap bytes); *len gets its length. OPT4_EITEMSIZE if
+ * it does not fit (*len says how much is needed), OPT4_ERANGE, OPT4_EIO (the
+ * file cannot be opened or read), OPT4_ETRUNCATED (the file is now shorter
+ * than the range). A failed read is not counted. */
+int opt4_ranges_read(opt4_ranges *r, uint64_t i, void *dst, size_t cap, uint64_t *len);
+/* Sleep this long before every read: an emulated slow store, for
+ * benchmarks and tests (0, the default, for none). */
+void opt4_ranges_set_latency(opt4_ranges *r, uint64_t ns);
+/* The reader r as a source named "ranges" (borrowed: r must stay open until
+ * the source is closed). Reads keep counting in opt4_ranges_info. */
+int opt4_source_ranges(opt4_ranges *r, opt4_source **out);
+
+/* Tar shards, indexed as WebDataset reads them (docs/sources.md): regular
+ * members only (ustar prefix, GNU ././@LongLink names and pax path= and
+ * size= records understood), grouped into samples by key: the path up to
+ * the first dot of its base name; the rest, lower-cased, is the member's
+ * field ("jpg", "cls", "seg.png"); consecutive members with one key form a
+ * sample. A sample is one byte range of the shard, from its first member's
+ * data to its last member's data end (the headers between are part of it:
+ * one read a sample), so the samples feed opt4_ranges_open directly. */
+typedef struct opt4_tar_index opt4_tar_index;
+
+typedef struct opt4_tar_sample {
+  uint64_t offset, length;         /* the sample's byte range in the shard */
+  uint64_t first_member, members;  /* its members: [first_member, +members) */
+  uint64_t key_off;                /* its key: names[key_off, +key_len) */
+  uint32_t key_len, reserved;
+} opt4_tar_sample;
+
+typedef struct opt4_tar_member {
+  uint64_t offset;     /* the member's data, from the start of its sample's range */
+  uint64_t size;
+  uint64_t field_off;  /* its field: names[field_off, +field_len) */
+  uint32_t field_len, reserved;
+} opt4_tar_member;
+
+/* The index's arrays (valid until opt4_tar_index_close). Names are not
+ * NUL-terminated. */
+typedef struct opt4_tar_view {
+  const opt4_tar_sample *samples;
+  uint64_t n_samples;
+  const opt4_tar_member *members;
+  uint64_t n_members;
+  const char *names;
+  uint64_t names_len;
+} opt4_tar_view;
+
+/* Index the tar file at path. A malformed shard is refused, with
+ * opt4_errdetail() naming the shard and the header's offset:
+ * OPT4_ECHECKSUM (a header's checksum is wrong: not a tar file, or
+ * corrupted), OPT4_ETRUNCATED (a header cut short, or a member's size past
+ * the end of the file), OPT4_ECORRUPT (a malformed number, pax record, an
+ * oversized long name, or a field twice in one sample, which WebDataset
+ * refuses too), OPT4_ENOTSUP (a GNU sparse member), OPT4_EIO, OPT4_ENOMEM.
+ * Thread safety: independent calls may run at once. */
+int opt4_tar_index_file(const char *path, opt4_tar_index **out);
+int opt4_tar_index_view(const opt4_tar_index *t, opt4_tar_view *out);
+/* Free the index. NULL is harmless. */
+void opt4_tar_index_close(opt4_tar_index *t);
 /* Close a source (ops->close frees its state). NULL is harmless. */
 void opt4_source_close(opt4_source *src);
 /* The table's name, and the source's item count (read once, at create). */

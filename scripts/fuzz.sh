@@ -8,7 +8,9 @@
 # Targets (tests/fuzz/): fuzz_plan_load (the plan-file loader),
 # fuzz_pool_header (the checks before a pool found in /dev/shm is used, then
 # the runtime over whatever passed), fuzz_pool_ops (random operation
-# sequences against the engine in one process, with oracles).
+# sequences against the engine in one process, with oracles), fuzz_records
+# (the record file's header and index), fuzz_tar_index (the tar indexer, on
+# whole shards in memory).
 #
 # `make fuzz-long` runs each for 10 minutes (FUZZ_SECONDS=600) with
 # FUZZ_MERGE=1: what the run found is merged (-merge=1, so only inputs that

@@ -43,6 +43,8 @@ _LAZY = {
     "RecordFile": "opt4torch.records",
     "write_records": "opt4torch.records",
     "image_folder_to_records": "opt4torch.records",
+    "ImageFolder": "opt4torch.sources",
+    "TarShards": "opt4torch.sources",
 }
 
 
@@ -67,6 +69,7 @@ __all__ = [
     "BYPASS",
     "HIT",
     "CachedDataset",
+    "ImageFolder",
     "CaptureWarning",
     "DataLoader",
     "DevicePrefetcher",
@@ -92,6 +95,7 @@ __all__ = [
     "remove_stale_pools",
     "sequence_plan",
     "simulate",
+    "TarShards",
     "reference",
     "traces",
     "write_records",

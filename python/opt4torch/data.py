@@ -1041,7 +1041,7 @@ class DataLoader(tud.DataLoader):
                                                     group=group)
             if rank != 0:
                 self.cache = OPTCache.attach(name[0], plan, pool_page or plan.page_size)
-        if hasattr(dataset, "_prefetch_source"):
+        if hasattr(dataset, "_prefetch_source") or getattr(dataset, "_counts_storage", False):
             self.cache._storage = dataset  # stats() reports what was read from it
         if prefetch:
             # Every rank of a shared pool prefetches: claims keep each miss to one loader.

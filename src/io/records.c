@@ -21,6 +21,7 @@
  */
 #define _GNU_SOURCE /* O_DIRECT, statx */
 #include "records.h"
+#include "direct.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -144,65 +145,6 @@ int opt4__records_index(const records_header *h, const uint8_t *buf, size_t len,
   return 0;
 }
 
-static int pread_full(int fd, void *buf, size_t len, uint64_t off) {
-  uint8_t *p = buf;
-  while (len > 0) {
-    ssize_t n = pread(fd, p, len, (off_t)off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return n == 0 ? (errno = EIO, -1) : -1;
-    p += n;
-    len -= (size_t)n;
-    off += (uint64_t)n;
-  }
-  return 0;
-}
-
-/* The alignment O_DIRECT needs for fd: statx's STATX_DIOALIGN where the
- * kernel reports it (Linux 6.1+), else the filesystem's block size. */
-static void dio_alignment(int fd, uint64_t *mem, uint64_t *off) {
-  *mem = 0;
-  *off = 0;
-#ifdef STATX_DIOALIGN
-  struct statx stx;
-  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 && (stx.stx_mask & STATX_DIOALIGN) &&
-      stx.stx_dio_offset_align != 0) {
-    *mem = stx.stx_dio_mem_align;
-    *off = stx.stx_dio_offset_align;
-    return;
-  }
-#endif
-  struct stat st;
-  if (fstat(fd, &st) == 0 && st.st_blksize > 0) *mem = *off = (uint64_t)st.st_blksize;
-  if (*off == 0) *mem = *off = 4096;
-}
-
-static int read_direct(opt4_records *r, uint64_t off, uint64_t n, uint8_t *dst) {
-  const uint64_t a = r->dio_off_align, first = off / a * a;
-  const uint64_t span = (off + n - first + a - 1) / a * a;
-  void *bounce = NULL;
-  size_t mem_align = r->dio_mem_align > sizeof(void *) ? (size_t)r->dio_mem_align : 4096;
-  if (posix_memalign(&bounce, mem_align, (size_t)span) != 0) return -1;
-  int rc = 0;
-  uint64_t got = 0;
-  while (got < span) {
-    ssize_t k = pread(r->dfd, (uint8_t *)bounce + got, (size_t)(span - got), (off_t)(first + got));
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) {
-      rc = -1;
-      break;
-    }
-    if (k == 0) break; /* the end of the file: the tail block is short */
-    got += (uint64_t)k;
-  }
-  if (rc == 0 && got < off - first + n) {
-    errno = EIO;
-    rc = -1;
-  }
-  if (rc == 0) memcpy(dst, (uint8_t *)bounce + (off - first), (size_t)n);
-  free(bounce);
-  return rc;
-}
-
 int opt4_records_open(const char *path, uint32_t flags, opt4_records **out) {
   opt4__clear_detail();
   if (path == NULL || out == NULL) return opt4__fail(OPT4_EINVAL, "path or out is NULL");
@@ -240,7 +182,7 @@ int opt4_records_open(const char *path, uint32_t flags, opt4_records **out) {
     goto leave;
   }
   size_t head_len = (uint64_t)st.st_size < sizeof head ? (size_t)st.st_size : sizeof head;
-  if (pread_full(r->fd, head, head_len, 0) != 0) {
+  if (opt4__pread_full(r->fd, head, head_len, 0) != 0) {
     rc = opt4__fail(OPT4_EIO, "cannot read %s: %s", path, strerror(errno));
     goto leave;
   }
@@ -260,7 +202,7 @@ int opt4_records_open(const char *path, uint32_t flags, opt4_records **out) {
     rc = opt4__fail(OPT4_ENOMEM, "no memory for an index of %llu records", (unsigned long long)h.count);
     goto leave;
   }
-  if (pread_full(r->fd, ibuf, (size_t)(h.count * h.entry), h.index_off) != 0) {
+  if (opt4__pread_full(r->fd, ibuf, (size_t)(h.count * h.entry), h.index_off) != 0) {
     rc = opt4__fail(OPT4_EIO, "cannot read the index of %s: %s", path, strerror(errno));
     goto leave;
   }
@@ -271,10 +213,11 @@ int opt4_records_open(const char *path, uint32_t flags, opt4_records **out) {
     if (r->dfd < 0) {
       snprintf(r->note, sizeof r->note, "O_DIRECT refused (%s): buffered reads", strerror(errno));
     } else {
-      dio_alignment(r->dfd, &r->dio_mem_align, &r->dio_off_align);
+      opt4__dio_alignment(r->dfd, &r->dio_mem_align, &r->dio_off_align);
       /* Some filesystems accept O_DIRECT at open and refuse the reads. */
       uint8_t probe[1];
-      if (r->count > 0 && r->index[1] > 0 && read_direct(r, r->index[0], 1, probe) != 0) {
+      if (r->count > 0 && r->index[1] > 0 &&
+          opt4__pread_direct(r->dfd, r->dio_mem_align, r->dio_off_align, r->index[0], 1, probe) != 0) {
         snprintf(r->note, sizeof r->note, "O_DIRECT reads fail here (%s): buffered reads",
                  strerror(errno));
         close(r->dfd);
@@ -348,12 +291,10 @@ int opt4_records_read(opt4_records *r, uint64_t i, void *dst, size_t cap, uint64
   if (n > cap) return opt4__fail(OPT4_EITEMSIZE, "record %llu is %llu bytes; the buffer holds %llu",
                                  (unsigned long long)i, (unsigned long long)n, (unsigned long long)cap);
   uint64_t delay = atomic_load_explicit(&r->shared->latency_ns, memory_order_relaxed);
-  if (delay) { /* emulated storage latency, for benchmarks and tests */
-    struct timespec ts = {(time_t)(delay / 1000000000u), (long)(delay % 1000000000u)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-  }
-  int rc = n == 0 ? 0 : r->dfd >= 0 ? read_direct(r, off, n, dst) : pread_full(r->fd, dst, (size_t)n, off);
+  if (delay) opt4__sleep_ns(delay); /* emulated storage latency, for benchmarks and tests */
+  int rc = n == 0         ? 0
+           : r->dfd >= 0 ? opt4__pread_direct(r->dfd, r->dio_mem_align, r->dio_off_align, off, n, dst)
+                         : opt4__pread_full(r->fd, dst, (size_t)n, off);
   if (rc != 0) {
     int e = errno;
     struct stat st;

@@ -20,6 +20,8 @@ struct opt4_source {
 
 /* The record file (records.c); state is an opt4_records *, borrowed. */
 extern const opt4_source_ops opt4__source_records_ops;
+/* Byte ranges of files (ranges.c); state is an opt4_ranges *, borrowed. */
+extern const opt4_source_ops opt4__source_ranges_ops;
 
 /* The largest item's length: ops.max_size, else the largest size_of. */
 int opt4__source_max_size(opt4_source *src, uint64_t *len);

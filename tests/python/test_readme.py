@@ -45,6 +45,19 @@ def stand_ins(tmp_path) -> dict:
 
     write_records(tmp_path / "train.rec", (bytes([i % 256]) * (100 + i) for i in range(64)),
                   labels=[i % 10 for i in range(64)], classes=[str(k) for k in range(10)])
+    for cls in ("cat", "dog"):  # opt4torch.ImageFolder("images/")
+        (tmp_path / "images" / cls).mkdir(parents=True)
+        for k in range(6):
+            (tmp_path / "images" / cls / f"{k}.jpg").write_bytes(bytes([k]) * (100 + k))
+    import io
+    import tarfile
+
+    with tarfile.open(tmp_path / "shard-000.tar", "w") as tf:  # opt4torch.TarShards(["shard-000.tar"])
+        for k in range(4):
+            for field, data in (("jpg", bytes([k]) * 50), ("cls", str(k % 2).encode())):
+                ti = tarfile.TarInfo(f"{k:04d}.{field}")
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
     rng = np.random.default_rng(0)
     return {
         "dataset": Small(),

@@ -186,7 +186,9 @@ static inline void cpu_relax(void) {
  * sleeper's read, its check saw the change; if after, either the kernel
  * sees the new value and does not sleep, or the changer sees the sleeper
  * counted and wakes it. Only the wake-up system call waits for a sleeper:
- * a change costs one atomic add on a line of its own. */
+ * a change costs one atomic add on a line of its own. A process killed
+ * while it sleeps stays counted in event_waiters: every later change then
+ * makes a wake-up call that finds nobody (a cost, never a hang). */
 typedef struct waiter {
   uint64_t start;
   uint32_t spins;

@@ -28,8 +28,10 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free");
 #define META_MAGIC "OPT4META"
 /* 3: the owner's PID namespace and its lock (owner_pidns_*, owner_flags).
  * 4: head_seq and head_waiters (prefetchers sleep on the consumers'
- * progress; a layout-3 library's consumers would never wake them). */
-#define POOL_LAYOUT 4u
+ * progress; a layout-3 library's consumers would never wake them).
+ * 5: event_seq and event_waiters (waits in the pool sleep on the word its
+ * changes bump; a layout-4 library would change them without a wake-up). */
+#define POOL_LAYOUT 5u
 #define POOL_HEADER_SIZE 4096u
 #define POOL_NAME_MAX 64
 
@@ -137,6 +139,12 @@ typedef struct pool_header {
   uint64_t owner_pidns_ino;
   _Atomic uint32_t owner_flags;
   uint32_t reserved2;
+  /* Waits for a page, a claim or a slot sleep on event_seq, bumped by every
+   * change such a wait looks for, and woken only while event_waiters says
+   * someone sleeps (layout 5; runtime.c, "waiting"). On a line of their
+   * own: bumps must not take the line of head, floor and clock. */
+  _Alignas(64) _Atomic uint32_t event_seq;
+  _Atomic uint32_t event_waiters;
 } pool_header;
 _Static_assert(offsetof(pool_header, owner_pid) == 36 && offsetof(pool_header, owner_start) == 40,
                "the owner's pid and start time stay where every layout had them: an older "

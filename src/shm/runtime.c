@@ -163,31 +163,66 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* Waits for a page, a claim or a staging slot all go the same way: check
+ * the condition, and if it does not hold, take a wait_step; again until it
+ * holds or the pool's timeout passes. A step spins (64 times), then yields
+ * (64 times), then sleeps on event_seq, the pool's futex word for "something
+ * a wait looks for has changed", for at most 20 us at first, doubling to
+ * 1 ms. Whoever makes such a change (a page published, written or failed; a
+ * generation's last planned read; a hazard cleared under a writer; a claim
+ * or a slot settled; the floor moved; an interrupt; a fork's park) bumps
+ * event_seq after it and wakes the sleepers, so a wait ends as soon as its
+ * condition can hold, not at the end of a sleep. The sleeps stay bounded:
+ * a process that died changes nothing, so a wait looks for dead ones now
+ * and then (wait_is_slow), and a change that bumps nothing (a bug) costs at
+ * most a millisecond, never a hang.
+ *
+ * No wake-up is lost. Each step reads event_seq last, so the next check of
+ * the condition comes after that read; the next sleep is only while
+ * event_seq still holds it. A changer stores its change, then bumps
+ * event_seq, then reads event_waiters; a sleeper adds itself to
+ * event_waiters, then sleeps while event_seq holds what it read (the kernel
+ * compares), all sequentially consistent. If the bump came before the
+ * sleeper's read, its check saw the change; if after, either the kernel
+ * sees the new value and does not sleep, or the changer sees the sleeper
+ * counted and wakes it. Only the wake-up system call waits for a sleeper:
+ * a change costs one atomic add on a line of its own. A process killed
+ * while it sleeps stays counted in event_waiters: every later change then
+ * makes a wake-up call that finds nobody (a cost, never a hang). */
 typedef struct waiter {
   uint64_t start;
   uint32_t spins;
+  uint32_t seq; /* event_seq as read at the end of the last step */
 } waiter;
 
-/* One step of a bounded wait: spin, then yield, then sleep with backoff up
- * to 1 ms. Returns 1 once the pool's timeout has passed. */
+static void pool_event(pool_header *h) {
+  atomic_fetch_add(&h->event_seq, 1);
+  if (atomic_load(&h->event_waiters) != 0) opt4__futex_wake(&h->event_seq, 1);
+}
+
+/* One step of a bounded wait (above). Returns 1 once the pool's timeout has
+ * passed, or the handle was interrupted. */
 static int wait_step(const opt4_pool *pool, waiter *w) {
+  pool_header *h = pool->h;
   if (atomic_load_explicit(&((opt4_pool *)pool)->interrupted, memory_order_relaxed)) return 1;
   if (w->spins == 0) w->start = opt4__now_ns();
   w->spins++;
   if (w->spins < 64) {
     cpu_relax();
-    return 0;
+  } else {
+    if (opt4__now_ns() - w->start > pool->timeout_ns) return 1;
+    if (w->spins < 128) {
+      sched_yield();
+    } else {
+      if (pool->safe_point != NULL) w->start += pool->safe_point(pool->safe_ctx);
+      uint32_t shift = (w->spins - 128) / 16;
+      uint64_t ns = (uint64_t)20000 << (shift > 6 ? 6 : shift);
+      atomic_fetch_add(&h->event_waiters, 1);
+      opt4__futex_wait(&h->event_seq, w->seq, ns > 1000000u ? 1000000u : ns, 1);
+      atomic_fetch_sub(&h->event_waiters, 1);
+    }
   }
-  if (opt4__now_ns() - w->start > pool->timeout_ns) return 1;
-  if (w->spins < 128) {
-    sched_yield();
-    return 0;
-  }
-  if (pool->safe_point != NULL) w->start += pool->safe_point(pool->safe_ctx);
-  uint32_t shift = (w->spins - 128) / 16;
-  long ns = 20000L << (shift > 6 ? 6 : shift);
-  struct timespec ts = {0, ns > 1000000L ? 1000000L : ns};
-  nanosleep(&ts, NULL);
+  w->seq = atomic_load(&h->event_seq);
   return 0;
 }
 
@@ -216,6 +251,7 @@ static inline int gen_failed(const opt4_pool *pool, uint32_t g) {
 
 static inline void mark_failed(opt4_pool *pool, uint32_t g) {
   atomic_fetch_or_explicit(&pool->failed[g / 64], (uint64_t)1 << (g % 64), memory_order_release);
+  pool_event(pool->h);
 }
 
 /* A page seen stuck in WRITING by generation x (word w): if no live process
@@ -257,11 +293,17 @@ static int in_batch(const uint64_t *batch, size_t n, uint64_t pos) {
   return lo < n && batch[lo] == pos;
 }
 
-static void count_read(page_state *ps, uint32_t g) {
+/* Count a read of generation g on page ps. The read that completes the
+ * plan's reads (plus the ADMIT's own, see may_take) is what a writer of the
+ * page's next generation waits for: it bumps event_seq. */
+static void count_read(opt4_pool *pool, page_state *ps, uint32_t g) {
   uint64_t r = atomic_load_explicit(&ps->reads, memory_order_relaxed);
-  while (PS_GEN(r) == g &&
-         !atomic_compare_exchange_weak_explicit(&ps->reads, &r, r + 1, memory_order_release,
-                                                memory_order_relaxed)) {
+  while (PS_GEN(r) == g) {
+    if (atomic_compare_exchange_weak_explicit(&ps->reads, &r, r + 1, memory_order_release,
+                                              memory_order_relaxed)) {
+      if ((uint32_t)r + 1u >= pool->gens[g].reads + 1u) pool_event(pool->h);
+      return;
+    }
   }
 }
 
@@ -310,7 +352,9 @@ uint64_t opt4__pool_head(const opt4_pool *pool) {
 }
 
 void opt4__pool_head_kick(opt4_pool *pool) {
-  if (pool != NULL) head_bump(pool->h);
+  if (pool == NULL) return;
+  head_bump(pool->h);
+  pool_event(pool->h); /* a thread asked to park may sleep on either word */
 }
 
 int opt4__pool_head_wait(opt4_pool *pool, uint64_t seen, uint64_t timeout_ns,
@@ -326,6 +370,16 @@ int opt4__pool_head_wait(opt4_pool *pool, uint64_t seen, uint64_t timeout_ns,
   return timed_out;
 }
 
+/* Clear this process's hazard on page ps, pinned while it held word. A
+ * writer that claimed the page since (the word moved on) may be waiting for
+ * exactly this (wait_hazards): tell it. The store and the load are
+ * sequentially consistent, as the writer's claim and its read of the
+ * hazards are, so either it sees the hazard cleared or we see its claim. */
+static inline void unpin(opt4_pool *pool, proc_rec *me, page_state *ps, uint64_t word) {
+  atomic_store(&me->hazard, 0);
+  if (atomic_load(&ps->word) != word) pool_event(pool->h);
+}
+
 /* Copy generation g out of its pages into dst (the HIT path, also taken by an
  * ADMIT that a prefetcher stored). Returns OPT4_GET_HIT, OPT4_GET_TOO_SMALL
  * (res->len set) or OPT4_GET_LOAD (fallback, counted). */
@@ -338,14 +392,15 @@ static uint32_t read_gen(opt4_pool *pool, uint32_t g, void *dst, size_t dst_cap,
   for (uint32_t i = 0; i < gen->npages; i++) {
     const list_ent *ent = &pool->list[gen->list_off + i];
     page_state *ps = &pool->states[ent->page];
+    uint64_t word;
     for (;;) {
-      uint64_t word = atomic_load_explicit(&ps->word, memory_order_acquire);
+      word = atomic_load_explicit(&ps->word, memory_order_acquire);
       uint32_t tag = PS_GEN(word), st = PS_STATE(word);
       if (tag == g && st == PS_READY) {
         atomic_store_explicit(&me->hazard, (uint64_t)ent->page + 1, memory_order_relaxed);
         atomic_thread_fence(memory_order_seq_cst);
         if (atomic_load_explicit(&ps->word, memory_order_acquire) == word) break;
-        atomic_store_explicit(&me->hazard, 0, memory_order_release);
+        unpin(pool, me, ps, word);
         continue;
       }
       /* Not (or no longer) ours to read: give up at once when waiting
@@ -363,7 +418,7 @@ static uint32_t read_gen(opt4_pool *pool, uint32_t g, void *dst, size_t dst_cap,
     if (i == 0) {
       len = atomic_load_explicit(&ps->len, memory_order_relaxed);
       if (len > dst_cap) {
-        atomic_store_explicit(&me->hazard, 0, memory_order_release);
+        unpin(pool, me, ps, word);
         *len_out = len;
         return OPT4_GET_TOO_SMALL;
       }
@@ -371,8 +426,8 @@ static uint32_t read_gen(opt4_pool *pool, uint32_t g, void *dst, size_t dst_cap,
     uint64_t chunk = len - copied < page_size ? len - copied : page_size;
     memcpy((uint8_t *)dst + copied, pool->payload + (uint64_t)ent->page * page_size, chunk);
     copied += chunk;
-    count_read(ps, g);
-    atomic_store_explicit(&me->hazard, 0, memory_order_release);
+    count_read(pool, ps, g);
+    unpin(pool, me, ps, word);
   }
   *len_out = len;
   return OPT4_GET_HIT;
@@ -398,7 +453,7 @@ static uint32_t claim_miss(opt4_pool *pool, _Atomic uint32_t *claim) {
       atomic_compare_exchange_strong_explicit(claim, &c, CL_SELF, memory_order_acq_rel,
                                               memory_order_acquire))
     return CL_SELF;
-  waiter w = {0, 0};
+  waiter w = {0, 0, 0};
   uint32_t got;
   for (;;) {
     uint32_t st = CL_STATE(c);
@@ -429,6 +484,7 @@ static uint32_t claim_miss(opt4_pool *pool, _Atomic uint32_t *claim) {
       /* The owner's record stays in the word, so that whoever needs the
        * claim settled can tell a dead owner from a slow one. */
       if (atomic_compare_exchange_strong(claim, &c, (c & ~15u) | CL_ABANDONED)) {
+        pool_event(pool->h); /* a prefetcher waiting for a slot's turn gives up */
         if (timed_out) count(pool, C_TIMEOUTS, 1);
         got = CL_ABANDONED;
         break;
@@ -478,7 +534,7 @@ int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t bat
   const uint32_t v = pool->rt[t];
   res->item = pool->seq[t];
   const uint32_t g = RT_GEN(v);
-  waiter w = {0, 0};
+  waiter w = {0, 0, 0};
   uint64_t len = 0;
   uint32_t st;
   switch (RT_KIND(v)) {
@@ -500,6 +556,7 @@ int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t bat
           }
           memcpy(dst, pool->staging + slot * pool->h->staging_slot_bytes, len);
           atomic_store_explicit(&pool->bclaim[g], CL_DONE, memory_order_release);
+          pool_event(pool->h); /* the prefetcher with the slot's next turn */
           count(pool, C_PF_SERVED, 1);
           res->status = OPT4_GET_HIT;
           res->reason = OPT4_REASON_PREFETCHED;
@@ -553,7 +610,7 @@ int opt4_pool_note_read(opt4_pool *pool, uint64_t t) {
   if (RT_KIND(v) != OPT4_OP_HIT) return opt4__fail(OPT4_EINVAL, "position %llu is not a HIT", (unsigned long long)t);
   const gen_rec *gen = &pool->gens[RT_GEN(v)];
   for (uint32_t i = 0; i < gen->npages; i++)
-    count_read(&pool->states[pool->list[gen->list_off + i].page], RT_GEN(v));
+    count_read(pool, &pool->states[pool->list[gen->list_off + i].page], RT_GEN(v));
   return 0;
 }
 
@@ -620,7 +677,7 @@ static int put_impl(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t
   }
   proc_rec *me = my_rec(pool);
   atomic_store(&me->writing, (uint64_t)g + 1);
-  waiter w = {0, 0};
+  waiter w = {0, 0, 0};
   uint32_t claimed = 0;
   for (uint32_t i = 0; i < gen->npages; i++) {
     const list_ent *ent = &pool->list[gen->list_off + i];
@@ -674,6 +731,7 @@ static int put_impl(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t
   for (uint32_t i = 0; i < gen->npages; i++)
     atomic_store_explicit(&pool->states[pool->list[gen->list_off + i].page].word,
                           PS_WORD(g, PS_READY), memory_order_release);
+  pool_event(pool->h);
   atomic_store_explicit(&me->writing, 0, memory_order_release);
   wait_done(pool, &w);
   count(pool, C_STORED, 1);
@@ -686,6 +744,7 @@ abandon:
   for (uint32_t i = 0; i < claimed; i++)
     atomic_store_explicit(&pool->states[pool->list[gen->list_off + i].page].word,
                           PS_WORD(g, PS_FAILED), memory_order_release);
+  pool_event(pool->h);
   atomic_store_explicit(&me->writing, 0, memory_order_release);
   wait_done(pool, &w);
   count(pool, C_STORE_FAILED, 1);
@@ -765,7 +824,7 @@ int opt4_pool_skip(opt4_pool *pool, uint64_t t) {
       } else if (st == CL_READY) { /* prefetched: its own read is all it owes */
         const gen_rec *gen = &pool->gens[g];
         for (uint32_t i = 0; i < gen->npages; i++)
-          count_read(&pool->states[pool->list[gen->list_off + i].page], g);
+          count_read(pool, &pool->states[pool->list[gen->list_off + i].page], g);
       } else if (st == CL_LOADING || st == CL_STORING) {
         if (!atomic_compare_exchange_strong(claim, &c, (c & ~15u) | CL_ABANDONED)) continue;
       }
@@ -782,7 +841,7 @@ int opt4_pool_skip(opt4_pool *pool, uint64_t t) {
   } else if (RT_KIND(v) == OPT4_OP_HIT) {
     const gen_rec *gen = &pool->gens[RT_GEN(v)];
     for (uint32_t i = 0; i < gen->npages; i++)
-      count_read(&pool->states[pool->list[gen->list_off + i].page], RT_GEN(v));
+      count_read(pool, &pool->states[pool->list[gen->list_off + i].page], RT_GEN(v));
   }
   return 0;
 }
@@ -816,6 +875,7 @@ int opt4_pool_set_floor(opt4_pool *pool, uint64_t floor) {
   while (floor > cur) {
     if (atomic_compare_exchange_weak(&pool->h->floor, &cur, floor)) {
       head_bump(pool->h); /* sleeping prefetchers: their window moved */
+      pool_event(pool->h); /* waits for what lies below it now end */
       break;
     }
   }
@@ -972,6 +1032,7 @@ static void give_up(opt4_pool *pool, _Atomic uint32_t *claim, uint32_t v) {
     atomic_store(claim, CL_DONE);
     break;
   }
+  pool_event(pool->h); /* its consumer, waiting in claim_miss */
   count(pool, C_PF_DROPPED, 1);
 }
 
@@ -1032,7 +1093,7 @@ static int store_admit(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t
   /* Wait (bounded) until every page may be taken: the generations this one
    * replaces have had their planned reads. Only then claim STORING, so a
    * consumer waits for a prefetcher only while it loads or copies. */
-  waiter w = {0, 0};
+  waiter w = {0, 0, 0};
   for (uint32_t i = 0; i < gen->npages; i++) {
     const list_ent *ent = &pool->list[gen->list_off + i];
     page_state *ps = &pool->states[ent->page];
@@ -1068,6 +1129,7 @@ static int store_admit(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t
   /* READY even if the store failed: the generation is then marked failed
    * and its consumer, like its readers, falls back at once. */
   atomic_store_explicit(claim, reads_start ? CL_DONE : CL_READY, memory_order_release);
+  pool_event(pool->h); /* its consumer, waiting in claim_miss */
   if (rc != 0) return rc;
   if (ok) count(pool, C_PF_STORED, 1);
   *stored = ok;
@@ -1096,7 +1158,7 @@ static void pass_turns(opt4_pool *pool, uint64_t s, int check_dead) {
       continue;
     }
     if (st != CL_DONE && st != CL_SELF) return;
-    atomic_compare_exchange_strong(&pool->slots[s].turn, &p, p + slots);
+    if (atomic_compare_exchange_strong(&pool->slots[s].turn, &p, p + slots)) pool_event(pool->h);
   }
 }
 
@@ -1112,7 +1174,7 @@ static int store_bypass(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_
   }
   /* Wait for our turn at the slot: every earlier BYPASS of this slot is
    * done with it (copied out) or never used it (its consumer loaded it). */
-  waiter w = {0, 0};
+  waiter w = {0, 0, 0};
   while (atomic_load_explicit(&pool->slots[b % slots].turn, memory_order_acquire) != b) {
     pass_turns(pool, b % slots, wait_is_slow(&w));
     if (atomic_load_explicit(&pool->slots[b % slots].turn, memory_order_acquire) == b) break;
@@ -1138,6 +1200,7 @@ static int store_bypass(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_
     atomic_store_explicit(claim, CL_DONE, memory_order_release);
     count(pool, C_PF_DROPPED, 1);
   }
+  pool_event(pool->h); /* its consumer, or the slot's next turn */
   return 0;
 }
 
@@ -1174,7 +1237,8 @@ static int prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, 
 int opt4_pool_interrupt(opt4_pool *pool) {
   if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
   atomic_store(&pool->interrupted, 1);
-  head_bump(pool->h); /* this handle's thread may sleep on head_seq */
+  head_bump(pool->h);  /* this handle's thread may sleep on head_seq */
+  pool_event(pool->h); /* or on event_seq */
   return 0;
 }
 

@@ -76,6 +76,29 @@ def script(name: str) -> str:
 
 
 
+def our_threads() -> list:
+    """The live threads this project started (every one is named opt4...).
+    Tests count these, never ``threading.active_count()``: a thread left by
+    an earlier test (a DataLoader's queue feeder, say) may end at any time
+    and would change the count under the test."""
+    import threading
+
+    return [t for t in threading.enumerate() if t.name.startswith("opt4")]
+
+
+def wait_for_no_threads_of_ours(timeout: float = 5.0) -> list:
+    """Waits (collecting garbage, whose finalizers stop threads) until none
+    of our threads is alive, or timeout; returns those still alive."""
+    import gc
+    import time
+
+    deadline = time.monotonic() + timeout
+    while our_threads() and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    return our_threads()
+
+
 def leaked_since(before: set[str]) -> set[str]:
     """Pools that appeared since `before` and are owned by this process: a
     test's leak. On a machine where another job of the same user runs its own

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
+from conftest import our_threads, wait_for_no_threads_of_ours
 from torch.utils.data import DataLoader, Dataset
 
 import opt4torch
@@ -42,14 +43,6 @@ class Items(Dataset):
         if i == self.fail_at:
             raise KeyError(f"item {i} is missing")
         return {"x": torch.full((3,), float(i)), "i": i, "name": f"n{i}"}
-
-
-def wait_for_threads(baseline: int, timeout: float = 5.0) -> int:
-    deadline = time.monotonic() + timeout
-    while threading.active_count() > baseline and time.monotonic() < deadline:
-        gc.collect()
-        time.sleep(0.01)
-    return threading.active_count()
 
 
 # ------------------------------------------------------------ structure
@@ -108,7 +101,7 @@ def test_cpu_passes_batches_through_unchanged() -> None:
     next(it)
     it.close()
     assert list(it) == []
-    assert threading.active_count() >= 1
+    assert not our_threads()  # the CPU path starts no thread
     with pytest.raises(TypeError, match="no len"):
         len(DevicePrefetcher(iter(batches), device="cpu"))
 
@@ -117,7 +110,7 @@ def test_cpu_passes_batches_through_unchanged() -> None:
 @pytest.mark.parametrize("workers,method", [(0, None), (2, "fork"),
                                             pytest.param(2, "spawn", marks=pytest.mark.slow)])
 def test_cpu_with_a_dataloader(workers: int, method: str | None) -> None:
-    baseline = threading.active_count()
+    assert wait_for_no_threads_of_ours() == []  # an earlier test's, ended
     loader = DataLoader(Items(20), batch_size=4, num_workers=workers, multiprocessing_context=method,
                         persistent_workers=workers > 0)
     pf = DevicePrefetcher(loader)
@@ -134,7 +127,7 @@ def test_cpu_with_a_dataloader(workers: int, method: str | None) -> None:
         if k == 1:
             break
     del loader, pf
-    assert wait_for_threads(baseline) == baseline
+    assert wait_for_no_threads_of_ours() == []
 
 
 def test_cpu_loader_errors_reach_the_consumer() -> None:
@@ -242,7 +235,7 @@ class Counting:
 
 
 def test_cuda_path_stages_on_a_side_stream_and_waits_per_batch(fake_cuda) -> None:
-    baseline = threading.active_count()
+    assert wait_for_no_threads_of_ours() == []  # an earlier test's, ended
     pf = DevicePrefetcher(Counting(5), device="cuda:0", depth=2, non_blocking=True)
     assert pf.device == torch.device("cuda", 0)
     out = []
@@ -260,7 +253,7 @@ def test_cuda_path_stages_on_a_side_stream_and_waits_per_batch(fake_cuda) -> Non
     # Per batch: its two copies, then its event.
     staged = [k for k in kinds if k in ("copy", "event")]
     assert staged == ["copy", "copy", "event"] * 5
-    assert wait_for_threads(baseline) == baseline
+    assert wait_for_no_threads_of_ours() == []
 
 
 def test_cuda_path_depth_bounds_the_staged_batches(fake_cuda) -> None:
@@ -277,7 +270,7 @@ def test_cuda_path_depth_bounds_the_staged_batches(fake_cuda) -> None:
 
 
 def test_cuda_path_early_break_and_gc_stop_the_thread(fake_cuda) -> None:
-    baseline = threading.active_count()
+    assert wait_for_no_threads_of_ours() == []  # an earlier test's, ended
     loader = Counting(100, delay=0.001)
     pf = DevicePrefetcher(loader, device="cuda:0", depth=2)
     it = iter(pf)
@@ -292,13 +285,13 @@ def test_cuda_path_early_break_and_gc_stop_the_thread(fake_cuda) -> None:
     assert not thread.is_alive()
     assert loader.closed.wait(5), "the loader's iterator was not released"
     assert loader.taken < 100
-    assert wait_for_threads(baseline) == baseline
+    assert wait_for_no_threads_of_ours() == []
     # A new epoch works after a dropped one.
     assert sum(1 for _ in pf) == 100
 
 
 def test_cuda_path_loader_errors_reach_the_consumer(fake_cuda) -> None:
-    baseline = threading.active_count()
+    assert wait_for_no_threads_of_ours() == []  # an earlier test's, ended
     it = iter(DevicePrefetcher(Counting(10, fail_at=4), device="cuda:0", depth=2))
     labels = [next(it)[0].label for _ in range(4)]
     assert labels == [0, 1, 2, 3]
@@ -306,11 +299,11 @@ def test_cuda_path_loader_errors_reach_the_consumer(fake_cuda) -> None:
         next(it)
     with pytest.raises(StopIteration):
         next(it)
-    assert wait_for_threads(baseline) == baseline
+    assert wait_for_no_threads_of_ours() == []
 
 
 def test_cuda_path_with_dataloader_workers(fake_cuda) -> None:
-    baseline = threading.active_count()
+    assert wait_for_no_threads_of_ours() == []  # an earlier test's, ended
     loader = DataLoader(Items(24), batch_size=4, num_workers=2, multiprocessing_context="fork")
     pf = DevicePrefetcher(loader, device="cuda:0", depth=2)
     seen = [i for batch in pf for i in batch["i"].tolist()]
@@ -319,4 +312,4 @@ def test_cuda_path_with_dataloader_workers(fake_cuda) -> None:
         if k == 0:
             break
     del pf, loader
-    assert wait_for_threads(baseline) == baseline
+    assert wait_for_no_threads_of_ours() == []

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 
 import numpy as np
 import pytest
 import torch
+from conftest import our_threads, wait_for_no_threads_of_ours
 from datasets_for_tests import CountingSlow
 
 import opt4torch
@@ -252,7 +252,7 @@ def test_thread_prefetch_for_any_dataset(tmp_path) -> None:
 
 
 def test_prefetch_threads_stop_with_the_cache(record_path: str) -> None:
-    baseline = threading.active_count()
+    assert wait_for_no_threads_of_ours() == []  # an earlier test's, ended
     # Slow enough loads that the threads cannot have loaded every miss of
     # the plan (about 500, 20 ms each, 3 threads) by the time we look: with
     # instant loads they sometimes had, finished, and were gone.
@@ -261,11 +261,11 @@ def test_prefetch_threads_stop_with_the_cache(record_path: str) -> None:
                                   epochs=2, prefetch=True, prefetch_threads=3)
     it = iter(loader)
     next(it)  # the first batch starts the prefetcher
-    assert threading.active_count() >= baseline + 3
+    assert sorted(t.name for t in our_threads()) == [f"opt4-prefetch-{k}" for k in range(3)]
     assert loader.cache.stats()["prefetcher"]["finished"] == 0
     del it  # dropped mid-epoch
     loader.cache.close()
-    assert threading.active_count() == baseline
+    assert not our_threads()  # joined by close(), not later
     rf = RecordFile(record_path, latency=0.01)
     loader = opt4torch.DataLoader(rf, batch_size=BATCH, shuffle=True, seed=1, cache_items=CAPACITY,
                                   epochs=2, prefetch_threads=8, lookahead=10_000, collate_fn=list)

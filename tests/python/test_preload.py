@@ -6,7 +6,6 @@ by its counters (hits > 0 on a slow dataset), never by wall-time ratios.
 
 from __future__ import annotations
 
-import gc
 import multiprocessing as mp
 import pickle
 import threading
@@ -18,6 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from conftest import our_threads, wait_for_no_threads_of_ours
 from torch.utils.data import DataLoader, TensorDataset
 
 import opt4torch
@@ -81,14 +81,6 @@ class WithResyncs(AsyncPrefetchDataset):
 
     def __getitem__(self, i: int) -> tuple[int, int]:
         return super().__getitem__(i)[0] // 3, self.stats()["resyncs"]
-
-
-def wait_for_threads(baseline: int, timeout: float = 5.0) -> int:
-    deadline = time.monotonic() + timeout
-    while threading.active_count() > baseline and time.monotonic() < deadline:
-        gc.collect()
-        time.sleep(0.01)
-    return threading.active_count()
 
 
 def same(a: tuple[int, torch.Tensor], i: int) -> bool:
@@ -369,23 +361,23 @@ def test_errors_reach_the_caller() -> None:
 
 
 def test_threads_start_lazily_and_stop_on_close() -> None:
-    baseline = threading.active_count()
+    assert wait_for_no_threads_of_ours() == []  # an earlier test's, ended
     ds = AsyncPrefetchDataset(Slow(50, delay=0.001), queue_size=4, num_workers=3, order=list(range(50)))
-    assert ds.threads == [] and threading.active_count() == baseline
+    assert ds.threads == [] and not our_threads()
     ds[0]
-    assert len(ds.threads) == 3 and threading.active_count() == baseline + 3
+    assert len(ds.threads) == 3 and set(our_threads()) == set(ds.threads)
     threads = ds.threads
     ds.close()
     assert not any(t.is_alive() for t in threads)
-    assert threading.active_count() == baseline
+    assert not our_threads()
     # Used again: threads again, position and counters go on.
     assert same(ds[1], 1) and ds.stats()["position"] == 2
     ds.close()
-    assert wait_for_threads(baseline) == baseline
+    assert wait_for_no_threads_of_ours() == []
 
 
 def test_early_break_and_garbage_collection_stop_the_threads() -> None:
-    baseline = threading.active_count()
+    assert wait_for_no_threads_of_ours() == []  # an earlier test's, ended
     ds = AsyncPrefetchDataset(Slow(200, delay=0.002), queue_size=8, num_workers=2, order=list(range(200)))
     for i in range(200):
         ds[i]
@@ -394,15 +386,14 @@ def test_early_break_and_garbage_collection_stop_the_threads() -> None:
     threads = ds.threads
     assert threads
     del ds
-    assert wait_for_threads(baseline) == baseline
+    assert wait_for_no_threads_of_ours() == []
     assert not any(t.is_alive() for t in threads)
 
 
 def test_no_threads_with_num_workers_zero() -> None:
-    baseline = threading.active_count()
     ds = AsyncPrefetchDataset(Slow(5, delay=0), num_workers=0, order=[1, 2])
     assert all(same(ds[i], i) for i in range(5))
-    assert threading.active_count() == baseline
+    assert not our_threads()
     assert ds.stats()["sync_loads"] == 5 and ds.stats()["hits"] == 0
 
 
@@ -418,7 +409,7 @@ def test_async_bad_arguments() -> None:
 
 
 def test_async_pickles_without_threads() -> None:
-    baseline = threading.active_count()
+    assert wait_for_no_threads_of_ours() == []  # an earlier test's, ended
     ds = AsyncPrefetchDataset(Slow(20, delay=0.001), queue_size=4, order=list(range(20)))
     ds[0]
     back = pickle.loads(pickle.dumps(ds))
@@ -427,7 +418,7 @@ def test_async_pickles_without_threads() -> None:
     assert back.stats()["hits"] > 0
     back.close()
     ds.close()
-    assert wait_for_threads(baseline) == baseline
+    assert wait_for_no_threads_of_ours() == []
 
 
 def _child_reads(ds: AsyncPrefetchDataset, out: mp.Queue) -> None:

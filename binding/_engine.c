@@ -809,12 +809,20 @@ static int fetch_batch(PoolObject *self, PyObject *arg, fetched *f) {
   int rc = 0;
   uint64_t used = ALIGN_UP((uintptr_t)buf) - (uintptr_t)buf;
   total += used;
+  /* The positions are served in order up to the first AGAIN (the caller
+   * commits those, then asks again from there): f->n ends just past it. */
+  Py_ssize_t served = n;
   Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
     rc = opt4_pool_get(self->pool, f->pos[i], sorted, (size_t)n, buf + used, total - used, &f->res[i]);
     f->offsets[i] = used;
     if (rc == 0 && f->res[i].status == OPT4_GET_HIT) used = ALIGN_UP(used + f->res[i].len);
+    if (rc == 0 && f->res[i].status == OPT4_GET_AGAIN) {
+      served = i + 1;
+      break;
+    }
   }
-  Py_END_ALLOW_THREADS if (rc != 0) {
+  Py_END_ALLOW_THREADS f->n = served;
+  if (rc != 0) {
     raise_code(rc, "read batch");
     goto fail;
   }
@@ -829,7 +837,9 @@ fail:
 
 /* The entry of result i: (status, item, a, b) with status 0 HIT (a = offset
  * in data, b = length), 1 DEFER (a = position to copy from), 2 LOAD (a =
- * reason: 1 ADMIT, 2 BYPASS, 3 FALLBACK); led by i itself when indexed. */
+ * reason: 1 ADMIT, 2 BYPASS, 3 FALLBACK), 3 AGAIN (the last entry: the
+ * batch was served up to here; commit, then ask again from i); led by i
+ * itself when indexed. */
 static PyObject *entry_of(const fetched *f, Py_ssize_t i, int indexed) {
   const opt4_get_result *r = &f->res[i];
   int status;
@@ -844,6 +854,10 @@ static PyObject *entry_of(const fetched *f, Py_ssize_t i, int indexed) {
     status = 1;
     a = r->defer_to;
     break;
+  case OPT4_GET_AGAIN:
+    status = 3;
+    a = 0;
+    break;
   default: /* LOAD; TOO_SMALL cannot happen with space-sized buffers */
     status = 2;
     a = r->status == OPT4_GET_LOAD ? r->reason : OPT4_REASON_FALLBACK;
@@ -853,7 +867,8 @@ static PyObject *entry_of(const fetched *f, Py_ssize_t i, int indexed) {
   return Py_BuildValue("(iIKK)", status, r->item, a, b);
 }
 
-/* read_batch(positions) -> (data: bytearray, entries: list of (status, item, a, b)) */
+/* read_batch(positions) -> (data: bytearray, entries: list of (status, item, a, b)),
+ * one entry per position served: all of them, or up to an AGAIN, the last. */
 static PyObject *pool_read_batch(PoolObject *self, PyObject *arg) {
   if (pool_enter(self) < 0) return NULL;
   fetched f;
@@ -1339,7 +1354,9 @@ done:
  * with its HITs decoded where the C decoder can (objects[i]); arrays made by
  * make_arrays(data, runs) when given. rest lists the other positions'
  * entries as (i, status, item, a, b), in order (see entry_of), for the Python
- * layer to load, store or decode from data. */
+ * layer to load, store or decode from data. An AGAIN entry ends rest, and
+ * objects stops at it: the positions before it are served; commit them and
+ * ask again from its i. */
 static PyObject *pool_get_batch(PoolObject *self, PyObject *args) {
   PyObject *positions, *make_arrays = Py_None;
   if (!PyArg_ParseTuple(args, "O|O:get_batch", &positions, &make_arrays)) return NULL;

@@ -496,6 +496,8 @@ int opt4_pool_item(const opt4_pool *pool, uint64_t t, uint32_t *item,
 #define OPT4_GET_LOAD 2      /* load it (reason says why); put it if ADMIT */
 #define OPT4_GET_DEFER 3     /* a HIT on the item admitted at position
                                 defer_to, earlier in the same batch */
+#define OPT4_GET_AGAIN 4     /* (batches only) not served yet: finish the
+                                batch's earlier positions, then get t again */
 
 #define OPT4_REASON_ADMIT 1
 #define OPT4_REASON_BYPASS 2
@@ -516,7 +518,18 @@ typedef struct opt4_get_result {
  * positions this caller handles together: a HIT on an item admitted at one of
  * them returns OPT4_GET_DEFER instead of waiting for itself. May wait
  * (bounded). Errors: OPT4_ERANGE for t past the plan. Thread-safe; safe
- * across processes. */
+ * across processes.
+ *
+ * A caller may serve a batch in two passes: get every position, then load
+ * the LOADs and commit in position order (opt4_pool_put for each ADMIT,
+ * opt4_pool_note_read for each DEFER). Such a caller still owes the stores
+ * of the batch's earlier ADMITs while it gets t; if t's miss is then in a
+ * prefetcher's hands, the prefetcher's store may be waiting for one of them
+ * (its item replaces what the caller admitted). Rather than wait for
+ * itself, opt4_pool_get returns OPT4_GET_AGAIN at once, having done nothing
+ * at t: commit the positions before t, then get t and the rest again, with a
+ * batch that starts at t. A caller that puts each ADMIT as soon as it is
+ * loaded never sees OPT4_GET_AGAIN, nor does one without a batch. */
 int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch,
                   size_t batch_len, void *dst, size_t dst_cap,
                   opt4_get_result *res);

@@ -408,17 +408,31 @@ class CachedDataset(tud.Dataset):
             out = self._load(list(positions))
             return [self.transform(x) for x in out] if self.transform is not None else out
         pool = self._pool()
-        # One call into C reads the batch and decodes its HITs (arrays and
-        # tensors through make_arrays, as views of data); rest holds
-        # (i, status, item, a, b) for everything else.
-        try:
-            out, data, rest = pool.get_batch(positions, make_arrays)
-        except (_engine.InvalidInputError, OverflowError, TypeError) as exc:
-            if all(0 <= int(t) < self.accesses for t in positions):
-                raise
-            raise _messages.bad_positions(positions, self.accesses) from exc
-        if rest:
-            self._finish_batch(pool, positions, out, data, rest)
+        out: list[Any] = []
+        start = 0
+        while start < len(positions):
+            part = positions[start:] if start else positions
+            # One call into C reads the batch and decodes its HITs (arrays
+            # and tensors through make_arrays, as views of data); rest holds
+            # (i, status, item, a, b) for everything else. It stops early
+            # (AGAIN) where a prefetcher holds a miss whose store may wait
+            # for one of ours: we commit what came before, then go on there.
+            try:
+                got, data, rest = pool.get_batch(part, make_arrays)
+            except (_engine.InvalidInputError, OverflowError, TypeError) as exc:
+                if all(0 <= int(t) < self.accesses for t in positions):
+                    raise
+                raise _messages.bad_positions(positions, self.accesses) from exc
+            served = len(part)
+            if rest and rest[-1][1] == 3:
+                served = rest.pop()[0]
+                del got[served:]
+                if served == 0:  # it owes nothing at its first position
+                    raise RuntimeError(f"opt4torch: the pool served none of positions {part}")
+            if rest:
+                self._finish_batch(pool, part, got, data, rest)
+            out.extend(got)
+            start += served
         if self.transform is not None:
             out = [self.transform(x) for x in out]
         return out

@@ -81,6 +81,7 @@ _Static_assert(C_COUNT <= 16, "the counters must fit their two cache lines");
 #define CL_ABANDONED 5u /* its consumer stopped waiting and loaded it itself */
 #define CL_READING 6u   /* BYPASS: its consumer is copying it out of staging */
 #define CL_DONE 7u      /* BYPASS: finished with; its staging slot is free */
+#define CL_AGAIN 8u     /* not a state: claim_miss's "commit first, then ask again" */
 #define CL_STATE(c) ((c)&15u)
 #define CL_OWNER(c) ((c) >> 4) /* record + 1 of the loading prefetcher */
 

@@ -33,6 +33,10 @@
  * position, every wait is bounded (then the caller loads from the source,
  * counted), and dead processes are detected by pid and start time: a dead
  * reader's hazard is cleared, a dead writer's generation marked failed.
+ * A batch consumer that commits after its whole batch still owes its
+ * earlier positions while it gets later ones: it never waits for itself
+ * (DEFER for a HIT on its own ADMIT, AGAIN for a prefetcher's claim whose
+ * store may wait for its own; see opt4_pool_get).
  */
 #include "layout.h"
 
@@ -443,11 +447,38 @@ static int claimer_dead(opt4_pool *pool, uint32_t c) {
   return pid == 0 || !opt4__proc_alive((pid_t)pid, atomic_load(&r->start));
 }
 
-/* A consumer's claim on a miss (claims[k]): returns the state it found
- * settled: CL_SELF (load it yourself), CL_READY (prefetched), or
- * CL_ABANDONED (waited too long for a prefetcher: load, never store). A
- * claim in flight is waited for, bounded, and counted as a stall. */
-static uint32_t claim_miss(opt4_pool *pool, _Atomic uint32_t *claim) {
+/* Whether this caller, serving batch (sorted) up to position t, has an
+ * ADMIT earlier in the batch that it claimed to load itself (CL_SELF) and
+ * has not stored yet: a batch consumer that commits after the whole batch
+ * (the Python worker: get_batch, then load, then store_batch) still owes
+ * it. A consumer that stores each ADMIT as it goes never does. */
+static int owes_earlier_store(const opt4_pool *pool, const uint64_t *batch, size_t batch_len,
+                              uint64_t t) {
+  for (size_t k = 0; k < batch_len && batch[k] < t; k++) {
+    uint32_t v = pool->rt[batch[k]];
+    if (RT_KIND(v) != OPT4_OP_ADMIT) continue;
+    uint32_t g = RT_GEN(v);
+    if (CL_STATE(atomic_load_explicit(&pool->gclaim[g], memory_order_acquire)) != CL_SELF ||
+        pool->gens[g].npages == 0 || gen_failed(pool, g))
+      continue;
+    uint64_t w = atomic_load_explicit(
+        &pool->states[pool->list[pool->gens[g].list_off].page].word, memory_order_acquire);
+    uint32_t tag = PS_GEN(w);
+    if (tag == NO_GEN || tag < g || (tag == g && PS_STATE(w) == PS_WRITING)) return 1;
+  }
+  return 0;
+}
+
+/* A consumer's claim on a miss (claims[k]) at position t of batch (which
+ * may be NULL): returns the state it found settled: CL_SELF (load it
+ * yourself), CL_READY (prefetched), or CL_ABANDONED (waited too long for a
+ * prefetcher: load, never store). A claim in flight is waited for, bounded,
+ * and counted as a stall; except that when the caller owes a store earlier
+ * in its batch, it returns CL_AGAIN at once, untouched: the prefetcher's
+ * store may be waiting for that very store (it replaces what the caller
+ * admitted), so the caller commits first and asks again. */
+static uint32_t claim_miss(opt4_pool *pool, _Atomic uint32_t *claim, const uint64_t *batch,
+                           size_t batch_len, uint64_t t) {
   uint32_t c = atomic_load_explicit(claim, memory_order_acquire);
   if (CL_STATE(c) == CL_OPEN &&
       atomic_compare_exchange_strong_explicit(claim, &c, CL_SELF, memory_order_acq_rel,
@@ -479,6 +510,8 @@ static uint32_t claim_miss(opt4_pool *pool, _Atomic uint32_t *claim) {
       break;
     }
     /* LOADING or STORING: a prefetcher has it in hand. */
+    if (w.spins == 0 && batch != NULL && owes_earlier_store(pool, batch, batch_len, t))
+      return CL_AGAIN;
     int timed_out = wait_step(pool, &w);
     if (timed_out || (wait_is_slow(&w) && claimer_dead(pool, c))) {
       /* The owner's record stays in the word, so that whoever needs the
@@ -540,7 +573,11 @@ int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t bat
   switch (RT_KIND(v)) {
   case OPT4_OP_BYPASS:
     if (pool->bclaim != NULL) {
-      uint32_t got = claim_miss(pool, &pool->bclaim[g]);
+      uint32_t got = claim_miss(pool, &pool->bclaim[g], batch, batch_len, t);
+      if (got == CL_AGAIN) {
+        res->status = OPT4_GET_AGAIN;
+        return 0;
+      }
       if (got == CL_READY) {
         /* Ours alone from READING until DONE: no prefetcher writes the slot
          * while its claim is READING. */
@@ -570,7 +607,11 @@ int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t bat
     count(pool, C_BYPASSES, 1);
     return 0;
   case OPT4_OP_ADMIT: {
-    uint32_t got = claim_miss(pool, &pool->gclaim[g]);
+    uint32_t got = claim_miss(pool, &pool->gclaim[g], batch, batch_len, t);
+    if (got == CL_AGAIN) {
+      res->status = OPT4_GET_AGAIN;
+      return 0;
+    }
     if (got == CL_SELF) {
       res->status = OPT4_GET_LOAD;
       res->reason = OPT4_REASON_ADMIT;

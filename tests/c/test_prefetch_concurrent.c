@@ -216,6 +216,97 @@ static void test_claims_step_by_step(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+typedef struct store_arg {
+  opt4_pool *pool;
+  uint64_t t;
+  uint32_t item;
+  int stored;
+} store_arg;
+
+static void *store_main(void *p) {
+  store_arg *a = p;
+  uint8_t buf[PAGE];
+  item_fill(a->item, buf);
+  opt4_iovec part = {buf, item_len(a->item)};
+  ASSERT_OK(opt4_pool_prefetch_store(a->pool, a->t, &part, 1, &a->stored));
+  return NULL;
+}
+
+/* A consumer that serves its batch in two passes (get every position, then
+ * load and commit: the Python worker) must not wait for a prefetcher whose
+ * store waits for the consumer's own commit. Here 0 0 1 1 at capacity 1 in
+ * one batch: the consumer loads 0 itself (ADMIT, stored at commit), reads it
+ * at 1 (DEFER), and a prefetcher holds 2 (ADMIT of 1), whose store must wait
+ * for generation 0's reads before it takes its page. Before OPT4_GET_AGAIN,
+ * get(2) waited for the prefetcher until the wait timed out (a fallback and
+ * a timeout; 1 in 12 runs of test_fork_safety.py's thread test under load). */
+static void test_two_pass_batch_does_not_wait_for_itself(void) {
+  uint32_t seq[] = {0, 0, 1, 1};
+  opt4_seq s = {seq, OPT4_U32, 4, 2};
+  opt4_plan_opts po;
+  memset(&po, 0, sizeof po);
+  po.capacity = 1;
+  opt4_plan *plan = NULL;
+  ASSERT_OK(opt4_plan_build(&s, &po, &plan));
+  const uint32_t *ops = opt4_plan_ops(plan);
+  ASSERT_EQ(OPT4_OP_KIND(ops[0]), OPT4_OP_ADMIT);
+  ASSERT_EQ(OPT4_OP_KIND(ops[1]), OPT4_OP_HIT);
+  ASSERT_EQ(OPT4_OP_KIND(ops[2]), OPT4_OP_ADMIT);
+  ASSERT_EQ(OPT4_OP_KIND(ops[3]), OPT4_OP_HIT);
+  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 0, 0}; /* a 20 s wait would show */
+  opt4_pool *pool = NULL, *pf = NULL;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  ASSERT_OK(opt4_pool_attach(opt4_pool_name(pool), &pf));
+  const uint64_t batch[] = {0, 1, 2, 3};
+  uint8_t buf[PAGE];
+  opt4_get_result r;
+  /* First pass. */
+  ASSERT_OK(opt4_pool_get(pool, 0, batch, 4, buf, sizeof buf, &r));
+  ASSERT_EQ(r.status, OPT4_GET_LOAD);
+  ASSERT_EQ(r.reason, OPT4_REASON_ADMIT);
+  opt4_prefetch_job job;
+  int status;
+  ASSERT_OK(opt4_pool_prefetch_claim(pf, 100, &job, &status));
+  ASSERT_EQ(status, OPT4_PREFETCH_CLAIMED);
+  ASSERT_U64_EQ(job.t, 2);
+  store_arg sa = {pf, 2, 1, -1};
+  pthread_t th;
+  ASSERT(pthread_create(&th, NULL, store_main, &sa) == 0); /* waits for generation 0's reads */
+  ASSERT_OK(opt4_pool_get(pool, 1, batch, 4, buf, sizeof buf, &r));
+  ASSERT_EQ(r.status, OPT4_GET_DEFER);
+  ASSERT_U64_EQ(r.defer_to, 0);
+  uint64_t t0 = opt4__now_ns();
+  ASSERT_OK(opt4_pool_get(pool, 2, batch, 4, buf, sizeof buf, &r));
+  ASSERT_EQ(r.status, OPT4_GET_AGAIN);
+  ASSERT((opt4__now_ns() - t0) / 1000000u < 5000); /* at once, not after the timeout */
+  /* Commit what came before 2, then serve from 2 on. */
+  item_fill(0, buf);
+  opt4_iovec part = {buf, item_len(0)};
+  int stored = 0;
+  ASSERT_OK(opt4_pool_put(pool, 0, &part, 1, &stored));
+  ASSERT_EQ(stored, 1);
+  ASSERT_OK(opt4_pool_note_read(pool, 1));
+  ASSERT_OK(opt4_pool_get(pool, 2, batch + 2, 2, buf, sizeof buf, &r));
+  ASSERT_EQ(r.status, OPT4_GET_HIT);
+  ASSERT_EQ(r.reason, OPT4_REASON_PREFETCHED);
+  ASSERT(item_check(1, buf, r.len));
+  ASSERT_OK(opt4_pool_get(pool, 3, batch + 2, 2, buf, sizeof buf, &r));
+  ASSERT_EQ(r.status, OPT4_GET_HIT);
+  ASSERT(item_check(1, buf, r.len));
+  ASSERT(pthread_join(th, NULL) == 0);
+  ASSERT_EQ(sa.stored, 1);
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(st.timeouts, 0);
+  ASSERT_U64_EQ(st.fallbacks, 0);
+  ASSERT_U64_EQ(st.prefetched, 1);
+  opt4_pool_close(pf);
+  ASSERT_OK(opt4_pool_unlink(pool));
+  opt4_pool_close(pool);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 /* A prefetcher process that dies holding a claim: the consumer at that
  * position stops waiting well before the timeout and loads it itself. */
 static void test_dead_prefetcher(void) {
@@ -265,6 +356,7 @@ static void test_dead_prefetcher(void) {
 
 int main(void) {
   RUN(test_claims_step_by_step);
+  RUN(test_two_pass_batch_does_not_wait_for_itself);
   RUN(test_prefetch_threads);
   RUN(test_dead_prefetcher);
   return 0;

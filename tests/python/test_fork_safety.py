@@ -55,8 +55,8 @@ def assert_exact_and_parked(loader: opt4torch.DataLoader, item_of, kind: str) ->
     prefetch threads parked for every fork."""
     assert check_positions(loader, EPOCHS, item_of) == EPOCHS * N_ITEMS
     st = loader.cache.stats()
-    assert st["fallbacks"] == 0 and st["timeouts"] == 0, st
-    assert st["hits"] == st["plan_hits"], st
+    assert st["fallbacks"] == 0 and st["timeouts"] == 0, repr(st)  # repr: every counter shown
+    assert st["hits"] == st["plan_hits"], repr(st)
     pf = st["prefetcher"]
     assert pf["kind"] == kind and st["prefetched"] > 0, st
     # Every epoch forked two workers while the threads ran (the first

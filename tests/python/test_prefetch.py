@@ -164,6 +164,41 @@ def test_prefetcher_frames_records_as_the_codec_does(record_path: str) -> None:
         cache.close()
 
 
+def test_a_worker_commits_before_it_waits_for_a_prefetcher_that_waits_for_it() -> None:
+    """0 0 1 1 at capacity 1, one batch: the worker loads 0 itself and
+    commits it after the batch's first pass, while a prefetcher holds 2,
+    whose store waits for 0's reads. The worker must commit 0 before it
+    waits for 2 (the pool answers AGAIN), not wait until the timeout."""
+    import threading
+
+    from opt4torch.data import CachedDataset
+
+    plan = opt4torch.plan(np.array([0, 0, 1, 1]), capacity=1, items=2)
+    cache = opt4torch.OPTCache(plan, 4096, wait_timeout=20)
+    items = [b"zero", b"one"]
+    pf = _engine.pool_attach(cache.name)
+    try:
+        assert pf.prefetch_claim(100)[1] == 0
+        pf.prefetch_release(0)  # its consumer loads it
+        _, t, item, _, _ = pf.prefetch_claim(100)
+        assert (t, item) == (2, 1)
+        stored: list[int] = []
+        store = threading.Thread(target=lambda: stored.append(pf.prefetch_store(2, encode(b"one"))))
+        store.start()  # waits for 0's reads: the worker's own
+        t0 = time.monotonic()
+        out = CachedDataset(items, cache.name, 4, 2).__getitems__([0, 1, 2, 3])
+        elapsed = time.monotonic() - t0
+        store.join(30)
+        assert out == [b"zero", b"zero", b"one", b"one"]
+        assert stored == [1]
+        st = cache.stats()
+        assert st["timeouts"] == 0 and st["fallbacks"] == 0 and st["prefetched"] == 1, st
+        assert elapsed < 10, elapsed  # not the 20 s timeout
+    finally:
+        pf.close()
+        cache.close()
+
+
 # ---- through the DataLoader ----
 
 CONFIGS = [(0, None), (2, "fork"), (2, "spawn")]

@@ -54,8 +54,8 @@ def run_epochs(loader: opt4torch.DataLoader, epochs: int) -> list[int]:
 def assert_exact(loader: opt4torch.DataLoader) -> None:
     st = loader.cache.stats()
     plan = loader.cache.plan
-    assert st["fallbacks"] == 0 and st["timeouts"] == 0 and st["store_failed"] == 0, st
-    assert st["hits"] == st["plan_hits"] == plan.hits, st
+    assert st["fallbacks"] == 0 and st["timeouts"] == 0 and st["store_failed"] == 0, repr(st)
+    assert st["hits"] == st["plan_hits"] == plan.hits, repr(st)
     assert st["hits"] + st["misses"] == plan.accesses
     # ... and the plan is single-process Belady on the same sequence.
     want = reference.belady(plan.seq.tolist(), plan.capacity, items=plan.items)

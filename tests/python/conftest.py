@@ -76,29 +76,6 @@ def script(name: str) -> str:
 
 
 
-def our_threads() -> list:
-    """The live threads this project started (every one is named opt4...).
-    Tests count these, never ``threading.active_count()``: a thread left by
-    an earlier test (a DataLoader's queue feeder, say) may end at any time
-    and would change the count under the test."""
-    import threading
-
-    return [t for t in threading.enumerate() if t.name.startswith("opt4")]
-
-
-def wait_for_no_threads_of_ours(timeout: float = 5.0) -> list:
-    """Waits (collecting garbage, whose finalizers stop threads) until none
-    of our threads is alive, or timeout; returns those still alive."""
-    import gc
-    import time
-
-    deadline = time.monotonic() + timeout
-    while our_threads() and time.monotonic() < deadline:
-        gc.collect()
-        time.sleep(0.01)
-    return our_threads()
-
-
 def leaked_since(before: set[str]) -> set[str]:
     """Pools that appeared since `before` and are owned by this process: a
     test's leak. On a machine where another job of the same user runs its own
@@ -125,3 +102,31 @@ def no_leaked_pools():
     gc.collect()
     leaked = leaked_since(before)
     assert not leaked, f"pools left behind: {leaked}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """A failure whose traceback pytest cannot render is still reported as
+    that test's failure. CPython 3.11 can leave a traceback entry without a
+    line number (an exception raised by a signal handler between two lines:
+    torch's SIGCHLD handler raises that way when a worker exits badly), and
+    pytest's own formatting then fails with INTERNALERROR, which ends the
+    whole session and hides every test after it (a fresh-clone run of
+    f706643, 271 tests into test-python)."""
+    try:
+        return (yield)
+    except TypeError:
+        if call.excinfo is None:
+            raise
+        exc = call.excinfo.value
+        lines = ["pytest could not render this failure's traceback; as the frames give it:"]
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            lines.append(f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}')
+            tb = tb.tb_next
+        lines.append(f"{type(exc).__name__}: {exc}")
+        return pytest.TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, "failed",
+                                 "\n".join(lines), call.when, list(item._report_sections),
+                                 call.duration, call.start, call.stop)
+

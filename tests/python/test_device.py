@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
-from conftest import our_threads, wait_for_no_threads_of_ours
+from ourthreads import our_threads, wait_for_no_threads_of_ours
 from torch.utils.data import DataLoader, Dataset
 
 import opt4torch

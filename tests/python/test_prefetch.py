@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import our_threads, wait_for_no_threads_of_ours
+from ourthreads import our_threads, wait_for_no_threads_of_ours
 from datasets_for_tests import CountingSlow
 
 import opt4torch

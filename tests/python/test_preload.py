@@ -17,7 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from conftest import our_threads, wait_for_no_threads_of_ours
+from ourthreads import our_threads, wait_for_no_threads_of_ours
 from torch.utils.data import DataLoader, TensorDataset
 
 import opt4torch

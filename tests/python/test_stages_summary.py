@@ -55,3 +55,29 @@ def test_every_stage_runs_and_a_failure_is_red(tmp_path) -> None:
     assert "total: 3 passed, 1 failed, 2 skipped" in proc.stdout
     assert "noclang: no clang" in summary
     assert (tmp_path / "build" / "test-logs" / "broken.log").read_text().startswith("compiling")
+
+
+def test_a_failure_pytest_cannot_render_is_still_that_tests_failure(tmp_path) -> None:
+    """conftest's makereport hook: when pytest's own rendering of a
+    traceback fails (as it does on CPython 3.11 for a frame without a line
+    number), the test is reported failed with the frames as they are, and the
+    session goes on instead of ending in INTERNALERROR."""
+    (tmp_path / "conftest.py").write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('opt4_conftest', {os.path.join(HERE, 'conftest.py')!r})\n"
+        "mod = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(mod)\n"
+        "pytest_runtest_makereport = mod.pytest_runtest_makereport\n"
+        "import _pytest._code.code as code\n"
+        "def lineless(self):\n"
+        "    raise TypeError(\"unsupported operand type(s) for -: 'NoneType' and 'int'\")\n"
+        "code.TracebackEntry.lineno = property(lineless)\n")
+    (tmp_path / "test_x.py").write_text(
+        "def test_fails():\n    assert 1 == 2\n\n\ndef test_after_it():\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_x.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert "INTERNALERROR" not in out, out
+    assert proc.returncode == 1, out
+    assert "1 failed, 1 passed" in out, out
+    assert "pytest could not render this failure's traceback" in out and "AssertionError" in out, out

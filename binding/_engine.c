@@ -835,6 +835,9 @@ fail:
   return -1;
 }
 
+/* The statuses of a batch's entries (exported as ENTRY_*). */
+enum { ENTRY_HIT = 0, ENTRY_DEFER = 1, ENTRY_LOAD = 2, ENTRY_AGAIN = 3 };
+
 /* The entry of result i: (status, item, a, b) with status 0 HIT (a = offset
  * in data, b = length), 1 DEFER (a = position to copy from), 2 LOAD (a =
  * reason: 1 ADMIT, 2 BYPASS, 3 FALLBACK), 3 AGAIN (the last entry: the
@@ -846,20 +849,20 @@ static PyObject *entry_of(const fetched *f, Py_ssize_t i, int indexed) {
   unsigned long long a, b = 0;
   switch (r->status) {
   case OPT4_GET_HIT:
-    status = 0;
+    status = ENTRY_HIT;
     a = f->offsets[i];
     b = r->len;
     break;
   case OPT4_GET_DEFER:
-    status = 1;
+    status = ENTRY_DEFER;
     a = r->defer_to;
     break;
   case OPT4_GET_AGAIN:
-    status = 3;
+    status = ENTRY_AGAIN;
     a = 0;
     break;
   default: /* LOAD; TOO_SMALL cannot happen with space-sized buffers */
-    status = 2;
+    status = ENTRY_LOAD;
     a = r->status == OPT4_GET_LOAD ? r->reason : OPT4_REASON_FALLBACK;
     break;
   }
@@ -2050,7 +2053,22 @@ PyMODINIT_FUNC PyInit__engine(void) {
       PyModule_AddIntConstant(m, "OP_BYPASS", OPT4_OP_BYPASS) < 0 ||
       PyModule_AddStringConstant(m, "ENGINE_VERSION", OPT4_VERSION_STRING) < 0 ||
       PyModule_AddIntConstant(m, "MAX_ACCESSES", (long long)OPT4_MAX_ACCESSES) < 0 ||
-      PyModule_AddIntConstant(m, "CODEC_FORMAT", OPT4PY_CODEC_FORMAT) < 0)
+      PyModule_AddIntConstant(m, "CODEC_FORMAT", OPT4PY_CODEC_FORMAT) < 0 ||
+      /* get_batch / read_batch entries: status, and a LOAD's reason */
+      PyModule_AddIntConstant(m, "ENTRY_HIT", ENTRY_HIT) < 0 ||
+      PyModule_AddIntConstant(m, "ENTRY_DEFER", ENTRY_DEFER) < 0 ||
+      PyModule_AddIntConstant(m, "ENTRY_LOAD", ENTRY_LOAD) < 0 ||
+      PyModule_AddIntConstant(m, "ENTRY_AGAIN", ENTRY_AGAIN) < 0 ||
+      PyModule_AddIntConstant(m, "REASON_ADMIT", OPT4_REASON_ADMIT) < 0 ||
+      PyModule_AddIntConstant(m, "REASON_BYPASS", OPT4_REASON_BYPASS) < 0 ||
+      PyModule_AddIntConstant(m, "REASON_FALLBACK", OPT4_REASON_FALLBACK) < 0 ||
+      /* prefetch_claim's status; prefetch_store's results */
+      PyModule_AddIntConstant(m, "PREFETCH_CLAIMED", OPT4_PREFETCH_CLAIMED) < 0 ||
+      PyModule_AddIntConstant(m, "PREFETCH_IDLE", OPT4_PREFETCH_IDLE) < 0 ||
+      PyModule_AddIntConstant(m, "PREFETCH_END", OPT4_PREFETCH_END) < 0 ||
+      PyModule_AddIntConstant(m, "STORE_GIVEN_UP", 0) < 0 ||
+      PyModule_AddIntConstant(m, "STORE_DONE", 1) < 0 ||
+      PyModule_AddIntConstant(m, "STORE_NOT_YET", 2) < 0)
     goto fail;
   return m;
 fail:

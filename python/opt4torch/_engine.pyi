@@ -10,6 +10,21 @@ OP_BYPASS: int
 ENGINE_VERSION: str
 MAX_ACCESSES: int
 CODEC_FORMAT: int
+# get_batch / read_batch entries: the status, and a LOAD's reason (its a)
+ENTRY_HIT: int
+ENTRY_DEFER: int
+ENTRY_LOAD: int
+ENTRY_AGAIN: int
+REASON_ADMIT: int
+REASON_BYPASS: int
+REASON_FALLBACK: int
+# prefetch_claim's status, and prefetch_store's result
+PREFETCH_CLAIMED: int
+PREFETCH_IDLE: int
+PREFETCH_END: int
+STORE_GIVEN_UP: int
+STORE_DONE: int
+STORE_NOT_YET: int
 
 class Opt4Error(Exception):
     code: int

@@ -32,9 +32,6 @@ from ._forksafe import ForkGate
 
 __all__ = ["RecordPrefetcher", "ThreadPrefetcher"]
 
-_CLAIMED, _IDLE, _END = 0, 1, 2
-
-
 class RecordPrefetcher:
     """C threads loading a record file's records into the pool."""
 
@@ -114,16 +111,16 @@ class ThreadPrefetcher:
                 progressed = False
                 while held:
                     r = pool.prefetch_store(held[0][0], held[0][1], True)
-                    if r == 2:
+                    if r == _engine.STORE_NOT_YET:
                         break
-                    stored += r == 1
+                    stored += r == _engine.STORE_DONE
                     held.pop(0)
                     progressed = True
                 if not end and len(held) < self.PENDING:
                     status, t, item, _kind, _space = pool.prefetch_claim(self._lookahead)
-                    if status == _END:
+                    if status == _engine.PREFETCH_END:
                         end = True
-                    elif status == _CLAIMED:
+                    elif status == _engine.PREFETCH_CLAIMED:
                         progressed = True
                         try:
                             with self._gate.busy():

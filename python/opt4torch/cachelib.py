@@ -894,7 +894,7 @@ class SharedOPTCacheDecorator(_Follower):
                 self._bump(_OFF_PLAN)
             else:
                 data, entries = pool.read_batch([t])
-                if entries[0][0] == 2 and entries[0][2] == 1:
+                if entries[0][0] == _engine.ENTRY_LOAD and entries[0][2] == _engine.REASON_ADMIT:
                     pool.store_batch([(t, parts)])
             return shown
         t = self._next_position(pool, index)
@@ -906,13 +906,13 @@ class SharedOPTCacheDecorator(_Follower):
             return self._off_plan(load, index)
         data, entries = pool.read_batch([t])
         status, _, a, b = entries[0]
-        if status == 0:
+        if status == _engine.ENTRY_HIT:
             with self._lock:
                 self.hits += 1
             return self._decode(data, a, b)
-        if status == 2 and a == 3:  # a HIT that had to load: did its wait run out?
+        if status == _engine.ENTRY_LOAD and a == _engine.REASON_FALLBACK:  # did its wait run out?
             self._timed_out(pool)
-        if status == 2 and a == 1:
+        if status == _engine.ENTRY_LOAD and a == _engine.REASON_ADMIT:
             try:
                 shown, parts = self._encode(load())
             except BaseException:

@@ -424,7 +424,7 @@ class CachedDataset(tud.Dataset):
                     raise
                 raise _messages.bad_positions(positions, self.accesses) from exc
             served = len(part)
-            if rest and rest[-1][1] == 3:
+            if rest and rest[-1][1] == _engine.ENTRY_AGAIN:
                 served = rest.pop()[0]
                 del got[served:]
                 if served == 0:  # it owes nothing at its first position
@@ -440,7 +440,7 @@ class CachedDataset(tud.Dataset):
     def _finish_batch(self, pool: Any, positions: Sequence[int], out: list[Any], data: bytearray,
                       rest: list[tuple[int, int, int, int, int]]) -> None:
         """Load, store and decode the positions the C side left in ``rest``."""
-        load_at = [e for e in rest if e[1] == 2]
+        load_at = [e for e in rest if e[1] == _engine.ENTRY_LOAD]
         loaded = self._load([e[2] for e in load_at]) if load_at else []
         for e, obj in zip(load_at, loaded):
             out[e[0]] = obj
@@ -450,11 +450,11 @@ class CachedDataset(tud.Dataset):
         commits: list[tuple[int, Any]] = []
         encoded: dict[int, list[Any]] = {}
         for i, status, _, a, _ in rest:
-            if status == 2 and a == 1:  # LOAD for an ADMIT
+            if status == _engine.ENTRY_LOAD and a == _engine.REASON_ADMIT:
                 parts = encode(out[i], self.allow_pickle)
                 encoded[int(positions[i])] = parts
                 commits.append((int(positions[i]), parts))
-            elif status == 1:  # DEFER: the same item, loaded earlier in this batch
+            elif status == _engine.ENTRY_DEFER:  # the same item, loaded earlier in this batch
                 commits.append((int(positions[i]), None))
         if commits:
             results = pool.store_batch(commits)
@@ -466,9 +466,9 @@ class CachedDataset(tud.Dataset):
                     f"({pool.info()['page_size']} bytes): it is loaded, not cached. Give the loader "
                     "item_bytes= at least the largest item's size", RuntimeWarning, stacklevel=3)
         for i, status, _, a, b in rest:
-            if status == 0:  # a HIT the C decoder left to the codec (PIL images, pickles, ...)
+            if status == _engine.ENTRY_HIT:  # one the C decoder left to the codec (PIL images, pickles, ...)
                 out[i] = decode_at(data, a, b)
-            elif status == 1:
+            elif status == _engine.ENTRY_DEFER:
                 # Decode its record again so each sample is its own object.
                 out[i] = decode(bytearray().join(encoded[a]))
 

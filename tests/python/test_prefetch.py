@@ -178,10 +178,10 @@ def test_a_worker_commits_before_it_waits_for_a_prefetcher_that_waits_for_it() -
     items = [b"zero", b"one"]
     pf = _engine.pool_attach(cache.name)
     try:
-        assert pf.prefetch_claim(100)[1] == 0
+        assert pf.prefetch_claim(100)[:2] == (_engine.PREFETCH_CLAIMED, 0)
         pf.prefetch_release(0)  # its consumer loads it
-        _, t, item, _, _ = pf.prefetch_claim(100)
-        assert (t, item) == (2, 1)
+        status, t, item, _, _ = pf.prefetch_claim(100)
+        assert (status, t, item) == (_engine.PREFETCH_CLAIMED, 2, 1)
         stored: list[int] = []
         store = threading.Thread(target=lambda: stored.append(pf.prefetch_store(2, encode(b"one"))))
         store.start()  # waits for 0's reads: the worker's own
@@ -190,7 +190,7 @@ def test_a_worker_commits_before_it_waits_for_a_prefetcher_that_waits_for_it() -
         elapsed = time.monotonic() - t0
         store.join(30)
         assert out == [b"zero", b"zero", b"one", b"one"]
-        assert stored == [1]
+        assert stored == [_engine.STORE_DONE]
         st = cache.stats()
         assert st["timeouts"] == 0 and st["fallbacks"] == 0 and st["prefetched"] == 1, st
         assert elapsed < 10, elapsed  # not the 20 s timeout

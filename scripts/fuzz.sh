@@ -10,7 +10,8 @@
 # the runtime over whatever passed), fuzz_pool_ops (random operation
 # sequences against the engine in one process, with oracles), fuzz_records
 # (the record file's header and index), fuzz_tar_index (the tar indexer, on
-# whole shards in memory).
+# whole shards in memory), fuzz_decode (the binding's record decoder, in an
+# embedded CPython; built only where Python's development files are).
 #
 # `make fuzz-long` runs each for 10 minutes (FUZZ_SECONDS=600) with
 # FUZZ_MERGE=1: what the run found is merged (-merge=1, so only inputs that
@@ -42,6 +43,10 @@ fi
 CC=clang "$cmake" -S . -B build/fuzz -G Ninja -DCMAKE_MAKE_PROGRAM="$ninja" \
   -DOPT4_BUILD_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 "$cmake" --build build/fuzz >/dev/null
+if [ ! -x build/fuzz/fuzz_decode ]; then
+  echo "fuzz: fuzz_decode not built: no Python development files to embed the interpreter" \
+       "(apt-get install python3-dev); the other targets run"
+fi
 merge=${FUZZ_MERGE:-0}
 only=${FUZZ_TARGETS:-}
 failed=0

@@ -314,6 +314,22 @@ def test_c_decoder_declines_repeated_dict_keys() -> None:
     assert c_decode(bytes(r2)) == (False, None)
 
 
+@pytest.mark.parametrize("make", [lambda: np.zeros((0, 2, 2), "<f4"), lambda: torch.zeros((0, 2, 2))],
+                         ids=["ndarray", "tensor"])
+def test_c_decoder_declines_an_empty_array_whose_shape_overflows(make) -> None:
+    """Found by fuzz_decode: a damaged zero-size array of shape (0, 2**62,
+    2**62) passed the C decoder (no bytes to bound) and failed in
+    make_arrays, for the whole batch. numpy and torch refuse such a shape, so
+    C declines it and the codec reports it, as it does any damaged record."""
+    r = bytearray(record_of(make()))
+    dims = r.index((2).to_bytes(8, "little"))  # the shape: 0, 2, 2
+    assert r[dims - 8:dims] == bytes(8)
+    r[dims:dims + 16] = (2**62).to_bytes(8, "little") * 2
+    assert c_decode(bytes(r)) == (False, None)
+    with pytest.raises((ValueError, RuntimeError)):
+        decode(bytearray(r))
+
+
 def test_c_decoder_tuples_stay_tracked_by_the_gc() -> None:
     """A collection while make_arrays runs may untrack a tuple that holds
     only placeholders; once it holds a tensor it must be tracked again, or a

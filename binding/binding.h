@@ -15,6 +15,18 @@ PyObject *opt4py_raise_records(int rc, const char *context);
  * it. */
 #define OPT4PY_CODEC_FORMAT 2
 
+/* tarframe.c: WebDataset samples laid out as the codec stores the dicts
+ * opt4torch.TarShards returns. A layout is made from TarShards' keys and
+ * members (with the GIL; NULL with an exception set), then given to
+ * opt4py_tar_source with the ranges source of the same shards: the source
+ * owns both from then on (also when it fails), and its item i is sample
+ * i's record. */
+#include "opt4.h"
+typedef struct opt4py_tar_layout opt4py_tar_layout;
+opt4py_tar_layout *opt4py_tar_layout_new(PyObject *keys, PyObject *members);
+void opt4py_tar_layout_free(opt4py_tar_layout *layout);
+int opt4py_tar_source(opt4_source *ranges, opt4py_tar_layout *layout, opt4_source **out);
+
 /* io.c: the Records, RecordWriter and Prefetcher types. */
 int opt4py_io_init(PyObject *module);
 

@@ -599,9 +599,55 @@ static PyObject *py_tar_index(PyObject *Py_UNUSED(m), PyObject *arg) {
   return out;
 }
 
+/* tar_records(ranges, samples, items) -> [bytes or None]: items read
+ * through the tar-sample source (tarframe.c), as the prefetcher stores them;
+ * None for a sample it leaves to the worker. For tests against the codec. */
+static PyObject *py_tar_records(PyObject *Py_UNUSED(m), PyObject *args) {
+  PyObject *rec, *samples, *items;
+  if (!PyArg_ParseTuple(args, "O!O!O:tar_records", &RangesType, &rec, &PyTuple_Type, &samples, &items)) return NULL;
+  if (ranges_check((RangesObject *)rec) < 0) return NULL;
+  if (PyTuple_GET_SIZE(samples) != 2) return PyErr_Format(PyExc_ValueError, "samples must be (keys, members)");
+  opt4py_tar_layout *layout = opt4py_tar_layout_new(PyTuple_GET_ITEM(samples, 0), PyTuple_GET_ITEM(samples, 1));
+  if (layout == NULL) return NULL;
+  opt4_source *ranges = NULL, *src = NULL;
+  int rc = opt4_source_ranges(((RangesObject *)rec)->r, &ranges);
+  if (rc != 0) {
+    opt4py_tar_layout_free(layout);
+    return opt4py_raise(rc, "tar records");
+  }
+  if ((rc = opt4py_tar_source(ranges, layout, &src)) != 0) return opt4py_raise(rc, "tar records");
+  PyObject *fast = PySequence_Fast(items, "items must be a sequence of ints"), *out = NULL;
+  Py_ssize_t n = fast ? PySequence_Fast_GET_SIZE(fast) : 0;
+  if (fast != NULL) out = PyList_New(n);
+  for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+    unsigned long long item = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(fast, i));
+    uint64_t len = 0;
+    PyObject *b = NULL;
+    if (PyErr_Occurred() || (rc = opt4_source_size_of(src, item, &len)) != 0) {
+      if (!PyErr_Occurred()) opt4py_raise(rc, "tar records");
+    } else if ((b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len)) != NULL) {
+      Py_BEGIN_ALLOW_THREADS rc = opt4_source_read_one(src, item, PyBytes_AS_STRING(b), (size_t)len, &len);
+      Py_END_ALLOW_THREADS
+      if (rc == OPT4_EINVAL) Py_SETREF(b, Py_NewRef(Py_None));
+      else if (rc != 0) {
+        Py_CLEAR(b);
+        opt4py_raise(rc, "tar records");
+      }
+    }
+    if (b == NULL) Py_CLEAR(out);
+    else PyList_SET_ITEM(out, i, b);
+  }
+  Py_XDECREF(fast);
+  opt4_source_close(src);
+  return out;
+}
+
 static PyMethodDef io_functions[] = {
     {"outfile_check", (PyCFunction)(void (*)(void))py_outfile_check, METH_VARARGS | METH_KEYWORDS,
      "outfile_check(path, no_symlink=False): refuse a target as OutFile would, creating nothing"},
+    {"tar_records", py_tar_records, METH_VARARGS,
+     "tar_records(ranges, (keys, members), items) -> [bytes or None]: samples as the C prefetcher stores "
+     "them (frame='tar'); None where it leaves one to the worker"},
     {"tar_index", (PyCFunction)py_tar_index, METH_O,
      "tar_index(path) -> [(key, offset, length, [(field, offset, size), ...]), ...]: a tar shard's samples "
      "as WebDataset groups them (opt4_tar_index_file)"},
@@ -686,29 +732,36 @@ static void prefetcher_stop_now(PrefetcherObject *self) {
 }
 
 static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"pool_name", "records", "threads", "lookahead", "frame", "labels", NULL};
+  static char *kwlist[] = {"pool_name", "records", "threads", "lookahead", "frame", "labels", "samples", NULL};
   const char *name, *frame = "bytes";
   PyObject *rec;
   unsigned int threads = 0;
   unsigned long long lookahead = 0;
-  PyObject *labels = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|IKsO", kwlist, &name, &rec, &threads, &lookahead, &frame,
-                                   &labels))
+  PyObject *labels = Py_None, *samples = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|IKsOO", kwlist, &name, &rec, &threads, &lookahead, &frame,
+                                   &labels, &samples))
     return NULL;
   int is_ranges = PyObject_TypeCheck(rec, &RangesType);
   if (!is_ranges && !PyObject_TypeCheck(rec, &RecordsType))
     return PyErr_Format(PyExc_TypeError, "the prefetcher reads Records or Ranges, not %s", Py_TYPE(rec)->tp_name);
   if (is_ranges ? ranges_check((RangesObject *)rec) < 0 : records_check((RecordsObject *)rec) < 0) return NULL;
+  int tar = strcmp(frame, "tar") == 0;
+  if (strcmp(frame, "raw") != 0 && strcmp(frame, "bytes") != 0 && !tar)
+    return PyErr_Format(PyExc_ValueError, "frame must be 'bytes', 'tar' or 'raw', not '%s'", frame);
+  if (tar != (samples != Py_None) || (tar && (!is_ranges || !PyTuple_Check(samples) || PyTuple_GET_SIZE(samples) != 2)))
+    return PyErr_Format(PyExc_ValueError, "frame='tar' reads Ranges, with samples=(keys, members) as TarShards "
+                                          "has them; samples= goes with frame='tar' only");
+  /* Built before anything else, with the GIL: the threads only read it. */
+  opt4py_tar_layout *layout = NULL;
+  if (tar && (layout = opt4py_tar_layout_new(PyTuple_GET_ITEM(samples, 0), PyTuple_GET_ITEM(samples, 1))) == NULL)
+    return NULL;
   PrefetcherObject *self = (PrefetcherObject *)type->tp_alloc(type, 0);
-  if (self == NULL) return NULL;
-  if (strcmp(frame, "raw") == 0) {
-    self->frame.mode = FRAME_RAW;
-  } else if (strcmp(frame, "bytes") == 0) {
-    self->frame.mode = labels == Py_None ? FRAME_BYTES : FRAME_BYTES_LABEL;
-  } else {
-    Py_DECREF(self);
-    return PyErr_Format(PyExc_ValueError, "frame must be 'bytes' or 'raw', not %R", PyTuple_GET_ITEM(args, 0));
+  if (self == NULL) {
+    opt4py_tar_layout_free(layout);
+    return NULL;
   }
+  if (strcmp(frame, "bytes") == 0) self->frame.mode = labels == Py_None ? FRAME_BYTES : FRAME_BYTES_LABEL;
+  else self->frame.mode = FRAME_RAW; /* raw, or tar: the source writes the record */
   if (self->frame.mode == FRAME_BYTES_LABEL) {
     Py_buffer view;
     if (PyObject_GetBuffer(labels, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
@@ -746,6 +799,13 @@ static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
   opt4_prefetcher *pf = NULL;
   if (is_ranges) {
     rc = opt4_source_ranges(((RangesObject *)rec)->r, &self->src);
+    if (rc == 0 && layout != NULL) {
+      opt4_source *ranges = self->src;
+      self->src = NULL;
+      rc = opt4py_tar_source(ranges, layout, &self->src); /* owns both from here */
+    } else if (layout != NULL) {
+      opt4py_tar_layout_free(layout);
+    }
     if (rc != 0) {
       Py_DECREF(self);
       return opt4py_raise(rc, "start prefetcher");
@@ -817,7 +877,7 @@ static PyTypeObject PrefetcherType = {
     .tp_basicsize = sizeof(PrefetcherObject),
     .tp_dealloc = (destructor)prefetcher_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Prefetcher(pool_name, records, threads=8, lookahead=4096, frame='bytes', labels=None): "
+    .tp_doc = "Prefetcher(pool_name, records, threads=8, lookahead=4096, frame='bytes', labels=None, samples=None): "
               "C threads loading a pool's misses from a record file (Records) or file ranges (Ranges) "
               "ahead of its consumers.",
     .tp_methods = prefetcher_methods,

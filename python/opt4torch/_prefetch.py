@@ -33,15 +33,16 @@ from ._forksafe import ForkGate
 __all__ = ["RecordPrefetcher", "ThreadPrefetcher"]
 
 class RecordPrefetcher:
-    """C threads loading a record file's records into the pool."""
+    """C threads loading a dataset's items into the pool: records of a
+    record file, images of an image folder, samples of tar shards, each laid
+    out as the codec stores what ``dataset[i]`` returns."""
 
     kind = "records"
 
     def __init__(self, pool_name: str, dataset: Any, threads: int, lookahead: int) -> None:
-        records, labels = dataset._prefetch_source()
-        self._pf = _engine.Prefetcher(pool_name, records, threads=threads, lookahead=lookahead,
-                                      frame="bytes", labels=labels)
-        self._records = records
+        source = dataset._prefetch_source()
+        self._pf = _engine.Prefetcher(pool_name, threads=threads, lookahead=lookahead, **source)
+        self._records = source["records"]
 
     def stats(self) -> dict[str, Any]:
         return self._pf.stats() if self._pf.running else {}

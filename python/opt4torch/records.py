@@ -140,10 +140,11 @@ class RecordFile:
         self.latency = float(seconds)
         self._r.set_latency(self.latency)
 
-    def _prefetch_source(self) -> tuple[Any, np.ndarray | None]:
-        """The engine's reader and the labels: what the C prefetcher needs to
-        store records exactly as ``self[i]`` returns them."""
-        return self._r, (self.labels if self.with_labels else None)
+    def _prefetch_source(self) -> dict[str, Any]:
+        """What the C prefetcher needs to store records exactly as
+        ``self[i]`` returns them: the engine's reader, the frame and the
+        labels (``_engine.Prefetcher``'s arguments)."""
+        return {"records": self._r, "frame": "bytes", "labels": self.labels if self.with_labels else None}
 
     def close(self) -> None:
         self._r.close()

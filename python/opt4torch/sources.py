@@ -141,10 +141,10 @@ class ImageFolder(_RangeDataset):
         i = self._index(index)
         return self._r.read(i), int(self._labels[i])
 
-    def _prefetch_source(self) -> tuple[Any, np.ndarray]:
-        """The engine's reader and the labels: what the C prefetcher needs to
-        store items exactly as ``self[i]`` returns them."""
-        return self._r, self._labels
+    def _prefetch_source(self) -> dict[str, Any]:
+        """What the C prefetcher needs to store items exactly as ``self[i]``
+        returns them (``_engine.Prefetcher``'s arguments)."""
+        return {"records": self._r, "frame": "bytes", "labels": self._labels}
 
     def __repr__(self) -> str:
         return f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, direct={self.direct})"
@@ -235,8 +235,43 @@ class TarShards(_RangeDataset):
             sample[field] = raw[off:off + size]
         return sample
 
+    def opt4_item_bytes(self, index: int) -> int:
+        """Bytes sample ``index`` takes in the cache: its record, as the
+        codec stores the dict ``self[index]`` (the key and field names, and
+        the fields' bytes, without the tar headers between them)."""
+        i = self._index(index)
+        return _record_size(self.keys[i], self._members[i])
+
+    def _prefetch_source(self) -> dict[str, Any]:
+        """The C prefetcher lays each sample out as the codec stores the
+        dict ``self[i]`` (frame ``"tar"``: binding/tarframe.c), from one
+        read of its range."""
+        return {"records": self._r, "frame": "tar", "samples": (self.keys, self._members)}
+
     def __repr__(self) -> str:
         return f"TarShards({len(self.paths)} shards, {len(self)} samples, direct={self.direct})"
+
+
+def _record_size(key: str, members: Sequence[tuple[str, int, int]]) -> int:
+    """The length of the codec's record of the dict ``TarShards`` returns,
+    {"__key__": key, field: bytes, ...} (python/opt4torch/_codec.py): magic,
+    format and dict header, then per entry a str node for its name (tag, u64
+    length, UTF-8) and its value: a str node for the key, a bytes node (tag,
+    u64 length, u64 pad, pad, payload at a multiple of 16) for a field. A
+    field named "__key__" replaces the key's value in its place, as in the
+    dict."""
+    entries: dict[str, int | str] = {"__key__": key}
+    for field, _off, size in members:
+        entries[field] = size
+    pos = 8
+    for name, value in entries.items():
+        pos += 9 + len(name.encode("utf-8", "surrogatepass"))
+        if isinstance(value, str):
+            pos += 9 + len(value.encode("utf-8", "surrogatepass"))
+        else:
+            pos += 17
+            pos += -pos % 16 + value
+    return pos
 
 
 def _index_path(shard: str, cache_dir: str) -> str:
@@ -273,7 +308,9 @@ def _shard_index(shard: str, cache_dir: str) -> list[Any]:
     try:
         os.makedirs(os.path.dirname(where) or ".", exist_ok=True)
         with atomic_write(where, "w", no_symlink=True) as f:
-            json.dump(body, f, separators=(",", ":"), ensure_ascii=False)
+            # ASCII, with \u escapes: names that are not UTF-8 (decoded with
+            # surrogateescape) round-trip, where UTF-8 text could not hold them.
+            json.dump(body, f, separators=(",", ":"), ensure_ascii=True)
     except (OSError, ValueError) as exc:  # a read-only place: index again next time
         warnings.warn(f"could not cache the index of tar shard {shard} at {where}: {exc}; it will be "
                       "indexed again next time", RuntimeWarning, stacklevel=3)

@@ -16,12 +16,13 @@ import os
 import pickle
 import re
 import tarfile
+import warnings
 
 import numpy as np
 import pytest
 
 import opt4torch
-from opt4torch import sources
+from opt4torch import _engine, sources
 
 pytestmark = pytest.mark.usefixtures("no_leaked_pools")
 
@@ -224,8 +225,55 @@ def test_tar_shards_match_tarfile_and_webdataset(shards: list[str]) -> None:
 def test_tar_shards_loader_is_exact(shards: list[str]) -> None:
     ds = opt4torch.TarShards(shards, latency=0.0003)
     st = run_two_epochs(ds)
-    assert st["prefetcher"]["kind"] == "threads", st  # the dict frame is Python's (docs/sources.md)
-    assert st["prefetched"] > 0, st
+    assert st["prefetcher"]["kind"] == "records", st  # the C prefetcher (frame "tar")
+    assert st["prefetched"] > 0 and st["prefetcher"]["errors"] == 0, st
+
+
+def _records_as_the_codec_stores(ds: opt4torch.TarShards) -> list:
+    from opt4torch._codec import encode
+
+    return [b"".join(bytes(memoryview(p)) for p in encode(ds[i])) for i in range(len(ds))]
+
+
+def test_tar_samples_laid_out_as_the_codec_stores_them(shards: list[str]) -> None:
+    """The C prefetcher's record of each sample (binding/tarframe.c) is byte
+    for byte the codec's record of ds[i], and its length is what the loader
+    plans with (opt4_item_bytes)."""
+    ds = opt4torch.TarShards(shards)
+    got = _engine.tar_records(ds._r, (ds.keys, ds._members), range(len(ds)))
+    want = _records_as_the_codec_stores(ds)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"sample {i} ({ds.keys[i]})"
+        assert ds.opt4_item_bytes(i) == len(w)
+
+
+def test_tar_samples_with_odd_names(tmp_path) -> None:
+    """Names that are not UTF-8 (the indexer decodes them with
+    surrogateescape; the codec encodes with surrogatepass), a field named
+    like the key (it replaces the key in the dict: the C layout leaves that
+    sample to the worker), an empty member, many fields."""
+    path = os.fspath(tmp_path / "odd.tar")
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT, encoding="utf-8", errors="surrogateescape") as tf:
+        _add(tf, "caf\udce9/1.jpg", b"latin-1 folder")
+        _add(tf, "caf\udce9/1.t\udcfft", b"")
+        _add(tf, "k/2.jpg", b"two")
+        _add(tf, "k/2.__key__", b"replaces the key")
+        for f in range(40):
+            _add(tf, f"m/3.f{f:02d}", bytes([f]) * f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the index is cached, names that are not UTF-8 too
+        ds = opt4torch.TarShards([path])
+    assert os.path.exists(path + ".opt4idx.json")
+    assert opt4torch.TarShards([path]).keys == ds.keys  # read back from the cache
+    assert len(ds) == 3 and ds.keys[0] == "caf\udce9/1"
+    assert ds[1] == {"__key__": b"replaces the key", "jpg": b"two"}
+    got = _engine.tar_records(ds._r, (ds.keys, ds._members), range(len(ds)))
+    want = _records_as_the_codec_stores(ds)
+    assert got[1] is None  # the worker loads it
+    assert got[0] == want[0] and got[2] == want[2]
+    assert [ds.opt4_item_bytes(i) for i in range(3)] == [len(w) for w in want]
+    st = run_two_epochs(opt4torch.TarShards([path]), workers=1)
+    assert st["prefetcher"]["kind"] == "records", st
 
 
 def test_tar_index_cache(shards: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:

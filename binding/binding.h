@@ -27,6 +27,15 @@ opt4py_tar_layout *opt4py_tar_layout_new(PyObject *keys, PyObject *members);
 void opt4py_tar_layout_free(opt4py_tar_layout *layout);
 int opt4py_tar_source(opt4_source *ranges, opt4py_tar_layout *layout, opt4_source **out);
 
+/* pysource.c: a source whose item i is load(i) (a sequence of buffers, or
+ * None to leave it to the worker), called by the C prefetch threads with
+ * the GIL; it holds a reference to load until it is closed (with the GIL).
+ * And the early parking of the prefetch threads that Python's before-fork
+ * hook needs (pysource.c says why). */
+int opt4py_py_source(PyObject *load, uint64_t items, uint64_t max_size, opt4_source **out);
+PyObject *opt4py_prefetchers_park(PyObject *module, PyObject *ignored);
+PyObject *opt4py_prefetchers_resume(PyObject *module, PyObject *ignored);
+
 /* io.c: the Records, RecordWriter and Prefetcher types. */
 int opt4py_io_init(PyObject *module);
 

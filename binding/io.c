@@ -645,6 +645,11 @@ static PyObject *py_tar_records(PyObject *Py_UNUSED(m), PyObject *args) {
 static PyMethodDef io_functions[] = {
     {"outfile_check", (PyCFunction)(void (*)(void))py_outfile_check, METH_VARARGS | METH_KEYWORDS,
      "outfile_check(path, no_symlink=False): refuse a target as OutFile would, creating nothing"},
+    {"prefetchers_park", opt4py_prefetchers_park, METH_NOARGS,
+     "prefetchers_park() -> int: park every C prefetch thread of this process at a safe point, with the GIL "
+     "released (Python's before-fork hook); the threads not parked within 10 s"},
+    {"prefetchers_resume", opt4py_prefetchers_resume, METH_NOARGS,
+     "prefetchers_resume(): let the parked threads go (after a fork, in the parent)"},
     {"tar_records", py_tar_records, METH_VARARGS,
      "tar_records(ranges, (keys, members), items) -> [bytes or None]: samples as the C prefetcher stores "
      "them (frame='tar'); None where it leaves one to the worker"},
@@ -731,16 +736,53 @@ static void prefetcher_stop_now(PrefetcherObject *self) {
   }
 }
 
+/* Start the threads over self->src (made by the caller, which the
+ * prefetcher borrows until it stops); self is returned, or NULL with an
+ * exception (self released). */
+static PyObject *prefetcher_start(PrefetcherObject *self, const char *name, unsigned int threads,
+                                  unsigned long long lookahead) {
+  opt4_prefetcher_opts o;
+  memset(&o, 0, sizeof o);
+  o.threads = threads;
+  o.lookahead = lookahead;
+  opt4_prefetcher *pf = NULL;
+  opt4_source *src = self->src;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_prefetcher_start_source(name, src, &o, &pf);
+  Py_END_ALLOW_THREADS if (rc != 0) {
+    Py_DECREF(self);
+    return opt4py_raise(rc, "start prefetcher");
+  }
+  self->pf = pf;
+  self->pid = getpid();
+  return (PyObject *)self;
+}
+
 static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"pool_name", "records", "threads", "lookahead", "frame", "labels", "samples", NULL};
+  static char *kwlist[] = {"pool_name", "records", "threads", "lookahead", "frame", "labels", "samples",
+                           "load", "items", "max_size", NULL};
   const char *name, *frame = "bytes";
   PyObject *rec;
   unsigned int threads = 0;
-  unsigned long long lookahead = 0;
-  PyObject *labels = Py_None, *samples = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|IKsOO", kwlist, &name, &rec, &threads, &lookahead, &frame,
-                                   &labels, &samples))
+  unsigned long long lookahead = 0, items = 0, max_size = 0;
+  PyObject *labels = Py_None, *samples = Py_None, *load = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|IKsOOOKK", kwlist, &name, &rec, &threads, &lookahead, &frame,
+                                   &labels, &samples, &load, &items, &max_size))
     return NULL;
+  if (load != Py_None) {
+    /* A Python callback: records is None, and nothing is framed. */
+    if (rec != Py_None || strcmp(frame, "raw") != 0 || !PyCallable_Check(load))
+      return PyErr_Format(PyExc_ValueError, "load= takes a callable, with records=None and frame='raw'");
+    PrefetcherObject *self = (PrefetcherObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->frame.mode = FRAME_RAW;
+    int rc = opt4py_py_source(load, items, max_size, &self->src);
+    if (rc != 0) {
+      Py_DECREF(self);
+      return opt4py_raise(rc, "start prefetcher");
+    }
+    return prefetcher_start(self, name, threads, lookahead);
+  }
   int is_ranges = PyObject_TypeCheck(rec, &RangesType);
   if (!is_ranges && !PyObject_TypeCheck(rec, &RecordsType))
     return PyErr_Format(PyExc_TypeError, "the prefetcher reads Records or Ranges, not %s", Py_TYPE(rec)->tp_name);
@@ -877,9 +919,9 @@ static PyTypeObject PrefetcherType = {
     .tp_basicsize = sizeof(PrefetcherObject),
     .tp_dealloc = (destructor)prefetcher_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Prefetcher(pool_name, records, threads=8, lookahead=4096, frame='bytes', labels=None, samples=None): "
-              "C threads loading a pool's misses from a record file (Records) or file ranges (Ranges) "
-              "ahead of its consumers.",
+    .tp_doc = "Prefetcher(pool_name, records, threads=8, lookahead=4096, frame='bytes', labels=None, samples=None, load=None, items=0, max_size=0): "
+              "C threads loading a pool's misses from a record file (Records), file ranges (Ranges), or "
+              "load(i) (a Python callable returning the codec's parts, or None) ahead of its consumers.",
     .tp_methods = prefetcher_methods,
     .tp_getset = prefetcher_getset,
     .tp_new = prefetcher_new,

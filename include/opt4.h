@@ -1101,6 +1101,19 @@ int opt4_prefetcher_start(const char *pool_name, opt4_records *src,
 int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src,
                                  const opt4_prefetcher_opts *opts, opt4_prefetcher **out);
 int opt4_prefetcher_stats_get(opt4_prefetcher *pf, opt4_prefetcher_stats *out);
+/* Park the threads of every running prefetcher of this process at a safe
+ * point, as a fork does, and keep them there until opt4_prefetchers_resume
+ * or the next fork's parent or child handler. For a process about to fork
+ * whose threads need something the forking thread will hold to reach a
+ * safe point: a source that calls into Python needs the GIL, which
+ * os.fork holds, so the binding calls this from Python's before-fork hook
+ * with the GIL released. Waits up to 10 s; returns the number of threads
+ * that were not parked by then. Thread safety: any thread, not from a
+ * prefetcher's own threads or its source. */
+uint32_t opt4_prefetchers_park(void);
+/* Let the threads parked by opt4_prefetchers_park go (harmless when none
+ * are). */
+void opt4_prefetchers_resume(void);
 /* Stop the threads (each finishes the item in hand, bounded by the pool's
  * wait timeout, or gives it back), join them and free. NULL is harmless. */
 void opt4_prefetcher_stop(opt4_prefetcher *pf);

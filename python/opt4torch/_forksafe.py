@@ -7,8 +7,10 @@ and can deadlock the first time it takes it. DataLoader forks its workers
 every epoch unless they are persistent, while our prefetch threads run, so
 those threads must be parked at a point where they hold nothing whenever a
 fork happens. The C prefetcher does this for its own threads with
-pthread_atfork (src/io/prefetcher.c); :class:`ForkGate` does it for Python
-threads with :func:`os.register_at_fork`.
+pthread_atfork (src/io/prefetcher.c), and the hook here parks them first,
+with the GIL released, for those that call into Python (the callback
+source, binding/pysource.c); :class:`ForkGate` does it for Python threads
+with :func:`os.register_at_fork`.
 
 A thread marks the work that may take locks (calling the user's dataset,
 encoding) with ``with gate.busy():``. Before a fork, every gate of this
@@ -85,11 +87,22 @@ _gates: weakref.WeakSet[ForkGate] = weakref.WeakSet()
 
 
 def _before_fork() -> None:
+    # The C prefetch threads first, with the GIL released: one that calls
+    # into Python (a dataset's __getitem__) needs the GIL to finish its call
+    # and reach a safe point, and os.fork holds it across fork()
+    # (binding/pysource.c).
+    from . import _engine
+
+    _engine.prefetchers_park()
     for gate in list(_gates):
         gate._close()
 
 
 def _after_fork_in_parent() -> None:
+    # Also after a fork that failed (the C parent handler did not run then).
+    from . import _engine
+
+    _engine.prefetchers_resume()
     for gate in list(_gates):
         gate._open()
 

@@ -142,6 +142,23 @@ def remove_stale_pools() -> list[dict[str, Any]]:
 # ---- the owner ----
 
 
+class _NoPrefetcher:
+    """Stands for a prefetcher that could not start: its threads count as
+    died, with the error, in stats()["prefetcher"]."""
+
+    kind = "none"
+
+    def __init__(self, threads: int, error: BaseException) -> None:
+        self._threads = threads
+        self._death = f"{type(error).__name__}: {error}"
+
+    def stats(self) -> dict[str, Any]:
+        return {"threads": self._threads, "finished": self._threads, "died": self._threads, "death": self._death}
+
+    def stop(self) -> None:
+        pass
+
+
 class OPTCache:
     """A run's cache, on the side that created it (the main process).
 
@@ -219,7 +236,8 @@ class OPTCache:
     def configure_prefetch(self, dataset: Any, *, threads: int = 8, lookahead: int = 4096,
                            allow_pickle: bool = False) -> None:
         """Prefetch this cache's misses from ``dataset`` once iteration starts:
-        with C threads for a record file, Python threads otherwise."""
+        with C threads, reading a record file, an image folder or tar shards
+        themselves, or calling the dataset (with the GIL) otherwise."""
         self._prefetch_spec = (dataset, int(threads), int(lookahead), allow_pickle)
 
     def start_prefetch(self, head_start: tuple[int, int] | None = None) -> None:
@@ -232,17 +250,30 @@ class OPTCache:
             return
         if os.getpid() != self._owner_pid and self._owner_pid != -1:
             return
-        from ._prefetch import RecordPrefetcher, ThreadPrefetcher
+        from ._prefetch import CallbackPrefetcher, RecordPrefetcher
 
         dataset, threads, lookahead, allow_pickle = self._prefetch_spec
         with self._lock:
             if self._prefetch_box[0] is not None or self._pool.closed:
                 return
-            if hasattr(dataset, "_prefetch_source"):
-                self._prefetch_box[0] = RecordPrefetcher(self.name, dataset, threads, lookahead)
-            else:
-                self._prefetch_box[0] = ThreadPrefetcher(self.name, dataset, threads, lookahead,
-                                                         allow_pickle)
+            try:
+                if hasattr(dataset, "_prefetch_source"):
+                    self._prefetch_box[0] = RecordPrefetcher(self.name, dataset, threads, lookahead)
+                else:
+                    # The most bytes a miss may take once stored: its pages (a
+                    # sized plan), else a page of the pool.
+                    sizes = self.plan.item_sizes
+                    largest = max(int(sizes.max()) if sizes is not None and len(sizes) else 0, self.page_size)
+                    self._prefetch_box[0] = CallbackPrefetcher(self.name, dataset, threads, lookahead, largest,
+                                                               allow_pickle)
+            except (_engine.Opt4Error, OSError) as e:
+                # Prefetch costs speed, never correctness: without it the
+                # workers load every miss. Said, and shown in stats().
+                warnings.warn(f"opt4torch prefetch threads could not start: {type(e).__name__}: {e}. Iteration "
+                              "goes on without them (the DataLoader's workers load every miss)", RuntimeWarning,
+                              stacklevel=3)
+                self._prefetch_box[0] = _NoPrefetcher(threads, e)
+                return
         if head_start is not None:
             import time
 

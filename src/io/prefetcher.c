@@ -33,6 +33,16 @@
  *    so stopping it frees its memory without interrupting or joining
  *    anything; release the lock.
  *
+ * Early parking (opt4_prefetchers_park / _resume): the same round, opened
+ * by a caller before the fork rather than inside it, for threads that need
+ * what the forking thread holds to reach a safe point. A source that calls
+ * into Python needs the GIL, which os.fork holds across fork(): Python's
+ * before-fork hook parks the threads with the GIL released (the binding),
+ * so the prepare handler finds them parked already; the parent handler (or
+ * the hook after a fork that failed) lets them go. Nothing else changes:
+ * the prepare handler still opens its own round, which parked threads
+ * report at once.
+ *
  * A thread reports a round by storing it in its own word while it is inside
  * the safe point, and leaves only once park is 0; a round number, not a
  * count, so a thread that has just been let go from one round and has not
@@ -48,7 +58,9 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #define DEFAULT_THREADS 8u
@@ -121,6 +133,10 @@ static uint64_t pf_safe_point(void *arg) {
 /* Whether thread th is at a safe point for round r (or resting, or never
  * started); waits for it up to the deadline. */
 static int pf_wait_parked(pf_thread *th, uint32_t r, uint64_t deadline) {
+  /* A thread of ours that forks (a Python dataset that forks, called from a
+   * source that calls into Python) is the forking thread: it cannot wait
+   * for itself, and holds what any forking thread holds. */
+  if (th->started && pthread_equal(th->tid, pthread_self())) return 1;
   for (;;) {
     if (!th->started || atomic_load_explicit(&th->resting, memory_order_acquire)) return 1;
     uint32_t seen = atomic_load_explicit(&th->parked, memory_order_acquire);
@@ -134,8 +150,12 @@ static int pf_wait_parked(pf_thread *th, uint32_t r, uint64_t deadline) {
   }
 }
 
-static void fork_prepare(void) {
-  pthread_mutex_lock(&reg_lock);
+/* Under reg_lock: open a parking round in every running prefetcher and
+ * wait (up to PARK_TIMEOUT_NS) until each thread is at a safe point.
+ * Returns the threads that were not; a fork counts itself in parks and
+ * park_timeouts (count), an early park (opt4_prefetchers_park) does not. */
+static uint32_t park_locked(int count) {
+  uint32_t missed = 0;
   for (opt4_prefetcher *pf = reg_head; pf != NULL; pf = pf->reg_next) {
     pf->round = pf->round == UINT32_MAX ? 1 : pf->round + 1;
     atomic_store_explicit(&pf->park, pf->round, memory_order_release);
@@ -148,17 +168,43 @@ static void fork_prepare(void) {
   uint64_t deadline = now_ns() + PARK_TIMEOUT_NS;
   for (opt4_prefetcher *pf = reg_head; pf != NULL; pf = pf->reg_next) {
     for (uint32_t i = 0; i < pf->n; i++)
-      if (!pf_wait_parked(&pf->threads[i], pf->round, deadline))
-        atomic_fetch_add_explicit(&pf->park_timeouts, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&pf->parks, 1, memory_order_relaxed);
+      if (!pf_wait_parked(&pf->threads[i], pf->round, deadline)) {
+        missed++;
+        if (count) atomic_fetch_add_explicit(&pf->park_timeouts, 1, memory_order_relaxed);
+      }
+    if (count) atomic_fetch_add_explicit(&pf->parks, 1, memory_order_relaxed);
   }
+  return missed;
 }
 
-static void fork_parent(void) {
+/* Under reg_lock: let every parked thread go. */
+static void resume_locked(void) {
   for (opt4_prefetcher *pf = reg_head; pf != NULL; pf = pf->reg_next) {
     atomic_store_explicit(&pf->park, 0, memory_order_release);
     opt4__futex_wake(&pf->park, 0);
   }
+}
+
+static void fork_prepare(void) {
+  pthread_mutex_lock(&reg_lock);
+  park_locked(1);
+}
+
+static void fork_parent(void) {
+  resume_locked();
+  pthread_mutex_unlock(&reg_lock);
+}
+
+uint32_t opt4_prefetchers_park(void) {
+  pthread_mutex_lock(&reg_lock);
+  uint32_t missed = park_locked(0);
+  pthread_mutex_unlock(&reg_lock);
+  return missed;
+}
+
+void opt4_prefetchers_resume(void) {
+  pthread_mutex_lock(&reg_lock);
+  resume_locked();
   pthread_mutex_unlock(&reg_lock);
 }
 
@@ -250,6 +296,10 @@ static int pf_load(pf_thread *th, pf_item *it) {
 static void *pf_main(void *arg) {
   pf_thread *th = arg;
   opt4_prefetcher *pf = th->pf;
+  /* Named for top -H, py-spy and the tests: opt4-pf-<k> (15 bytes at most). */
+  char name[16];
+  snprintf(name, sizeof name, "opt4-pf-%u", (unsigned)(th - pf->threads));
+  prctl(PR_SET_NAME, name, 0, 0, 0);
   const uint32_t cap = pf->pending;
   pf_item *items = calloc(cap, sizeof *items);
   uint32_t *order = calloc(cap, sizeof *order); /* held items, earliest claim first */
@@ -437,6 +487,11 @@ void opt4_prefetcher_stop(opt4_prefetcher *pf) {
   if (!pf->orphan) {
     atomic_store(&pf->stop, 1);
     opt4__futex_wake(&pf->stop, 0); /* the resting ones */
+    /* Parked early (opt4_prefetchers_park) and stopped before the fork: let
+     * them go, or the join would wait forever. No fork is under way (it
+     * would hold reg_lock). */
+    atomic_store(&pf->park, 0);
+    opt4__futex_wake(&pf->park, 0);
     /* A thread may be waiting to store an item (for the items it replaces
      * to be read): interrupt, so it gives the item back at once. */
     for (uint32_t i = 0; i < pf->n; i++)

@@ -1,12 +1,16 @@
 /* test_source.c - sources: the record file behind the source table, a
  * table's checks, a queued source of the caller's own (reads completed by
  * another thread, as an io_uring would) feeding the prefetcher, and
- * prefetch threads that sleep, not poll, while the consumers pause. */
+ * prefetch threads that sleep, not poll, while the consumers pause, and
+ * threads parked early for a fork (a source that needs the forking
+ * thread's lock, as Python callbacks need the GIL). */
 #include "pool_util.h"
 
 #include <dirent.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -229,6 +233,34 @@ static uint64_t other_threads_switches(void) {
   return sum;
 }
 
+/* A consumer serving position t: a HIT checked, a LOAD read from src
+ * (stored when it is an ADMIT), counted into c. */
+typedef struct served {
+  uint64_t hits, prefetched, wrong, loads;
+} served;
+
+static void serve(opt4_pool *pool, opt4_source *src, uint64_t t, served *c) {
+  uint8_t buf[PAGE];
+  opt4_get_result r;
+  ASSERT_OK(opt4_pool_get(pool, t, NULL, 0, buf, sizeof buf, &r));
+  if (r.status == OPT4_GET_HIT) {
+    c->hits++;
+    c->prefetched += r.reason == OPT4_REASON_PREFETCHED;
+    if (!item_check(r.item, buf, r.len)) c->wrong++;
+    return;
+  }
+  ASSERT_EQ(r.status, OPT4_GET_LOAD);
+  uint64_t len = 0;
+  ASSERT_OK(opt4_source_read_one(src, r.item, buf, sizeof buf, &len));
+  c->loads++;
+  if (!item_check(r.item, buf, (size_t)len)) c->wrong++;
+  if (r.reason == OPT4_REASON_ADMIT) {
+    opt4_iovec part = {buf, (size_t)len};
+    int stored;
+    ASSERT_OK(opt4_pool_put(pool, t, &part, 1, &stored));
+  }
+}
+
 /* A user's queued source behind the prefetcher: every miss is prefetched
  * through submit + reap, the bytes are right, the hits are the plan's. And
  * while the consumers pause, the prefetch threads sleep on the pool's
@@ -249,8 +281,8 @@ static void test_prefetch_from_queued_source(void) {
   opt4_prefetcher_opts po = {THREADS, 0, 256, NULL, NULL, 0};
   opt4_prefetcher *pf = NULL;
   ASSERT_OK(opt4_prefetcher_start_source(opt4_pool_name(pool), src, &po, &pf));
-  uint8_t buf[PAGE];
-  uint64_t hits = 0, prefetched = 0, wrong = 0, loads = 0, switches = 0;
+  served c = {0, 0, 0, 0};
+  uint64_t switches = 0;
   const uint64_t pause_at = in.accesses / 2;
   for (uint64_t t = 0; t < in.accesses; t++) {
     if (t == pause_at) {
@@ -265,24 +297,7 @@ static void test_prefetch_from_queued_source(void) {
       usleep(400000);
       switches = other_threads_switches() - before;
     }
-    opt4_get_result r;
-    ASSERT_OK(opt4_pool_get(pool, t, NULL, 0, buf, sizeof buf, &r));
-    if (r.status == OPT4_GET_HIT) {
-      hits++;
-      prefetched += r.reason == OPT4_REASON_PREFETCHED;
-      if (!item_check(r.item, buf, r.len)) wrong++;
-    } else {
-      ASSERT_EQ(r.status, OPT4_GET_LOAD);
-      uint64_t len = 0;
-      ASSERT_OK(opt4_source_read_one(src, r.item, buf, sizeof buf, &len));
-      loads++;
-      if (!item_check(r.item, buf, (size_t)len)) wrong++;
-      if (r.reason == OPT4_REASON_ADMIT) {
-        opt4_iovec part = {buf, (size_t)len};
-        int stored;
-        ASSERT_OK(opt4_pool_put(pool, t, &part, 1, &stored));
-      }
-    }
+    serve(pool, src, t, &c);
   }
   opt4_prefetcher_stats ps;
   ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
@@ -291,15 +306,15 @@ static void test_prefetch_from_queued_source(void) {
   ASSERT_OK(opt4_pool_stats_get(pool, &st));
   fprintf(stderr, "    %llu of %llu misses prefetched, %llu loaded by the consumer, %llu stalls; "
           "%llu wake-ups of %u prefetch threads over a 400 ms pause\n",
-          (unsigned long long)prefetched, (unsigned long long)in.misses, (unsigned long long)loads,
+          (unsigned long long)c.prefetched, (unsigned long long)in.misses, (unsigned long long)c.loads,
           (unsigned long long)st.stalls, (unsigned long long)switches, THREADS);
-  ASSERT_U64_EQ(wrong, 0);
+  ASSERT_U64_EQ(c.wrong, 0);
   ASSERT_U64_EQ(st.fallbacks, 0);
-  ASSERT_U64_EQ(hits, in.hits + prefetched);
-  ASSERT_U64_EQ(prefetched + loads, in.misses);
+  ASSERT_U64_EQ(c.hits, in.hits + c.prefetched);
+  ASSERT_U64_EQ(c.prefetched + c.loads, in.misses);
   ASSERT_U64_EQ(ps.errors, 0);
-  ASSERT(ps.loaded >= prefetched);
-  ASSERT(prefetched > 0);
+  ASSERT(ps.loaded >= c.prefetched);
+  ASSERT(c.prefetched > 0);
   /* A 1 ms poll would be 400 a thread; a 20 ms bounded sleep is 20. */
   ASSERT(switches < 60u * THREADS);
   ASSERT_OK(opt4_pool_unlink(pool));
@@ -354,10 +369,113 @@ static void test_stop_wakes_sleepers(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* ---- early parking: a source whose reads need a lock the forking thread
+ * holds (as a Python callback needs the GIL, which os.fork holds) ---- */
+
+static pthread_mutex_t gil = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic uint64_t gil_reads;
+
+static int gil_count(void *state, uint64_t *items) {
+  *items = *(const uint32_t *)state;
+  return 0;
+}
+
+static int gil_submit(void *state, opt4_source_read *reads, size_t n) {
+  (void)state;
+  for (size_t i = 0; i < n; i++) {
+    pthread_mutex_lock(&gil);
+    uint32_t x = (uint32_t)reads[i].item;
+    reads[i].len = item_len(x);
+    if (reads[i].len > reads[i].cap) {
+      reads[i].status = OPT4_EITEMSIZE;
+    } else {
+      item_fill(x, reads[i].dst);
+      reads[i].status = 0;
+    }
+    atomic_fetch_add(&gil_reads, 1);
+    pthread_mutex_unlock(&gil);
+  }
+  return 0;
+}
+
+static const opt4_source_ops gil_ops = {
+    .version = OPT4_SOURCE_OPS_VERSION,
+    .name = "needs the gil",
+    .count = gil_count,
+    .size_of = mq_size_of,
+    .submit = gil_submit,
+};
+
+/* The threads are blocked in reads on the "GIL" the main thread holds. The
+ * main thread lets it go and parks them (opt4_prefetchers_park: what the
+ * binding does in Python's before-fork hook, with the GIL released), takes
+ * it back and forks: the fork's prepare handler finds them parked (no
+ * timeout, though none could finish a read now), and the parent lets them
+ * go. Parked threads read nothing. Then every position is served exactly.
+ * Last, a prefetcher parked early and stopped without a fork stops. */
+static void test_early_park(void) {
+  const uint32_t N = 200, THREADS = 3;
+  uint32_t items = N;
+  opt4_source *src = NULL;
+  ASSERT_OK(opt4_source_create(&gil_ops, &items, &src));
+  opt4_plan *plan = random_plan(3000, N, 60, 23);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 8, 0};
+  opt4_pool *pool = NULL;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  ASSERT_U64_EQ(opt4_prefetchers_park(), 0); /* no prefetcher: nothing to wait for */
+  opt4_prefetchers_resume();
+  pthread_mutex_lock(&gil);
+  opt4_prefetcher_opts po = {THREADS, 0, 128, NULL, NULL, 0};
+  opt4_prefetcher *pf = NULL;
+  ASSERT_OK(opt4_prefetcher_start_source(opt4_pool_name(pool), src, &po, &pf));
+  usleep(20000); /* the threads claim and block on the gil */
+  pthread_mutex_unlock(&gil);
+  ASSERT_U64_EQ(opt4_prefetchers_park(), 0);
+  uint64_t parked_at = atomic_load(&gil_reads);
+  usleep(100000);
+  ASSERT_U64_EQ(atomic_load(&gil_reads), parked_at); /* parked: no reads */
+  pthread_mutex_lock(&gil);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) _exit(0);
+  int ws = 0;
+  ASSERT(waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  pthread_mutex_unlock(&gil);
+  opt4_prefetcher_stats ps;
+  ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
+  ASSERT_U64_EQ(ps.parks, 1); /* the fork, not the early park */
+  ASSERT_U64_EQ(ps.park_timeouts, 0);
+  served c = {0, 0, 0, 0};
+  for (uint64_t t = 0; t < in.accesses; t++) {
+    serve(pool, src, t, &c);
+  }
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  fprintf(stderr, "    %llu of %llu misses prefetched around an early park and a fork\n",
+          (unsigned long long)c.prefetched, (unsigned long long)in.misses);
+  ASSERT_U64_EQ(c.wrong, 0);
+  ASSERT_U64_EQ(st.fallbacks, 0);
+  ASSERT_U64_EQ(c.hits, in.hits + c.prefetched);
+  ASSERT_U64_EQ(c.prefetched + c.loads, in.misses);
+  ASSERT(c.prefetched > 0);
+  /* Parked early, then stopped with no fork and no resume: stop lets them go. */
+  ASSERT_U64_EQ(opt4_prefetchers_park(), 0);
+  opt4_prefetcher_stop(pf);
+  opt4_prefetchers_resume();
+  ASSERT_OK(opt4_pool_unlink(pool));
+  opt4_pool_close(pool);
+  opt4_plan_close(plan);
+  opt4_source_close(src);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 int main(void) {
   RUN(test_records_source);
   RUN(test_create_checks);
   RUN(test_prefetch_from_queued_source);
   RUN(test_stop_wakes_sleepers);
+  RUN(test_early_park);
   return 0;
 }

@@ -18,6 +18,23 @@ def our_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("opt4")]
 
 
+def our_c_threads() -> list[str]:
+    """The names of the live C threads this project started in this process
+    (the prefetcher's, named opt4-pf-<k>), from /proc/self/task."""
+    import os
+
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # ended meanwhile
+            continue
+        if name.startswith("opt4-pf-"):
+            names.append(name)
+    return sorted(names)
+
+
 def wait_for_no_threads_of_ours(timeout: float = 60.0) -> list[threading.Thread]:
     """Waits (collecting garbage, whose finalizers stop threads) until none
     of our threads is alive, or timeout; returns those still alive. The

@@ -3,12 +3,14 @@ forked anew every epoch while the prefetch threads load ahead.
 
 A child forked while another thread holds a lock inherits the lock held by a
 thread it does not have, and deadlocks the first time it takes it. The C
-prefetcher parks its threads around fork (pthread_atfork), the Python
-threads park at :class:`opt4torch._forksafe.ForkGate` (os.register_at_fork).
-Here, 200 epochs of fork workers with prefetch on, for both kinds; the
-Python case uses a dataset whose every load holds a process-wide lock, the
-lock a forked worker takes again on its own misses: before parking, a fork
-in the middle of a prefetch thread's load left the worker waiting forever.
+prefetcher parks its threads around fork (pthread_atfork); those that call
+a Python dataset are parked first by Python's before-fork hook, with the GIL
+released (os.register_at_fork, binding/pysource.c), and other Python threads
+park at :class:`opt4torch._forksafe.ForkGate`. Here, 200 epochs of fork
+workers with prefetch on, for both sources; the Python case uses a dataset
+whose every load holds a process-wide lock, the lock a forked worker takes
+again on its own misses: before parking, a fork in the middle of a prefetch
+thread's load left the worker waiting forever.
 `make test-asan-binding` runs this module under ASan+UBSan too (where the
 sanitizer's allocator lock was the one inherited held).
 """
@@ -115,7 +117,7 @@ def test_thread_prefetch_across_200_epochs_of_fork_workers() -> None:
             assert torch.equal(x, torch.full((4,), float(i)))
             return i
 
-        assert_exact_and_parked(loader, item_of, "threads")
+        assert_exact_and_parked(loader, item_of, "callback")
     finally:
         loader.cache.close()
 

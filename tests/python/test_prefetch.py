@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from ourthreads import our_threads, wait_for_no_threads_of_ours
+from ourthreads import our_c_threads, our_threads, wait_for_no_threads_of_ours
 from datasets_for_tests import CountingSlow
 
 import opt4torch
@@ -262,7 +262,8 @@ def test_record_prefetch_samples_are_the_source(record_path: str) -> None:
 
 
 def test_thread_prefetch_for_any_dataset(tmp_path) -> None:
-    """prefetch=True on a plain Dataset: Python threads load its misses."""
+    """prefetch=True on a plain Dataset: the C threads load its misses,
+    calling dataset[i] with the GIL (binding/pysource.c)."""
     counter = tmp_path / "loads"
     ds = CountingSlow(N_ITEMS, os.fspath(counter), delay=0.001)
     loader = opt4torch.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=9, num_workers=2,
@@ -279,7 +280,7 @@ def test_thread_prefetch_for_any_dataset(tmp_path) -> None:
                     t += 1
         st = loader.cache.stats()
         assert st["hits"] == st["plan_hits"] and st["fallbacks"] == 0, st
-        assert st["prefetched"] > 0 and st["prefetcher"]["kind"] == "threads", st
+        assert st["prefetched"] > 0 and st["prefetcher"]["kind"] == "callback", st
         # Every miss loaded once: by a prefetch thread or by a worker.
         assert counter.stat().st_size - probed == st["plan_misses"], st
     finally:
@@ -296,11 +297,11 @@ def test_prefetch_threads_stop_with_the_cache(record_path: str) -> None:
                                   epochs=2, prefetch=True, prefetch_threads=3)
     it = iter(loader)
     next(it)  # the first batch starts the prefetcher
-    assert sorted(t.name for t in our_threads()) == [f"opt4-prefetch-{k}" for k in range(3)]
+    assert our_c_threads() == [f"opt4-pf-{k}" for k in range(3)]  # C threads calling the dataset
     assert loader.cache.stats()["prefetcher"]["finished"] == 0
     del it  # dropped mid-epoch
     loader.cache.close()
-    assert not our_threads()  # joined by close(), not later
+    assert not our_c_threads() and not our_threads()  # joined by close(), not later
     rf = RecordFile(record_path, latency=0.01)
     loader = opt4torch.DataLoader(rf, batch_size=BATCH, shuffle=True, seed=1, cache_items=CAPACITY,
                                   epochs=2, prefetch_threads=8, lookahead=10_000, collate_fn=list)

@@ -1,0 +1,155 @@
+/* pysource.c - a source that calls into Python: item i is what load(i)
+ * returns, a sequence of buffers (the codec's parts of dataset[i]), or None
+ * to leave the item to the worker that needs it. It lets the C prefetch
+ * threads (src/io/prefetcher.c) load from any map-style dataset: a thread
+ * takes the GIL for the call and the copy of the parts into its buffer, and
+ * nothing else, where the Python thread prefetcher before it held the GIL
+ * for its whole loop and polled with sleeps.
+ *
+ * The GIL and fork. os.fork holds the GIL across fork(), and the
+ * prefetcher's prepare handler waits for its threads to reach a safe point:
+ * a thread waiting for the GIL, or inside load(), would never get there
+ * (the handler would wait out its 10 s and fork with the thread inside
+ * Python). So Python's before-fork hook (opt4torch/_forksafe.py) calls
+ * prefetchers_park() first: with the GIL released it parks every
+ * prefetcher's threads (opt4_prefetchers_park), each finishing the call it
+ * is in; the prepare handler then finds them parked. A load() that forks
+ * itself is the forking thread and is not waited for.
+ *
+ * Exit. A thread that takes the GIL while the interpreter finalizes is
+ * ended by CPython on the spot; the loader stops its prefetcher before
+ * that (weakref.finalize, which runs at exit), and a read that finds the
+ * interpreter finalizing anyway returns OPT4_EIO without taking the GIL. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <string.h>
+
+#include "opt4.h"
+#include "binding.h"
+
+typedef struct py_source {
+  PyObject *load; /* strong; used and released with the GIL only */
+  uint64_t items, max_size;
+} py_source;
+
+static int finalizing(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+static int ps_count(void *state, uint64_t *items) {
+  *items = ((const py_source *)state)->items;
+  return 0;
+}
+
+/* An item's length is known once it is loaded: the bound is what the
+ * prefetcher sizes its buffers by. */
+static int ps_size_of(void *state, uint64_t item, uint64_t *len) {
+  (void)item;
+  *len = ((const py_source *)state)->max_size;
+  return 0;
+}
+
+static int ps_max_size(void *state, uint64_t *len) {
+  *len = ((const py_source *)state)->max_size;
+  return 0;
+}
+
+/* With the GIL: load(item) into rd. */
+static int ps_call(py_source *s, opt4_source_read *rd) {
+  PyObject *parts = PyObject_CallFunction(s->load, "K", (unsigned long long)rd->item);
+  if (parts == NULL) {
+    /* load() reports the dataset's errors itself and returns None; an
+     * exception here is a bug in it: shown, and the item left to the worker. */
+    PyErr_WriteUnraisable(s->load);
+    return OPT4_EIO;
+  }
+  int rc = 0;
+  if (parts == Py_None) {
+    rc = OPT4_EINVAL; /* the worker loads it */
+  } else {
+    PyObject *fast = PySequence_Fast(parts, "load() must return a sequence of buffers or None");
+    Py_ssize_t n = fast ? PySequence_Fast_GET_SIZE(fast) : 0;
+    uint64_t total = 0;
+    for (Py_ssize_t pass = 0; fast != NULL && rc == 0 && pass < 2; pass++) {
+      /* First the length, then (when it fits) the bytes. */
+      for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
+        Py_buffer v;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, i), &v, PyBUF_C_CONTIGUOUS) < 0) {
+          rc = OPT4_EINVAL;
+          break;
+        }
+        if (pass == 1) memcpy((uint8_t *)rd->dst + total, v.buf, (size_t)v.len);
+        total += (uint64_t)v.len;
+        PyBuffer_Release(&v);
+      }
+      if (pass == 0 && rc == 0) {
+        rd->len = total;
+        if (total > rd->cap) rc = OPT4_EITEMSIZE;
+        total = 0;
+      }
+    }
+    if (fast == NULL || PyErr_Occurred()) {
+      PyErr_WriteUnraisable(s->load);
+      rc = OPT4_EINVAL;
+    }
+    Py_XDECREF(fast);
+  }
+  Py_DECREF(parts);
+  return rc;
+}
+
+static int ps_submit(void *state, opt4_source_read *reads, size_t n) {
+  py_source *s = state;
+  for (size_t i = 0; i < n; i++) {
+    if (finalizing()) {
+      reads[i].status = OPT4_EIO;
+      continue;
+    }
+    PyGILState_STATE g = PyGILState_Ensure();
+    reads[i].status = ps_call(s, &reads[i]);
+    PyGILState_Release(g);
+  }
+  return 0;
+}
+
+static void ps_close(void *state) {
+  py_source *s = state;
+  /* Closed with the GIL held (the Prefetcher's dealloc, or a failed start). */
+  Py_XDECREF(s->load);
+  PyMem_RawFree(s);
+}
+
+int opt4py_py_source(PyObject *load, uint64_t items, uint64_t max_size, opt4_source **out) {
+  static const opt4_source_ops ops = {
+      .version = OPT4_SOURCE_OPS_VERSION,
+      .name = "python",
+      .count = ps_count,
+      .size_of = ps_size_of,
+      .max_size = ps_max_size,
+      .submit = ps_submit,
+      .close = ps_close,
+  };
+  py_source *s = PyMem_RawCalloc(1, sizeof *s);
+  if (s == NULL) return OPT4_ENOMEM;
+  s->load = Py_NewRef(load);
+  s->items = items;
+  s->max_size = max_size;
+  return opt4_source_create(&ops, s, out); /* closes s when it fails */
+}
+
+/* prefetchers_park() -> int: see the top; the threads not parked in time. */
+PyObject *opt4py_prefetchers_park(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
+  uint32_t missed;
+  Py_BEGIN_ALLOW_THREADS missed = opt4_prefetchers_park();
+  Py_END_ALLOW_THREADS return PyLong_FromUnsignedLong(missed);
+}
+
+PyObject *opt4py_prefetchers_resume(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
+  Py_BEGIN_ALLOW_THREADS opt4_prefetchers_resume();
+  Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}

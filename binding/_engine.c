@@ -1641,7 +1641,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
       PyModule_AddIntConstant(m, "OP_BYPASS", OPT4_OP_BYPASS) < 0 ||
       PyModule_AddStringConstant(m, "ENGINE_VERSION", OPT4_VERSION_STRING) < 0 ||
       PyModule_AddIntConstant(m, "MAX_ACCESSES", (long long)OPT4_MAX_ACCESSES) < 0 ||
-      PyModule_AddIntConstant(m, "CODEC_FORMAT", OPT4PY_CODEC_FORMAT) < 0 ||
+      rec_export(m) < 0 ||
       /* get_batch / read_batch entries: status, and a LOAD's reason */
       PyModule_AddIntConstant(m, "ENTRY_HIT", ENTRY_HIT) < 0 ||
       PyModule_AddIntConstant(m, "ENTRY_DEFER", ENTRY_DEFER) < 0 ||

@@ -359,3 +359,22 @@ int rec_place_arrays(rec_ctx *c, PyObject *make_arrays, PyObject *data) {
   Py_DECREF(arrays);
   return rc;
 }
+
+int rec_export(PyObject *module) {
+  PyObject *tags = PyDict_New();
+  if (tags == NULL) return -1;
+#define REC_ADD(name, value)                                                                           \
+  if (rc == 0) {                                                                                       \
+    PyObject *v = PyLong_FromLong(value);                                                              \
+    rc = v == NULL ? -1 : PyDict_SetItemString(tags, #name, v);                                        \
+    Py_XDECREF(v);                                                                                     \
+  }
+  int rc = 0;
+  REC_TAGS(REC_ADD)
+#undef REC_ADD
+  if (rc == 0) rc = PyModule_AddIntConstant(module, "CODEC_FORMAT", REC_FORMAT);
+  if (rc == 0) rc = PyModule_AddIntConstant(module, "CODEC_ALIGN", REC_ALIGN);
+  if (rc == 0) rc = PyModule_AddObjectRef(module, "CODEC_TAGS", tags);
+  Py_DECREF(tags);
+  return rc;
+}

@@ -25,14 +25,49 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "binding.h"
 
-enum {
-  REC_NONE, REC_TRUE, REC_FALSE, REC_INT, REC_BIGINT, REC_FLOAT, REC_STR, REC_BYTES, REC_BYTEARRAY,
-  REC_TUPLE, REC_LIST, REC_DICT, REC_NDARRAY, REC_TENSOR
-};
+/* The node tags of the format, defined here only: the Python codec takes
+ * them from the binding (_engine.CODEC_TAGS, rec_export). */
+#define REC_TAGS(X)                                                                                    \
+  X(NONE, 0) X(TRUE, 1) X(FALSE, 2) X(INT, 3) X(BIGINT, 4) X(FLOAT, 5) X(STR, 6) X(BYTES, 7)             \
+  X(BYTEARRAY, 8) X(TUPLE, 9) X(LIST, 10) X(DICT, 11) X(NDARRAY, 12) X(TENSOR, 13) X(PIL, 14)           \
+  X(PICKLE, 15) X(COMPLEX, 16)
+#define REC_ENUM(name, value) REC_##name = value,
+enum { REC_TAGS(REC_ENUM) };
+#undef REC_ENUM
 #define REC_FORMAT OPT4PY_CODEC_FORMAT
+/* Array and bytes payloads start at a multiple of this from the record's start. */
+#define REC_ALIGN 16
+
+/* Little-endian u32 and u64 at p. */
+static inline void rec_le32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void rec_le64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* The head of a bytes node whose tag is at pos in the record: tag, u64
+ * length, u64 pad and pad zero bytes, so that its payload (len bytes, not
+ * written here) starts at a multiple of REC_ALIGN. Writes it at p unless p
+ * is NULL; returns its length (at most 17 + 15). */
+static inline size_t rec_bytes_head(uint8_t *p, uint64_t pos, uint64_t len) {
+  size_t pad = (size_t)((REC_ALIGN - (pos + 17) % REC_ALIGN) % REC_ALIGN);
+  if (p != NULL) {
+    p[0] = REC_BYTES;
+    rec_le64(p + 1, len);
+    rec_le64(p + 9, pad);
+    memset(p + 17, 0, pad);
+  }
+  return 17 + pad;
+}
+
+/* Adds CODEC_FORMAT, CODEC_ALIGN and CODEC_TAGS ({"NONE": 0, ...}) to the
+ * module. 0, or -1 with an exception set. */
+int rec_export(PyObject *module);
 /* Array flags (_codec.F_*): which each kind may carry. */
 #define REC_F_SCALAR 1
 #define REC_F_READONLY 2

@@ -6,6 +6,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include "binding.h"
+#include "decode.h"
 
 #include <string.h>
 #include <unistd.h>
@@ -671,41 +672,27 @@ typedef struct frame_ctx {
   uint64_t n_labels;
 } frame_ctx;
 
-static void le64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-/* The codec's record: "O4", its format byte, then the node. A bytes node is tag 7,
- * u64 length, u64 pad and pad zero bytes so that the payload starts at a
- * multiple of 16; a tuple is tag 9 and a u32 count; an int tag 3 and i64. */
+/* The codec's record (binding/decode.h): "O4", its format byte, then the
+ * node: a bytes node, or a tuple (u32 count 2) of a bytes node and an int. */
 static int frame_codec(void *vctx, uint32_t item, uint64_t len, uint8_t *head, size_t *head_len,
                        uint8_t *tail, size_t *tail_len) {
   const frame_ctx *ctx = vctx;
   size_t n = 0;
   head[n++] = 'O';
   head[n++] = '4';
-  head[n++] = OPT4PY_CODEC_FORMAT;
+  head[n++] = REC_FORMAT;
   if (ctx->mode == FRAME_BYTES_LABEL) {
     if (item >= ctx->n_labels) return -1;
-    head[n++] = 9;
-    head[n++] = 2;
-    head[n++] = 0;
-    head[n++] = 0;
-    head[n++] = 0;
+    head[n++] = REC_TUPLE;
+    rec_le32(head + n, 2);
+    n += 4;
   }
-  head[n++] = 7;
-  le64(head + n, len);
-  n += 8;
-  size_t pad = (16 - (n + 8) % 16) % 16;
-  le64(head + n, pad);
-  n += 8;
-  memset(head + n, 0, pad);
-  n += pad;
+  n += rec_bytes_head(head + n, n, len);
   *head_len = n;
   *tail_len = 0;
   if (ctx->mode == FRAME_BYTES_LABEL) {
-    tail[0] = 3;
-    le64(tail + 1, (uint64_t)ctx->labels[item]);
+    tail[0] = REC_INT;
+    rec_le64(tail + 1, (uint64_t)ctx->labels[item]);
     *tail_len = 9;
   }
   return 0;

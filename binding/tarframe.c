@@ -34,9 +34,7 @@
 
 #include "opt4.h"
 #include "binding.h"
-
-enum { T_STR = 6, T_BYTES = 7, T_DICT = 11 };
-#define ALIGN 16
+#include "decode.h"
 static const char KEY_NAME[] = "__key__";
 
 typedef struct tar_field {
@@ -59,19 +57,11 @@ struct opt4py_tar_layout {
   uint64_t max_encoded;
 };
 
-static void le32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void le64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
 /* A str node at p (when p is not NULL); returns its length. */
 static uint64_t put_str(uint8_t *p, const char *s, uint64_t n) {
   if (p != NULL) {
-    p[0] = T_STR;
-    le64(p + 1, n);
+    p[0] = REC_STR;
+    rec_le64(p + 1, n);
     memcpy(p + 9, s, (size_t)n);
   }
   return 9 + n;
@@ -80,15 +70,9 @@ static uint64_t put_str(uint8_t *p, const char *s, uint64_t n) {
 /* A bytes node at p (when p is not NULL), pos bytes into the record, its
  * payload from data; returns its length. */
 static uint64_t put_bytes(uint8_t *p, uint64_t pos, const uint8_t *data, uint64_t n) {
-  uint64_t pad = (ALIGN - (pos + 17) % ALIGN) % ALIGN;
-  if (p != NULL) {
-    p[0] = T_BYTES;
-    le64(p + 1, n);
-    le64(p + 9, pad);
-    memset(p + 17, 0, (size_t)pad);
-    memcpy(p + 17 + pad, data, (size_t)n);
-  }
-  return 17 + pad + n;
+  size_t head = rec_bytes_head(p, pos, n);
+  if (p != NULL) memcpy(p + head, data, (size_t)n);
+  return head + n;
 }
 
 /* Sample s's record written to out (NULL: only measured) from its range;
@@ -98,9 +82,9 @@ static uint64_t lay_out(const opt4py_tar_layout *l, const tar_sample *s, const u
   if (out != NULL) {
     out[0] = 'O';
     out[1] = '4';
-    out[2] = OPT4PY_CODEC_FORMAT;
-    out[3] = T_DICT;
-    le32(out + 4, (uint32_t)(s->n + 1));
+    out[2] = REC_FORMAT;
+    out[3] = REC_DICT;
+    rec_le32(out + 4, (uint32_t)(s->n + 1));
   }
   pos = 8;
   pos += put_str(out ? out + pos : NULL, KEY_NAME, sizeof KEY_NAME - 1);

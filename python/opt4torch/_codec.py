@@ -47,15 +47,24 @@ from typing import Any
 
 import numpy as np
 
+from . import _engine
+
 __all__ = ["encode", "decode", "decode_at", "encoded_size", "make_arrays", "CodecError"]
 
 MAGIC = b"O4"
-FORMAT = 2
-ALIGN = 16
+# The format number, the alignment and the node tags are defined once, in
+# binding/decode.h (the C decoder, the prefetcher's framing and the tar
+# layout use them there); this module takes them from the binding.
+FORMAT = _engine.CODEC_FORMAT
+ALIGN = _engine.CODEC_ALIGN
 MAX_DEPTH = 200  # containers nested deeper (or containing themselves) are refused
 
-(T_NONE, T_TRUE, T_FALSE, T_INT, T_BIGINT, T_FLOAT, T_STR, T_BYTES, T_BYTEARRAY, T_TUPLE, T_LIST,
- T_DICT, T_NDARRAY, T_TENSOR, T_PIL, T_PICKLE, T_COMPLEX) = range(17)
+_TAGS = _engine.CODEC_TAGS
+T_NONE, T_TRUE, T_FALSE, T_INT, T_BIGINT = _TAGS["NONE"], _TAGS["TRUE"], _TAGS["FALSE"], _TAGS["INT"], _TAGS["BIGINT"]
+T_FLOAT, T_STR, T_BYTES, T_BYTEARRAY = _TAGS["FLOAT"], _TAGS["STR"], _TAGS["BYTES"], _TAGS["BYTEARRAY"]
+T_TUPLE, T_LIST, T_DICT = _TAGS["TUPLE"], _TAGS["LIST"], _TAGS["DICT"]
+T_NDARRAY, T_TENSOR, T_PIL, T_PICKLE, T_COMPLEX = (_TAGS["NDARRAY"], _TAGS["TENSOR"], _TAGS["PIL"],
+                                                   _TAGS["PICKLE"], _TAGS["COMPLEX"])
 
 # Array flags. F_SCALAR: a numpy scalar (a 0-d array, returned as arr[()]).
 # F_READONLY: a numpy array that was not writeable. F_PERM: a dimension order

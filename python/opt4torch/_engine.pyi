@@ -10,6 +10,8 @@ OP_BYPASS: int
 ENGINE_VERSION: str
 MAX_ACCESSES: int
 CODEC_FORMAT: int
+CODEC_ALIGN: int
+CODEC_TAGS: dict[str, int]
 # get_batch / read_batch entries: the status, and a LOAD's reason (its a)
 ENTRY_HIT: int
 ENTRY_DEFER: int

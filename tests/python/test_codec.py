@@ -712,6 +712,10 @@ def test_one_format_number() -> None:
     share one format number: a record of another format is refused, not
     misread."""
     assert _engine.CODEC_FORMAT == FORMAT == record_of(None)[2]
+    # The tags too: one definition (binding/decode.h), taken by the codec.
+    tags = _engine.CODEC_TAGS
+    assert len(set(tags.values())) == len(tags) == 17 and record_of(None)[3] == tags["NONE"]
+    assert record_of({"a": b"x"})[3] == tags["DICT"] and record_of(b"x")[3] == tags["BYTES"]
     record = bytearray(record_of((b"x", 1)))
     record[2] = FORMAT - 1
     assert c_decode(bytes(record)) == (False, None)

@@ -892,8 +892,32 @@ static PyObject *prefetcher_get_running(PrefetcherObject *self, void *Py_UNUSED(
   return PyBool_FromLong(self->pf != NULL);
 }
 
+static PyObject *prefetcher_progress(PrefetcherObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->pf == NULL) return PyErr_Format(PyExc_ValueError, "the prefetcher is stopped");
+  return PyLong_FromUnsignedLong(opt4_prefetcher_progress(self->pf));
+}
+
+/* wait(seen, timeout) -> bool: opt4_prefetcher_wait, with the GIL released. */
+static PyObject *prefetcher_wait(PrefetcherObject *self, PyObject *args) {
+  unsigned long seen;
+  double timeout;
+  if (!PyArg_ParseTuple(args, "kd:wait", &seen, &timeout)) return NULL;
+  if (self->pf == NULL) return PyErr_Format(PyExc_ValueError, "the prefetcher is stopped");
+  if (!(timeout >= 0)) return PyErr_Format(PyExc_ValueError, "timeout must be >= 0 seconds");
+  uint64_t ns = timeout > 1e9 ? (uint64_t)1e18 : (uint64_t)(timeout * 1e9);
+  opt4_prefetcher *pf = self->pf;
+  int moved;
+  Py_BEGIN_ALLOW_THREADS moved = opt4_prefetcher_wait(pf, (uint32_t)seen, ns);
+  Py_END_ALLOW_THREADS return PyBool_FromLong(moved);
+}
+
 static PyMethodDef prefetcher_methods[] = {
     {"stop", (PyCFunction)prefetcher_stop, METH_NOARGS, "Stop and join the threads."},
+    {"progress", (PyCFunction)prefetcher_progress, METH_NOARGS,
+     "progress() -> int: a counter that moves whenever a claimed miss is settled or a thread is done."},
+    {"wait", (PyCFunction)prefetcher_wait, METH_VARARGS,
+     "wait(seen, timeout) -> bool: sleep until progress() differs from seen (True) or timeout seconds pass "
+     "(False), with the GIL released."},
     {"stats", (PyCFunction)prefetcher_stats, METH_NOARGS, "Counters of the threads."},
     {NULL, NULL, 0, NULL}};
 

@@ -1101,6 +1101,15 @@ int opt4_prefetcher_start(const char *pool_name, opt4_records *src,
 int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src,
                                  const opt4_prefetcher_opts *opts, opt4_prefetcher **out);
 int opt4_prefetcher_stats_get(opt4_prefetcher *pf, opt4_prefetcher_stats *out);
+/* A counter of the prefetcher's progress: it moves whenever a claimed miss
+ * is settled (stored, given up or given back to its consumer) or a thread
+ * is done. opt4_prefetcher_wait sleeps (on the counter itself: no polling)
+ * until it differs from seen, for at most timeout_ns: 1 if it moved, 0 if
+ * the time ran out. For a caller that waits for the prefetcher to load
+ * something (the DataLoader's head start, with opt4_pool_prefetch_pending).
+ * Thread safety: any thread; not from a prefetcher's own threads. */
+uint32_t opt4_prefetcher_progress(opt4_prefetcher *pf);
+int opt4_prefetcher_wait(opt4_prefetcher *pf, uint32_t seen, uint64_t timeout_ns);
 /* Park the threads of every running prefetcher of this process at a safe
  * point, as a fork does, and keep them there until opt4_prefetchers_resume
  * or the next fork's parent or child handler. For a process about to fork

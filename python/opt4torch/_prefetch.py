@@ -30,6 +30,18 @@ from ._codec import encode
 
 __all__ = ["CallbackPrefetcher", "RecordPrefetcher"]
 
+
+def _wait(pf: Any, seen: int | None, timeout: float) -> tuple[int, bool]:
+    """Sleep until the prefetcher settles another claim after ``seen`` (its
+    progress counter; None: now), at most ``timeout`` seconds: (the counter,
+    whether it moved). On the counter itself, in C, with the GIL released."""
+    if not pf.running:
+        return 0, False
+    if seen is None:
+        seen = pf.progress()
+    moved = pf.wait(seen, timeout)
+    return pf.progress(), moved
+
 class RecordPrefetcher:
     """C threads loading a dataset's items into the pool: records of a
     record file, images of an image folder, samples of tar shards, each laid
@@ -44,6 +56,9 @@ class RecordPrefetcher:
 
     def stats(self) -> dict[str, Any]:
         return self._pf.stats() if self._pf.running else {}
+
+    def wait(self, seen: int | None, timeout: float) -> tuple[int, bool]:
+        return _wait(self._pf, seen, timeout)
 
     def stop(self) -> None:
         self._pf.stop()
@@ -74,6 +89,9 @@ class CallbackPrefetcher:
         self._errors = errors
         self._pf = _engine.Prefetcher(pool_name, None, threads=threads, lookahead=lookahead, frame="raw",
                                       load=load, items=len(dataset), max_size=max_size)
+
+    def wait(self, seen: int | None, timeout: float) -> tuple[int, bool]:
+        return _wait(self._pf, seen, timeout)
 
     def stats(self) -> dict[str, Any]:
         out = self._pf.stats() if self._pf.running else {}

@@ -277,20 +277,20 @@ class OPTCache:
         if head_start is not None:
             import time
 
-            # Wait while the prefetchers make progress. The rest of the head
-            # start may wait on reads only the workers make (an ADMIT whose
-            # slot still holds an item to be read, a full staging ring: a
-            # small cache against a large head start), so once nothing has
-            # loaded for a while, stop waiting rather than wait out the timeout.
-            now = time.monotonic()
-            deadline = now + self._pool.info()["wait_timeout_ms"] / 1000
-            pending, progress_at = self._pool.prefetch_pending(*head_start), now
-            while pending and now < deadline and now - progress_at < 0.05:
-                time.sleep(0.0005)
-                now = time.monotonic()
-                left = self._pool.prefetch_pending(*head_start)
-                if left < pending:
-                    pending, progress_at = left, now
+            # Wait while the prefetchers make progress, sleeping on their
+            # progress counter (woken by every claim they settle). The rest
+            # of the head start may wait on reads only the workers make (an
+            # ADMIT whose slot still holds an item to be read, a full staging
+            # ring: a small cache against a large head start), so once
+            # nothing has been settled for 50 ms, stop waiting rather than
+            # wait out the timeout.
+            pf = self._prefetch_box[0]
+            deadline = time.monotonic() + self._pool.info()["wait_timeout_ms"] / 1000
+            seen = pf.wait(None, 0.0)[0]
+            while self._pool.prefetch_pending(*head_start) and time.monotonic() < deadline:
+                seen, moved = pf.wait(seen, 0.05)
+                if not moved:
+                    break
 
     def stop_prefetch(self) -> None:
         """Stop the prefetcher's threads (their items in hand go back to the

@@ -99,6 +99,9 @@ struct opt4_prefetcher {
   opt4_prefetcher *reg_next;
   _Atomic uint64_t loaded, bytes, stored, errors, idle_ns, parks, park_timeouts;
   _Atomic uint32_t finished;
+  /* Bumped whenever a claim is settled (stored, given up, given back) or a
+   * thread is done: what opt4_prefetcher_wait sleeps on. */
+  _Atomic uint32_t progress, progress_waiters;
 };
 
 /* ---- fork: the registry of running prefetchers, and parking ---- */
@@ -195,6 +198,23 @@ static void fork_parent(void) {
   pthread_mutex_unlock(&reg_lock);
 }
 
+uint32_t opt4_prefetcher_progress(opt4_prefetcher *pf) { return atomic_load(&pf->progress); }
+
+int opt4_prefetcher_wait(opt4_prefetcher *pf, uint32_t seen, uint64_t timeout_ns) {
+  if (atomic_load(&pf->progress) != seen) return 1;
+  atomic_fetch_add(&pf->progress_waiters, 1);
+  uint64_t deadline = now_ns() + timeout_ns;
+  int moved;
+  for (;;) {
+    moved = atomic_load(&pf->progress) != seen;
+    uint64_t now = now_ns();
+    if (moved || now >= deadline) break;
+    opt4__futex_wait(&pf->progress, seen, deadline - now, 0);
+  }
+  atomic_fetch_sub(&pf->progress_waiters, 1);
+  return moved;
+}
+
 uint32_t opt4_prefetchers_park(void) {
   pthread_mutex_lock(&reg_lock);
   uint32_t missed = park_locked(0);
@@ -236,14 +256,22 @@ typedef struct pf_item {
   uint8_t *buf;
 } pf_item;
 
+/* A claim settled or a thread done: wake whoever waits for progress
+ * (seq_cst with the waiter's count and check: no wake-up is lost). */
+static void pf_progress(opt4_prefetcher *pf) {
+  atomic_fetch_add(&pf->progress, 1);
+  if (atomic_load(&pf->progress_waiters) != 0) opt4__futex_wake(&pf->progress, 0);
+}
+
 /* Hand item it over if the pool can take it; 1 if it is settled (stored or
  * given up), 0 if it must wait longer. */
 static int pf_try(pf_thread *th, pf_item *it) {
   opt4_iovec parts[2] = {{it->buf, it->len}, {it->tail, it->tail_len}};
   int result = 0;
-  if (opt4_pool_prefetch_try_store(th->pool, it->t, parts, 2, &result) != 0) return 1;
-  if (result == 2) return 0;
-  if (result == 1) atomic_fetch_add_explicit(&th->pf->stored, 1, memory_order_relaxed);
+  int rc = opt4_pool_prefetch_try_store(th->pool, it->t, parts, 2, &result);
+  if (rc == 0 && result == 2) return 0;
+  if (rc == 0 && result == 1) atomic_fetch_add_explicit(&th->pf->stored, 1, memory_order_relaxed);
+  pf_progress(th->pf);
   return 1;
 }
 
@@ -279,6 +307,7 @@ static int pf_load(pf_thread *th, pf_item *it) {
   if (bad || rd.status != 0) {
     atomic_fetch_add_explicit(&pf->errors, 1, memory_order_relaxed);
     opt4_pool_prefetch_release(th->pool, job.t);
+    pf_progress(pf);
     return 1;
   }
   atomic_fetch_add_explicit(&pf->loaded, 1, memory_order_relaxed);
@@ -369,6 +398,7 @@ leave:
   free(items);
   free(order);
   atomic_fetch_add(&pf->finished, 1);
+  pf_progress(pf);
   /* Rest until stopped: a thread exits only inside opt4_prefetcher_stop,
    * under the registry lock, so none is half way out across a fork. */
   atomic_store_explicit(&th->resting, 1, memory_order_release);

@@ -327,7 +327,8 @@ static void test_prefetch_from_queued_source(void) {
 }
 
 /* opt4_prefetcher_start from a record file (the wrapper over
- * opt4_source_records) loads ahead of consumers that have not started, and
+ * opt4_source_records) loads ahead of consumers that have not started (its
+ * progress counter moves, then rests once the window is full), and
  * stop ends threads that sleep on the progress word (opt4_pool_interrupt
  * wakes them) without waiting out the pool's timeout. */
 static void test_stop_wakes_sleepers(void) {
@@ -350,6 +351,20 @@ static void test_stop_wakes_sleepers(void) {
     if (pending > 0) usleep(1000);
   }
   ASSERT_U64_EQ(pending, 0);
+  ASSERT(opt4_prefetcher_progress(pf) > 0); /* claims were settled */
+  /* Once the window is full and nothing moves, a wait for progress sleeps
+   * its time out (on the counter: woken by nothing). */
+  int moved = 1;
+  double waited = 0;
+  for (int i = 0; i < 100 && moved; i++) {
+    struct timespec a0, b0;
+    clock_gettime(CLOCK_MONOTONIC, &a0);
+    moved = opt4_prefetcher_wait(pf, opt4_prefetcher_progress(pf), 100000000u);
+    clock_gettime(CLOCK_MONOTONIC, &b0);
+    waited = (double)(b0.tv_sec - a0.tv_sec) * 1e3 + (double)(b0.tv_nsec - a0.tv_nsec) / 1e6;
+  }
+  ASSERT_EQ(moved, 0);
+  ASSERT(waited >= 90.0);
   opt4_records_info ri;
   ASSERT_OK(opt4_records_info_get(r, &ri));
   ASSERT(ri.reads > 0);
@@ -431,7 +446,10 @@ static void test_early_park(void) {
   opt4_prefetcher *pf = NULL;
   ASSERT_OK(opt4_prefetcher_start_source(opt4_pool_name(pool), src, &po, &pf));
   usleep(20000); /* the threads claim and block on the gil */
+  uint32_t before = opt4_prefetcher_progress(pf);
   pthread_mutex_unlock(&gil);
+  /* A wait for progress returns once a read gets the gil and its item is settled. */
+  ASSERT_EQ(opt4_prefetcher_wait(pf, before, 5000000000u), 1);
   ASSERT_U64_EQ(opt4_prefetchers_park(), 0);
   uint64_t parked_at = atomic_load(&gil_reads);
   usleep(100000);

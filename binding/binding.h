@@ -5,6 +5,28 @@
 
 #include <Python.h>
 
+/* _engine.c: the module (its exceptions, the simulator, memory counters),
+ * made of the files below, one per Python type: plan.c, pool.c,
+ * records.c, outfile.c, ranges.c, prefetcher.c, and decode.c (the batch
+ * path's decoder), tarframe.c and pysource.c (sources of the binding's own).
+ *
+ * A sequence from the buffer protocol: 1-D, C-contiguous, integers of 4 or
+ * 8 bytes (0, or -1 with TypeError; release view after use). */
+#include "opt4.h"
+int opt4py_get_seq(PyObject *obj, uint64_t items, Py_buffer *view, opt4_seq *seq);
+
+/* plan.c: the Plan and Array types and the functions that make plans.
+ * opt4py_plan_enter gives the engine plan of an open Plan (borrowed; NULL
+ * with an exception for anything else) and keeps the Plan from closing
+ * until opt4py_plan_leave, for a call made with the GIL released. */
+int opt4py_plan_init(PyObject *module);
+opt4_plan *opt4py_plan_enter(PyObject *obj);
+void opt4py_plan_leave(PyObject *obj);
+
+/* pool.c: the Pool type and the functions that make, attach, list and
+ * remove pools. */
+int opt4py_pool_init(PyObject *module);
+
 /* Raise the Python exception for engine code rc, with context. Returns NULL. */
 PyObject *opt4py_raise(int rc, const char *context);
 /* The same for record files: the message is the context and the detail. */
@@ -21,7 +43,6 @@ PyObject *opt4py_raise_records(int rc, const char *context);
  * opt4py_tar_source with the ranges source of the same shards: the source
  * owns both from then on (also when it fails), and its item i is sample
  * i's record. */
-#include "opt4.h"
 typedef struct opt4py_tar_layout opt4py_tar_layout;
 opt4py_tar_layout *opt4py_tar_layout_new(PyObject *keys, PyObject *members);
 void opt4py_tar_layout_free(opt4py_tar_layout *layout);
@@ -36,7 +57,12 @@ int opt4py_py_source(PyObject *load, uint64_t items, uint64_t max_size, opt4_sou
 PyObject *opt4py_prefetchers_park(PyObject *module, PyObject *ignored);
 PyObject *opt4py_prefetchers_resume(PyObject *module, PyObject *ignored);
 
-/* io.c: the Records, RecordWriter and Prefetcher types. */
-int opt4py_io_init(PyObject *module);
+/* The I/O types, a file each (io.h has what they share): records.c
+ * (Records, RecordWriter), outfile.c (OutFile), ranges.c (Ranges, the tar
+ * indexer), prefetcher.c (Prefetcher). */
+int opt4py_records_init(PyObject *module);
+int opt4py_outfile_init(PyObject *module);
+int opt4py_ranges_init(PyObject *module);
+int opt4py_prefetcher_init(PyObject *module);
 
 #endif

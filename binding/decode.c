@@ -360,7 +360,61 @@ int rec_place_arrays(rec_ctx *c, PyObject *make_arrays, PyObject *data) {
   return rc;
 }
 
+/* decode_records(buffer, spans, make_arrays=None) -> [(True, object) or
+ * (False, None) where the Python codec must decode it], one per (offset,
+ * length) span of buffer, decoded as a batch is (arrays are views of
+ * buffer). For tests of the C decoder against the codec. */
+static PyObject *py_decode_records(PyObject *Py_UNUSED(m), PyObject *args) {
+  PyObject *data, *spans, *make_arrays = Py_None, *out = NULL, *holder = NULL, *fast = NULL;
+  if (!PyArg_ParseTuple(args, "OO|O", &data, &spans, &make_arrays)) return NULL;
+  Py_buffer view;
+  if (PyObject_GetBuffer(data, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+  rec_ctx c = {.base = view.buf, .arrays = make_arrays != Py_None};
+  fast = PySequence_Fast(spans, "spans must be a sequence of (offset, length)");
+  if (fast == NULL) goto done;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  holder = PyList_New(n);
+  int *handled = PyMem_Calloc((size_t)(n ? n : 1), sizeof *handled);
+  if (holder == NULL || handled == NULL) {
+    PyMem_Free(handled);
+    goto done;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(holder, i, Py_NewRef(Py_None));
+  for (Py_ssize_t i = 0; i < n; i++) {
+    Py_ssize_t off, len;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "nn", &off, &len)) goto fail;
+    if (off < 0 || len < 0 || off > view.len || len > view.len - off) {
+      PyErr_SetString(PyExc_ValueError, "a span is outside the buffer");
+      goto fail;
+    }
+    handled[i] = rec_decode_into(&c, (const uint8_t *)view.buf + off, (size_t)len, holder, i);
+    if (handled[i] < 0) goto fail;
+  }
+  if (rec_place_arrays(&c, make_arrays, data) < 0) goto fail;
+  out = PyList_New(n);
+  for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+    PyObject *t = Py_BuildValue("(OO)", handled[i] ? Py_True : Py_False, PyList_GET_ITEM(holder, i));
+    if (t == NULL) Py_CLEAR(out);
+    else PyList_SET_ITEM(out, i, t);
+  }
+fail:
+  PyMem_Free(handled);
+done:
+  rec_ctx_release(&c);
+  Py_XDECREF(holder);
+  Py_XDECREF(fast);
+  PyBuffer_Release(&view);
+  return out;
+}
+
+static PyMethodDef decode_functions[] = {
+    {"decode_records", py_decode_records, METH_VARARGS,
+     "decode_records(buffer, spans, make_arrays=None) -> [(True, object) or (False, None)]: "
+     "the C decoder on records at (offset, length) spans of buffer"},
+    {NULL, NULL, 0, NULL}};
+
 int rec_export(PyObject *module) {
+  if (PyModule_AddFunctions(module, decode_functions) < 0) return -1;
   PyObject *tags = PyDict_New();
   if (tags == NULL) return -1;
 #define REC_ADD(name, value)                                                                           \

@@ -6,9 +6,9 @@ The dataset is the kind users write: ``__getitem__`` reads its item from a
 file with ``os.pread`` after an emulated latency (``time.sleep``, which
 releases the GIL, as waiting on storage does) and returns ``(bytes, label)``.
 Items are 1 to 40 KiB. A training loop iterates E epochs of epoch shuffle
-with W fork workers and, per batch, a CPU-bound step (single-threaded torch
-matrix products for about S ms: on a 2-core machine the CPU our threads take
-comes out of it). Side by side, repeated, medians reported:
+with W fork workers and, per batch, a CPU-bound step (a fixed number of
+single-threaded torch matrix products: on a 2-core machine the CPU our
+threads take comes out of it). Side by side, repeated, medians reported:
 
 * in memory: the items from a list in RAM, plain torch DataLoader;
 * OPT: opt4torch.DataLoader at capacity C (default 50 %), prefetch off;
@@ -22,7 +22,7 @@ earlier versions, "callback" for the C threads calling the dataset).
 Run it with two installs of the package to compare them (PYTHONPATH first):
 
     python bench/callback_prefetch.py [--items 3000] [--latency 0.002] [--epochs 3]
-        [--capacity 0.5] [--batch 32] [--workers 2] [--step 0.008] [--threads 8]
+        [--capacity 0.5] [--batch 32] [--workers 2] [--step-reps 12] [--threads 8]
         [--repeats 3] [--label NAME] [--out FILE]
 """
 
@@ -79,14 +79,15 @@ class InMemory(Dataset):
         return self.items[i]
 
 
-def step_work(ms: float) -> tuple[torch.Tensor, int]:
-    """Matrix products sized to take about ms on this machine (measured once)."""
+def step_work(reps: int) -> tuple[torch.Tensor, int, float]:
+    """The training step: reps single-threaded products of 160x160 matrices
+    (a fixed amount of work, so runs of two installs do the same), and how
+    long it takes here, measured once."""
     a = torch.randn(160, 160)
     t0 = time.perf_counter()
     for _ in range(20):
         a = torch.tanh(a @ a)
-    per = (time.perf_counter() - t0) / 20
-    return a, max(1, round(ms / 1000 / per))
+    return a, reps, (time.perf_counter() - t0) / 20 * reps
 
 
 def train(loader: Any, epochs: int, a: torch.Tensor, reps: int) -> tuple[float, int]:
@@ -106,7 +107,7 @@ def cpu_seconds() -> float:
 
 
 def run_config(name: str, args: argparse.Namespace, ds: FileItems, items: list[tuple[bytes, int]],
-               work: tuple[torch.Tensor, int]) -> dict[str, Any]:
+               work: tuple[torch.Tensor, int, float]) -> dict[str, Any]:
     common = dict(batch_size=args.batch, num_workers=args.workers, collate_fn=list,
                   persistent_workers=True, multiprocessing_context="fork")
     out: dict[str, Any] = {"config": name}
@@ -117,9 +118,9 @@ def run_config(name: str, args: argparse.Namespace, ds: FileItems, items: list[t
                                  **common)
     else:
         loader = opt4torch.DataLoader(ds, shuffle=True, seed=0, epochs=args.epochs,
-                                      cache_items=int(args.capacity * len(ds)), prefetch=name == "OPT + prefetch",
-                                      prefetch_threads=args.threads, **common)
-    seconds, n = train(loader, args.epochs, *work)
+                                      cache_items=int(args.capacity * len(ds)), item_bytes=int(ds.sizes.max()) + 64,
+                                      prefetch=name == "OPT + prefetch", prefetch_threads=args.threads, **common)
+    seconds, n = train(loader, args.epochs, work[0], work[1])
     out.update(seconds=seconds, samples=n)
     if isinstance(loader, opt4torch.DataLoader):
         st = loader.cache.stats()
@@ -140,7 +141,8 @@ def main() -> None:
     ap.add_argument("--capacity", type=float, default=0.5)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--step", type=float, default=0.008, help="seconds of CPU-bound training step per batch")
+    ap.add_argument("--step-reps", type=int, default=12,
+                    help="matrix products per batch: the CPU-bound training step (its time here is printed)")
     ap.add_argument("--threads", type=int, default=8, help="prefetch threads")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--label", default=opt4torch.__file__)
@@ -156,7 +158,8 @@ def main() -> None:
             f.write(rng.integers(0, 256, size=int(sizes.sum()), dtype=np.uint8).tobytes())
         ds = FileItems(path, offsets, sizes, args.latency)
         items = [FileItems(path, offsets, sizes, 0.0)[i] for i in range(args.items)]
-        work = step_work(args.step * 1000)
+        work = step_work(args.step_reps)
+        print(f"  training step: {args.step_reps} products, {work[2] * 1000:.1f} ms a batch here", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {}
         for r in range(args.repeats):
             for name in ("in memory", "OPT", "OPT + prefetch"):

@@ -32,7 +32,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import machine  # noqa: E402
+from prefetch import InMemory, cpu_seconds  # noqa: E402  (bench/prefetch.py: the same in-memory baseline)
 
 import opt4torch  # noqa: E402
 
@@ -68,17 +68,6 @@ class FileItems(Dataset):
         return os.pread(self._fd, int(self.sizes[i]), int(self.offsets[i])), i % 10
 
 
-class InMemory(Dataset):
-    def __init__(self, items: list[tuple[bytes, int]]) -> None:
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> tuple[bytes, int]:
-        return self.items[i]
-
-
 def step_work(reps: int) -> tuple[torch.Tensor, int, float]:
     """The training step: reps single-threaded products of 160x160 matrices
     (a fixed amount of work, so runs of two installs do the same), and how
@@ -99,11 +88,6 @@ def train(loader: Any, epochs: int, a: torch.Tensor, reps: int) -> tuple[float, 
             for _ in range(reps):
                 a = torch.tanh(a @ a)
     return time.perf_counter() - t0, n
-
-
-def cpu_seconds() -> float:
-    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
 def run_config(name: str, args: argparse.Namespace, ds: FileItems, items: list[tuple[bytes, int]],

@@ -13,6 +13,11 @@
  * Without --direct the page cache is dropped for the file before every run
  * (posix_fadvise DONTNEED) and the fraction still resident is reported.
  *
+ * With --rate R, read i is not issued before i/R seconds into the run (a
+ * consumer taking R items a second, as a prefetcher serves training): the
+ * CPU a read costs when reads trickle in, not only when they flood. With
+ * --batch B they fall due B at a time, as when a prefetch window opens.
+ *
  * Modes run interleaved, one run of each per repeat in a rotating order, and
  * the table gives each column's median over the repeats. CPU is getrusage
  * RUSAGE_SELF around the run: it counts our threads and the kernel's io_uring
@@ -22,7 +27,7 @@
  *
  *   bench_uring_read --file PATH [--sizes 1-40|16] [--reads N] [--direct]
  *                    [--modes threads:16,uring:64,...] [--repeats R]
- *                    [--seed S] [--verbose]
+ *                    [--rate R [--batch B]] [--seed S] [--verbose]
  *
  * Modes: threads:N   N threads, blocking pread
  *        uring:D     one ring, D in flight, SINGLE_ISSUER|DEFER_TASKRUN
@@ -84,10 +89,12 @@ static struct {
   int direct;
   unsigned repeats;
   uint64_t seed;
+  double rate; /* reads issued per second, 0: as fast as they complete */
+  uint64_t batch; /* with rate: reads fall due in groups of this many */
   int verbose;
   mode modes[MAX_MODES];
   unsigned nmodes;
-} opt = {NULL, 1, 40, 50000, 0, 5, 1, 0, {{"", 0}}, 0};
+} opt = {.smin = 1, .smax = 40, .reads = 50000, .repeats = 5, .seed = 1, .batch = 1};
 
 static int fd = -1;
 static uint64_t align_mem = 4096, align_off = 4096, file_size;
@@ -111,6 +118,13 @@ static uint64_t splitmix(uint64_t *s) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
   return z ^ (z >> 31);
+}
+
+/* When read i is due, with --rate: a steady stream of reads as a consumer
+ * asks for them, instead of as many as the storage takes; with --batch B,
+ * B at a time (a prefetch window that opens B items at once). */
+static uint64_t due_ns(uint64_t start, uint64_t i) {
+  return opt.rate > 0 ? start + (uint64_t)((double)(i / opt.batch * opt.batch) * 1e9 / opt.rate) : 0;
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -183,6 +197,7 @@ typedef struct {
   const uint32_t *order;
   uint64_t *lat;
   _Atomic uint64_t next;
+  uint64_t t0;
   pthread_barrier_t start;
 } tshared;
 
@@ -193,6 +208,12 @@ static void *thread_main(void *arg) {
   for (;;) {
     uint64_t i = atomic_fetch_add_explicit(&s->next, 1, memory_order_relaxed);
     if (i >= opt.reads) break;
+    if (opt.rate > 0) {
+      uint64_t due = due_ns(s->t0, i);
+      struct timespec ts = {(time_t)(due / 1000000000u), (long)(due % 1000000000u)};
+      while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+      }
+    }
     const item *it = &items[s->order[i]];
     uint64_t off, len, got = 0, t0 = now_ns();
     span_of(it, &off, &len);
@@ -214,14 +235,14 @@ static void *thread_main(void *arg) {
 
 static void run_threads(unsigned n, const uint32_t *order, uint64_t *lat, uint64_t *t0, uint64_t *t1,
                         struct rusage *r0, struct rusage *r1) {
-  tshared s = {order, lat, 0, {{0}}};
+  tshared s = {order, lat, 0, 0, {{0}}};
   pthread_t *th = calloc(n, sizeof *th);
   if (th == NULL) die("calloc");
   pthread_barrier_init(&s.start, NULL, n + 1);
   for (unsigned i = 0; i < n; i++)
     if ((errno = pthread_create(&th[i], NULL, thread_main, &s)) != 0) die("pthread_create");
   getrusage(RUSAGE_SELF, r0);
-  *t0 = now_ns();
+  *t0 = s.t0 = now_ns();
   pthread_barrier_wait(&s.start);
   for (unsigned i = 0; i < n; i++) pthread_join(th[i], NULL);
   *t1 = now_ns();
@@ -306,8 +327,9 @@ static struct io_uring_sqe *ring_sqe(ring *r) {
 }
 
 /* Publishes the prepared entries; submits them, and waits for at least one
- * completion when wait is set. */
-static void ring_enter(ring *r, int wait) {
+ * completion when wait is set, for at most timeout_ns if that is not
+ * negative. */
+static void ring_enter(ring *r, int wait, int64_t timeout_ns) {
   atomic_store_explicit((_Atomic unsigned *)r->sq_tail, r->sq_tail_local, memory_order_release);
   unsigned flags = wait ? IORING_ENTER_GETEVENTS : 0, submit = r->to_submit;
   if (r->sqpoll) {
@@ -320,8 +342,18 @@ static void ring_enter(ring *r, int wait) {
       return;
     }
   }
+  struct __kernel_timespec ts = {timeout_ns / 1000000000, timeout_ns % 1000000000};
+  struct io_uring_getevents_arg arg = {0, 0, 0, (uint64_t)(uintptr_t)&ts};
+  void *argp = NULL;
+  size_t argsz = 0;
+  if (wait && timeout_ns >= 0) {
+    flags |= IORING_ENTER_EXT_ARG;
+    argp = &arg;
+    argsz = sizeof arg;
+  }
   for (;;) {
-    long k = syscall(__NR_io_uring_enter, r->fd, submit, wait ? 1 : 0, flags, NULL, 0);
+    long k = syscall(__NR_io_uring_enter, r->fd, submit, wait ? 1 : 0, flags, argp, argsz);
+    if (k < 0 && errno == ETIME) break;
     if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EBUSY)) continue;
     if (k < 0) die("io_uring_enter");
     if (!r->sqpoll && (unsigned)k < submit) {
@@ -412,9 +444,21 @@ static int run_uring(const mode *m, const uint32_t *order, uint64_t *lat, uint64
   getrusage(RUSAGE_SELF, r0);
   *t0 = now_ns();
   uint64_t next = 0, done = 0;
-  for (unsigned i = 0; i < depth && next < opt.reads; i++) start_read(&r, &slots[i], i, fixed, next++, order);
+  unsigned *idle = malloc(depth * sizeof *idle), nidle = 0;
+  if (idle == NULL) die("malloc");
+  for (unsigned i = depth; i-- > 0;) idle[nidle++] = i;
   while (done < opt.reads) {
-    ring_enter(&r, 1);
+    uint64_t now = opt.rate > 0 ? now_ns() : 0;
+    while (next < opt.reads && nidle > 0 && due_ns(*t0, next) <= now) {
+      unsigned i = idle[--nidle];
+      start_read(&r, &slots[i], i, fixed, next++, order);
+    }
+    int64_t timeout = -1; /* until a read completes */
+    if (opt.rate > 0 && next < opt.reads && nidle > 0) {
+      timeout = (int64_t)due_ns(*t0, next) - (int64_t)now_ns();
+      if (timeout < 1000) timeout = 1000;
+    }
+    ring_enter(&r, 1, timeout);
     unsigned head = *r.cq_head;
     unsigned tail = atomic_load_explicit((_Atomic unsigned *)r.cq_tail, memory_order_acquire);
     for (; head != tail; head++) {
@@ -438,12 +482,13 @@ static int run_uring(const mode *m, const uint32_t *order, uint64_t *lat, uint64
       if (opt.direct) memcpy(s->dst, s->buf + (it->off - s->off), (size_t)it->len);
       lat[s->read] = now_ns() - s->t0;
       done++;
-      if (next < opt.reads) start_read(&r, s, idx, fixed, next++, order);
+      idle[nidle++] = idx;
     }
     atomic_store_explicit((_Atomic unsigned *)r.cq_head, head, memory_order_release);
   }
   *t1 = now_ns();
   getrusage(RUSAGE_SELF, r1);
+  free(idle);
 
   /* The kernel's io threads of this process (io-wq workers, SQPOLL) linger
    * a while after a run: count them, to see whether reads went to workers. */
@@ -493,7 +538,8 @@ static void parse_modes(const char *s) {
 static void usage(void) {
   fprintf(stderr,
           "usage: bench_uring_read --file PATH [--sizes MIN-MAX|SIZE (KiB)] [--reads N] [--direct]\n"
-          "                        [--modes threads:16,uring:64,...] [--repeats R] [--seed S] [--verbose]\n");
+          "                        [--modes threads:16,uring:64,...] [--repeats R] [--rate READS_PER_S]\n"
+          "                        [--batch B] [--seed S] [--verbose]\n");
   exit(2);
 }
 
@@ -524,13 +570,17 @@ int main(int argc, char **argv) {
       modes = v;
     } else if (strcmp(a, "--repeats") == 0) {
       opt.repeats = (unsigned)strtoul(v, NULL, 10);
+    } else if (strcmp(a, "--rate") == 0) {
+      opt.rate = strtod(v, NULL);
+    } else if (strcmp(a, "--batch") == 0) {
+      opt.batch = strtoull(v, NULL, 10);
     } else if (strcmp(a, "--seed") == 0) {
       opt.seed = strtoull(v, NULL, 10);
     } else {
       usage();
     }
   }
-  if (opt.file == NULL || opt.reads == 0 || opt.repeats == 0) usage();
+  if (opt.file == NULL || opt.reads == 0 || opt.repeats == 0 || opt.batch == 0) usage();
   parse_modes(modes);
 
   fd = open(opt.file, O_RDONLY | O_CLOEXEC | (opt.direct ? O_DIRECT : 0));
@@ -581,8 +631,9 @@ int main(int argc, char **argv) {
          (double)file_size / (1 << 30), nitems, opt.smin, opt.smax, (double)off / (double)nitems / 1024,
          opt.direct ? "O_DIRECT" : "buffered, page cache dropped before each run");
   if (opt.direct) printf(" (offset alignment %" PRIu64 ", memory alignment %" PRIu64 ")", align_off, align_mem);
-  printf("\n# %" PRIu64 " random reads a run, %u repeats, modes interleaved; medians over the repeats\n",
-         opt.reads, opt.repeats);
+  printf("\n# %" PRIu64 " random reads a run", opt.reads);
+  if (opt.rate > 0) printf(", issued at %.0f reads/s, %" PRIu64 " at a time", opt.rate, opt.batch);
+  printf(", %u repeats, modes interleaved; medians over the repeats\n", opt.repeats);
   fflush(stdout);
 
   uint64_t seed = opt.seed;

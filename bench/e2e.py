@@ -13,7 +13,7 @@ latency per read (bandwidth folded in), applied in C to every reader:
 
 Under epoch shuffle, sampling with replacement and class-balanced weighted
 sampling. Writes bench/results/e2e.md, e2e.json and two PNG plots; the
-implementation is opt4torch.e2e (which `opt4torch demo` runs small).
+implementation is opt4torch.lab.e2e (which `opt4torch demo` runs small).
 
     python bench/e2e.py [--images 1000] [--epochs 3] [--capacity 0.5] [--latency 0.005]
         [--bandwidth 100e6] [--repeats 3] [--configs ...] [--samplers ...] [--data out/e2e-data]
@@ -27,7 +27,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import machine  # noqa: E402
 
-from opt4torch.e2e import main  # noqa: E402
+from opt4torch.lab.e2e import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(machine=machine(("numpy", "opt4torchdataset", "torch", "cachetools", "pillow"))))

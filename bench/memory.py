@@ -80,7 +80,7 @@ def one_run(config: str, cache_mb: int, workers: int, path: str) -> dict[str, An
     for k, _ in enumerate(it):
         if k == len(loader) - 2:
             break
-    from opt4torch.e2e import _descendants, _pss  # the e2e harness measures memory the same way
+    from opt4torch.lab.e2e import _descendants, _pss  # the e2e harness measures memory the same way
 
     procs = [os.getpid(), *_descendants(os.getpid())]
     maps: collections.Counter[str] = collections.Counter()

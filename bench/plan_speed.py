@@ -95,7 +95,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     elif args.worker == "libcachesim":
         import libcachesim as lcs
 
-        from opt4torch.traces import save_oracle_general
+        from opt4torch.lab.traces import save_oracle_general
 
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "trace.oracleGeneral")

@@ -145,7 +145,7 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     mismatches = []
     started = time.perf_counter()
-    from opt4torch.traces import save_oracle_general
+    from opt4torch.lab.traces import save_oracle_general
 
     with tempfile.TemporaryDirectory() as tmp:
         for kind in kinds:

@@ -3,11 +3,11 @@
 ``from OPT4TorchDataSet import get_opt_cache, OPTCacheDecorator,
 SharedOPTCacheDecorator, generate_precomputed_file`` works as with
 OPT4TorchDataSet 1.1 (and ``OPT4TorchDataSet.cachelib`` as before it): the
-code is :mod:`opt4torch.cachelib`; docs/migrating.md says what differs.
+code is :mod:`opt4torch.compat.cachelib`; docs/migrating.md says what differs.
 """
 
 from opt4torch import __version__
-from opt4torch.cachelib import (
+from opt4torch.compat.cachelib import (
     OPTCacheDecorator,
     SharedOPTCacheDecorator,
     generate_precomputed_file,

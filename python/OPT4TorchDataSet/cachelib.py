@@ -1,6 +1,6 @@
-"""``OPT4TorchDataSet.cachelib``: an alias of :mod:`opt4torch.cachelib`."""
+"""``OPT4TorchDataSet.cachelib``: an alias of :mod:`opt4torch.compat.cachelib`."""
 
-from opt4torch.cachelib import (
+from opt4torch.compat.cachelib import (
     CachetoolsDecorator,
     DivergenceWarning,
     OPTCacheDecorator,

@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    from opt4torch.cachelib import generate_precomputed_file
+    from opt4torch.compat.cachelib import generate_precomputed_file
 
     maxsize = args.maxsize
     if maxsize is None:

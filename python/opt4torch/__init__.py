@@ -18,27 +18,26 @@ from ._engine import (
     PlanFileError,
 )
 from ._plan import ADMIT, BYPASS, HIT, Plan, fingerprint, load_plan, plan, sequence_plan
-from .cachelib import (
-    OPTCacheDecorator,
-    SharedOPTCacheDecorator,
-    generate_precomputed_file,
-    get_opt_cache,
-)
 from .capture import CaptureWarning, capture
-from .sim import POLICIES, simulate
-from . import reference, traces
 
 __version__ = "0.1.0"
 
 # The torch integration is imported on first use, so that `import opt4torch`
-# needs only numpy.
+# needs only numpy; so are the research side (opt4torch.lab) and the earlier
+# design's API (opt4torch.compat), which a training job does not need.
 _LAZY = {
     "DataLoader": "opt4torch.data",
     "CachedDataset": "opt4torch.data",
     "PositionBatchSampler": "opt4torch.data",
     "OPTCache": "opt4torch.data",
     "remove_stale_pools": "opt4torch.data",
-    "AsyncPrefetchDataset": "opt4torch.preload",
+    "POLICIES": "opt4torch.lab.sim",
+    "simulate": "opt4torch.lab.sim",
+    "OPTCacheDecorator": "opt4torch.compat.cachelib",
+    "SharedOPTCacheDecorator": "opt4torch.compat.cachelib",
+    "generate_precomputed_file": "opt4torch.compat.cachelib",
+    "get_opt_cache": "opt4torch.compat.cachelib",
+    "AsyncPrefetchDataset": "opt4torch.compat.preload",
     "DevicePrefetcher": "opt4torch.device",
     "RecordFile": "opt4torch.records",
     "write_records": "opt4torch.records",
@@ -48,19 +47,32 @@ _LAZY = {
 }
 
 
+#: Modules that are attributes of opt4torch itself: two of opt4torch.lab, and
+#: the earlier design's names of opt4torch.compat's modules.
+_LAZY_MODULES = {
+    "reference": "opt4torch.lab.reference",
+    "traces": "opt4torch.lab.traces",
+    "cachelib": "opt4torch.compat.cachelib",
+    "preload": "opt4torch.compat.preload",
+}
+
+
 def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'opt4torch' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(module), name)
+    if name in _LAZY_MODULES:
+        value = importlib.import_module(_LAZY_MODULES[name])
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module 'opt4torch' has no attribute {name!r}")
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_MODULES))
+
 
 __all__ = [
     "__version__",

@@ -29,7 +29,7 @@ from . import __version__
 from ._engine import Opt4Error
 from ._files import abort_on_sigterm, atomic_write, check_output
 from ._plan import Plan, load_plan, plan as build_plan, sequence_plan
-from .traces import load_trace
+from .lab.traces import load_trace
 
 __all__ = ["main", "precompute_main"]
 
@@ -189,7 +189,7 @@ def _cmd_precompute(args: argparse.Namespace) -> int:
             raise UsageError(f"--epochs must be at least 1, got {args.epochs}")
         if args.total_iter is not None and args.total_iter < 1:
             raise UsageError(f"--total-iter must be at least 1, got {args.total_iter}")
-        from .cachelib import sampler_description
+        from .compat.cachelib import sampler_description
         from .capture import capture
 
         seed = args.seed if args.seed is not None else secrets.randbits(31)
@@ -320,7 +320,7 @@ _PROGRESS_MIN_ACCESSES = 20_000_000
 
 
 def _parse_policies(text: str) -> list[str]:
-    from .sim import POLICIES
+    from .lab.sim import POLICIES
 
     policies = [p.strip() for p in text.split(",") if p.strip()]
     if policies == ["all"]:
@@ -352,7 +352,7 @@ def _parse_value(name: str, text: str, default: Any) -> Any:
 def _sweep_plan(args: argparse.Namespace) -> list[tuple[str, str, Any, dict[str, Any]]]:
     """(pattern, swept parameter or "", its value, generator keywords) for
     every trace the sweep replays."""
-    from .traces import GENERATORS
+    from .lab.traces import GENERATORS
 
     names = [n.strip() for n in args.pattern.split(",") if n.strip()]
     if names == ["all"]:
@@ -389,7 +389,7 @@ def _sweep_plan(args: argparse.Namespace) -> list[tuple[str, str, Any, dict[str,
 
 def _rows_for(seq: np.ndarray, items: int, label: tuple[str, str, Any], policies: Sequence[str],
               capacities: Sequence[int], seed: int, workers: int | None, bar: Any) -> list[dict[str, Any]]:
-    from .sim import sweep
+    from .lab.sim import sweep
 
     rows = sweep(seq, policies, capacities, items=items, seed=seed, workers=workers,
                  on_done=lambda _job: bar.update(1))
@@ -431,7 +431,7 @@ def _write_outputs(rows: list[dict[str, Any]], out_dir: str, plots: bool) -> lis
             _write_rows(rows, fmt, f, _SWEEP_FIELDS)
         written.append(path)
     if plots:
-        from .plots import gain_heatmaps, hit_rate_curves
+        from .lab.plots import gain_heatmaps, hit_rate_curves
 
         written += hit_rate_curves(rows, out_dir)
         written += gain_heatmaps(rows, out_dir)
@@ -440,7 +440,7 @@ def _write_outputs(rows: list[dict[str, Any]], out_dir: str, plots: bool) -> lis
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from ._progress import progress_bar
-    from .traces import GENERATORS, generate
+    from .lab.traces import GENERATORS, generate
 
     if (args.trace is None) == (args.pattern is None):
         raise UsageError("give either --trace PATH or --pattern NAME[,NAME...]")
@@ -470,7 +470,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             raise UsageError(f"--out {args.out!r}: cannot write in {existing!r} (permission denied)")
     plots = args.out is not None and not args.no_plots
     if plots:
-        from .plots import PlotDependencyError, require_matplotlib
+        from .lab.plots import PlotDependencyError, require_matplotlib
 
         try:
             require_matplotlib()  # fail before the sweep, not after it
@@ -536,7 +536,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from torch.utils.data import RandomSampler
 
     from .capture import capture
-    from .sim import simulate
+    from .lab.sim import simulate
 
     n, epochs, seed = args.items, args.epochs, args.seed
     os.makedirs(args.out, exist_ok=True)
@@ -585,7 +585,7 @@ def _demo_loader(args: argparse.Namespace) -> None:
     """The product end to end, small: generated JPEGs in a record file on an
     emulated slow store, a CNN trained for a few epochs with two workers,
     against no cache, a per-worker LRU and everything in memory."""
-    from . import e2e
+    from .lab import e2e
 
     configs = list(DEMO_CONFIGS)
     try:
@@ -701,8 +701,8 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def _simulate_epilog() -> str:
-    from .sim import POLICIES
-    from .traces import GENERATORS
+    from .lab.sim import POLICIES
+    from .lab.traces import GENERATORS
 
     lines = ["policies:", "  " + ", ".join(POLICIES), "", "patterns (parameters and defaults):"]
     for pat in GENERATORS.values():

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, RandomSampler
 from conftest import leaked_since
 import opt4torch
 from opt4torch import _engine
-from opt4torch.cachelib import DivergenceWarning
+from opt4torch.compat.cachelib import DivergenceWarning
 
 
 def our_pools() -> set[str]:

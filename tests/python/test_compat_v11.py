@@ -491,7 +491,7 @@ def test_reads_their_safetensors_file(tmp_path) -> None:
     from safetensors.torch import save_file
 
     from OPT4TorchDataSet import OPTCacheDecorator, SharedOPTCacheDecorator
-    from opt4torch.cachelib import SuboptimalPlanWarning, decision_table_hits
+    from opt4torch.compat.cachelib import SuboptimalPlanWarning, decision_table_hits
 
     size, total, maxsize, seed = 200, 1000, 20, 7
     seq = torch.tensor(their_sequence(size, total, seed), dtype=torch.int64)

@@ -23,7 +23,8 @@ from torch.utils.data import RandomSampler
 
 import opt4torch
 from conftest import leaked_since
-from opt4torch import _engine, reference
+from opt4torch import _engine
+from opt4torch.lab import reference
 
 N_ITEMS, CAPACITY, BATCH, EPOCHS = 240, 80, 16, 2
 

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("PIL")
 pytest.importorskip("cachetools")
 
-from opt4torch import e2e  # noqa: E402
+from opt4torch.lab import e2e  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import opt4torch
-from opt4torch import reference
-from opt4torch.traces import save_oracle_general
+from opt4torch.lab import reference
+from opt4torch.lab.traces import save_oracle_general
 
 #: Policies whose rule is the same as libcachesim's (docs/policies.md), so the
 #: hit counts must be equal. libcachesim's Belady never bypasses: it is our

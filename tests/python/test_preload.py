@@ -21,8 +21,8 @@ from ourthreads import our_threads, wait_for_no_threads_of_ours
 from torch.utils.data import DataLoader, TensorDataset
 
 import opt4torch
-from opt4torch import preload
-from opt4torch.preload import AsyncPrefetchDataset, CachedDataset, freq_ranking, item_nbytes
+from opt4torch.compat import preload
+from opt4torch.compat.preload import AsyncPrefetchDataset, CachedDataset, freq_ranking, item_nbytes
 
 # ---- datasets (module level, so spawn workers can import them) ----
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import opt4torch
-from opt4torch import reference
+from opt4torch.lab import reference
 
 
 @st.composite

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import opt4torch
-from opt4torch import sim
+from opt4torch.lab import sim
 
 
 def test_sweep_equals_one_by_one() -> None:

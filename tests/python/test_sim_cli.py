@@ -14,7 +14,7 @@ import pytest
 from conftest import TEXTBOOK, script
 
 import opt4torch
-from opt4torch import traces
+from opt4torch.lab import traces
 from opt4torch.cli import main
 
 

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import opt4torch
-from opt4torch import _engine, reference
+from opt4torch import _engine
+from opt4torch.lab import reference
 
 
 @st.composite

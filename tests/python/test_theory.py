@@ -1,4 +1,4 @@
-"""opt4torch.theory against simulation: every formula within its stated
+"""opt4torch.lab.theory against simulation: every formula within its stated
 tolerance on seeded traces, exact results exactly.
 
 The default run stays under about 30 s; heavier checks are marked slow.
@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import opt4torch
-from opt4torch import reference, theory
-from opt4torch.science import (
+from opt4torch.lab import reference, theory
+from opt4torch.lab.science import (
     repeated_aug_trace,
     sharded_epoch_traces,
     static_first_hits,
@@ -25,7 +25,7 @@ from opt4torch.science import (
     worker_streams,
     zipf_trace,
 )
-from opt4torch.traces import epoch_shuffle, uniform
+from opt4torch.lab.traces import epoch_shuffle, uniform
 
 
 def opt_hits(seq, capacity, items, bypass=True) -> int:
@@ -489,7 +489,7 @@ def test_opt_uniform_limit_large_n(c: float) -> None:
 def test_science_quick_run_agrees(tmp_path) -> None:
     """The figures command end to end at quick sizes: every comparison within
     its tolerance, every figure and table written."""
-    from opt4torch import science
+    from opt4torch.lab import science
 
     assert science.main(["--out", str(tmp_path), "--seed", "3", "--quick"]) == 0
     for name in ("uniform", "uniform_horizon", "epoch_shuffle", "zipf", "gain_heatmap", "workers",
@@ -503,7 +503,7 @@ def test_science_quick_run_agrees(tmp_path) -> None:
 def test_science_static_caches_equal_the_simulator(seq: list[int], capacity: int) -> None:
     """The figures' directly computed static caches are the simulator's
     `static` (first C distinct, never evict) and `freq` (C most accessed)."""
-    from opt4torch import science
+    from opt4torch.lab import science
 
     if not seq:
         return
@@ -533,7 +533,7 @@ def test_markov_transition_powers(p: float) -> None:
 def test_markov_scan_is_an_epoch_shuffle() -> None:
     """p = 0 is a cyclic scan from a random start: a fixed-order epoch
     shuffle, so OPT = static = C (E - 1) exactly, and LRU and FIFO get none."""
-    from opt4torch.traces import markov
+    from opt4torch.lab.traces import markov
 
     n, cap, epochs = 300, 70, 5
     seq = markov(n, n * epochs, jump=0.0, seed=4)

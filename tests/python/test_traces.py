@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from opt4torch import InvalidInputError
-from opt4torch.traces import epoch_shuffle, load_trace, save_trace, uniform
+from opt4torch.lab.traces import epoch_shuffle, load_trace, save_trace, uniform
 
 
 def test_roundtrip_text_and_npy(tmp_path) -> None:
@@ -43,7 +43,7 @@ def test_bad_traces(tmp_path, name: str, content: bytes | None, match: str) -> N
 
 # ---- generators ----
 
-from opt4torch import traces  # noqa: E402
+from opt4torch.lab import traces  # noqa: E402
 
 
 @pytest.mark.parametrize("name", list(traces.GENERATORS))

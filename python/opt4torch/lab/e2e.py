@@ -130,7 +130,7 @@ def make_image_folder(root: str, n: int, classes: int, size: int, seed: int) -> 
 def prepare_data(data_dir: str, setup: Setup, log: Callable[[str], None] = print) -> str:
     """The record file for ``setup`` in ``data_dir`` (made once: reused when
     its description matches)."""
-    from .records import image_folder_to_records
+    from ..records import image_folder_to_records
 
     os.makedirs(data_dir, exist_ok=True)
     desc = {"images": setup.images, "classes": setup.classes, "image_size": setup.image_size,
@@ -425,7 +425,7 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup) -> dict[st
     import torch.nn.functional as F
     from torch.utils.data import DataLoader as TorchLoader
 
-    from .records import RecordFile
+    from ..records import RecordFile
 
     torch.set_num_threads(1)
     cpu0 = _cpu_seconds()
@@ -457,7 +457,7 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup) -> dict[st
     t0 = time.perf_counter()
     ds: Any = None
     if name in ("OPT", "OPT + prefetch"):
-        from .data import DataLoader
+        from ..data import DataLoader
 
         prefetch = name == "OPT + prefetch"
         loader: Any = DataLoader(rf, sampler=make_sampler(sampler_kind, labels, setup.seed), cache_items=c,
@@ -476,7 +476,7 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup) -> dict[st
             manager.start()
             ds = _SharedLRU(rf, manager.LRUStore(c), transform)
         elif name == "static":
-            from .capture import capture
+            from ..capture import capture
 
             seq = capture(make_sampler(sampler_kind, labels, setup.seed), setup.epochs)
             _, first = np.unique(seq, return_index=True)
@@ -575,7 +575,7 @@ def _import_once() -> None:
     import torch.nn.functional  # noqa: F401
     from PIL import Image  # noqa: F401
 
-    from . import _prefetch, data, records  # noqa: F401
+    from .. import _prefetch, data, records  # noqa: F401
 
     torch.optim.SGD(make_model(2).parameters(), lr=0.1)
     try:

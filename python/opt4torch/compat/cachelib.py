@@ -60,10 +60,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _engine
-from ._codec import decode, encode
-from ._plan import ADMIT, HIT, Plan, load_plan, plan as build_plan, sequence_plan
-from .capture import capture
+from .. import _engine
+from .._codec import decode, encode
+from .._plan import ADMIT, HIT, Plan, load_plan, plan as build_plan, sequence_plan
+from ..capture import capture
 
 __all__ = [
     "generate_precomputed_file",
@@ -80,7 +80,7 @@ __all__ = [
 
 def sampler_description(**fields: Any) -> str:
     """The JSON description stored in a plan file: how to rebuild its sequence."""
-    from . import __version__
+    from .. import __version__
 
     try:
         import torch
@@ -545,7 +545,7 @@ class OPTCacheDecorator(_Follower):
         super().__init__(plan, maxsize, divergence_limit)
         self.total_iter = plan.accesses
         if self.mode == "python":
-            from . import reference
+            from ..lab import reference
 
             ops = reference.belady(plan.seq.tolist(), maxsize, bypass=bypass, items=plan.items).ops
             self._kinds = [k for k, _ in ops]

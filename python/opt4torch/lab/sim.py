@@ -1,6 +1,6 @@
 """Replaying sequences through cache policies (the C simulator).
 
-Each policy's exact rule is in docs/policies.md; :mod:`opt4torch.reference`
+Each policy's exact rule is in docs/policies.md; :mod:`opt4torch.lab.reference`
 implements the same rules in plain Python, and the tests hold the two to the
 same hit count on every trace.
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _engine
-from ._plan import _check_capacity, as_sequence
+from .. import _engine
+from .._plan import _check_capacity, as_sequence
 
 __all__ = ["CLAIRVOYANT", "POLICIES", "SimJob", "simulate", "simulate_many", "sweep"]
 

@@ -12,8 +12,9 @@ latency per read (bandwidth folded in), applied in C to every reader:
   cache of the first C items (shared); OPT; OPT + prefetch; everything in memory.
 
 Under epoch shuffle, sampling with replacement and class-balanced weighted
-sampling. Writes bench/results/e2e.md, e2e.json and two PNG plots; the
-implementation is opt4torch.lab.e2e (which `opt4torch demo` runs small).
+sampling. Writes bench/results/e2e.md, e2e.json and two PNG plots. This file
+is the full comparison's command line; the run itself is opt4torch.lab.e2e,
+which `opt4torch demo` runs small (installed wheels have no bench/).
 
     python bench/e2e.py [--images 1000] [--epochs 3] [--capacity 0.5] [--latency 0.005]
         [--bandwidth 100e6] [--repeats 3] [--configs ...] [--samplers ...] [--data out/e2e-data]
@@ -21,13 +22,77 @@ implementation is opt4torch.lab.e2e (which `opt4torch demo` runs small).
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import machine  # noqa: E402
 
-from opt4torch.lab.e2e import main  # noqa: E402
+from opt4torch.lab.e2e import (  # noqa: E402
+    CONFIGS, SAMPLERS, Setup, markdown, prepare_data, run, write_outputs,
+)
+
+
+def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
+    d = Setup()
+    ap = argparse.ArgumentParser(prog="bench/e2e.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=d.images)
+    ap.add_argument("--classes", type=int, default=d.classes)
+    ap.add_argument("--image-size", type=int, default=d.image_size)
+    ap.add_argument("--crop", type=int, default=d.crop)
+    ap.add_argument("--epochs", type=int, default=d.epochs)
+    ap.add_argument("--batch", type=int, default=d.batch)
+    ap.add_argument("--workers", type=int, default=d.workers)
+    ap.add_argument("--capacity", type=float, default=d.capacity, help="cache size, a share of the images")
+    ap.add_argument("--latency", type=float, default=d.latency, help="seconds per read (emulated)")
+    ap.add_argument("--bandwidth", type=float, default=d.bandwidth,
+                    help="bytes/s per read, folded into the latency (0: none)")
+    ap.add_argument("--buffered", action="store_true", help="read without O_DIRECT")
+    ap.add_argument("--threads", type=int, default=d.threads, help="prefetch threads")
+    ap.add_argument("--lookahead", type=int, default=d.lookahead)
+    ap.add_argument("--repeats", type=int, default=d.repeats)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of: " + ", ".join(CONFIGS))
+    ap.add_argument("--samplers", default=",".join(SAMPLERS), help="comma-separated, of: " + ", ".join(SAMPLERS))
+    ap.add_argument("--data", default="out/e2e-data", help="where the JPEGs and the record file go "
+                    "(made once, reused; a disk, not tmpfs, for O_DIRECT)")
+    ap.add_argument("--out", default="bench/results", help="where e2e.md, e2e.json and the plots go")
+    ap.add_argument("--name", default="e2e", help="file name prefix of the outputs (default: %(default)s)")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--from-json", default=None, metavar="PATH",
+                    help="do not run: rewrite the table and plots of an earlier run's JSON")
+    a = ap.parse_args(argv)
+    setup = Setup(images=a.images, classes=a.classes, image_size=a.image_size, crop=a.crop, epochs=a.epochs,
+                  batch=a.batch, workers=a.workers, capacity=a.capacity, latency=a.latency,
+                  bandwidth=a.bandwidth, direct=not a.buffered, threads=a.threads, lookahead=a.lookahead,
+                  repeats=a.repeats, seed=a.seed, configs=[c.strip() for c in a.configs.split(",") if c.strip()],
+                  samplers=[s.strip() for s in a.samplers.split(",") if s.strip()])
+    return setup, a
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    setup, a = _argv_setup(argv)
+    info = machine(("numpy", "opt4torchdataset", "torch", "cachetools", "pillow"))
+    if a.from_json:
+        with open(a.from_json) as f:
+            result = json.load(f)
+        info = result.pop("machine", None) or info
+        print(markdown(result))
+        print("\nwrote " + ", ".join(write_outputs(result, a.out, info, prefix=a.name, plots=not a.no_plots)))
+        return 0
+    path = prepare_data(a.data, setup, log=lambda m: print(m, file=sys.stderr))
+    result = run(setup, path, log=lambda m: print(m, file=sys.stderr))
+    result["command"] = ["python", "bench/e2e.py", *(argv if argv is not None else sys.argv[1:])]
+    print(markdown(result))
+    written = write_outputs(result, a.out, info, prefix=a.name, plots=not a.no_plots)
+    print("\nwrote " + ", ".join(written))
+    return 0
+
 
 if __name__ == "__main__":
-    sys.exit(main(machine=machine(("numpy", "opt4torchdataset", "torch", "cachetools", "pillow"))))
+    sys.exit(main())

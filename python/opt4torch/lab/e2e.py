@@ -1,5 +1,6 @@
 """End to end: a real training loop, the caches users would otherwise write,
-side by side (``bench/e2e.py``; a small version ends ``opt4torch demo``).
+side by side. ``opt4torch demo`` ends with a small run of it, ``bench/e2e.py``
+(``make bench-e2e``) is its command line for the full comparison.
 
 The data: a generated image-classification dataset of JPEG files in the
 ``ImageFolder`` layout (classes of unequal sizes), packed into one record file
@@ -34,17 +35,17 @@ import multiprocessing as mp
 import os
 import resource
 import statistics
-import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Setup", "CONFIGS", "SAMPLERS", "prepare_data", "run", "markdown", "plot", "targets"]
+__all__ = ["Setup", "CONFIGS", "SAMPLERS", "prepare_data", "run", "markdown", "plot", "targets",
+           "write_outputs"]
 
 #: The configurations, in the order the tables list them.
 CONFIGS = (
@@ -790,61 +791,3 @@ def write_outputs(result: dict[str, Any], out_dir: str, machine: dict[str, Any] 
     if plots:
         written += plot(result, out_dir, prefix)
     return written
-
-
-def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
-    import argparse
-
-    d = Setup()
-    ap = argparse.ArgumentParser(prog="bench/e2e.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--images", type=int, default=d.images)
-    ap.add_argument("--classes", type=int, default=d.classes)
-    ap.add_argument("--image-size", type=int, default=d.image_size)
-    ap.add_argument("--crop", type=int, default=d.crop)
-    ap.add_argument("--epochs", type=int, default=d.epochs)
-    ap.add_argument("--batch", type=int, default=d.batch)
-    ap.add_argument("--workers", type=int, default=d.workers)
-    ap.add_argument("--capacity", type=float, default=d.capacity, help="cache size, a share of the images")
-    ap.add_argument("--latency", type=float, default=d.latency, help="seconds per read (emulated)")
-    ap.add_argument("--bandwidth", type=float, default=d.bandwidth,
-                    help="bytes/s per read, folded into the latency (0: none)")
-    ap.add_argument("--buffered", action="store_true", help="read without O_DIRECT")
-    ap.add_argument("--threads", type=int, default=d.threads, help="prefetch threads")
-    ap.add_argument("--lookahead", type=int, default=d.lookahead)
-    ap.add_argument("--repeats", type=int, default=d.repeats)
-    ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of: " + ", ".join(CONFIGS))
-    ap.add_argument("--samplers", default=",".join(SAMPLERS), help="comma-separated, of: " + ", ".join(SAMPLERS))
-    ap.add_argument("--data", default="out/e2e-data", help="where the JPEGs and the record file go "
-                    "(made once, reused; a disk, not tmpfs, for O_DIRECT)")
-    ap.add_argument("--out", default="bench/results", help="where e2e.md, e2e.json and the plots go")
-    ap.add_argument("--name", default="e2e", help="file name prefix of the outputs (default: %(default)s)")
-    ap.add_argument("--no-plots", action="store_true")
-    ap.add_argument("--from-json", default=None, metavar="PATH",
-                    help="do not run: rewrite the table and plots of an earlier run's JSON")
-    a = ap.parse_args(argv)
-    setup = Setup(images=a.images, classes=a.classes, image_size=a.image_size, crop=a.crop, epochs=a.epochs,
-                  batch=a.batch, workers=a.workers, capacity=a.capacity, latency=a.latency,
-                  bandwidth=a.bandwidth, direct=not a.buffered, threads=a.threads, lookahead=a.lookahead,
-                  repeats=a.repeats, seed=a.seed, configs=[c.strip() for c in a.configs.split(",") if c.strip()],
-                  samplers=[s.strip() for s in a.samplers.split(",") if s.strip()])
-    return setup, a
-
-
-def main(argv: Sequence[str] | None = None, machine: dict[str, Any] | None = None) -> int:
-    setup, a = _argv_setup(argv)
-    if a.from_json:
-        with open(a.from_json) as f:
-            result = json.load(f)
-        machine = result.pop("machine", None) or machine
-        print(markdown(result))
-        print("\nwrote " + ", ".join(write_outputs(result, a.out, machine, prefix=a.name, plots=not a.no_plots)))
-        return 0
-    path = prepare_data(a.data, setup, log=lambda m: print(m, file=sys.stderr))
-    result = run(setup, path, log=lambda m: print(m, file=sys.stderr))
-    result["command"] = ["python", "bench/e2e.py", *(argv if argv is not None else sys.argv[1:])]
-    print(markdown(result))
-    written = write_outputs(result, a.out, machine, prefix=a.name, plots=not a.no_plots)
-    print("\nwrote " + ", ".join(written))
-    return 0

@@ -5,7 +5,7 @@ in memory.
 1. The C hit path (bench/lookup.c, built by CMake): ns per HIT in the pool,
    with 16-byte items (the path's own overhead) and 4 KiB items, beside a
    bare memcpy of the same size.
-2. The Python batch path: CachedDataset.__getitems__ on batches of 256
+2. The Python batch path: PlannedDataset.__getitems__ on batches of 256
    positions that all HIT, per item, for 4 KiB items of three kinds: bytes,
    (bytes, label) pairs and float32 tensors. Beside it, the binding's
    read_batch alone (the C read of the batch into one bytearray) and
@@ -73,7 +73,7 @@ class Blobs:
 def make_cache(items: int, size: int, accesses: int, kind: str = "bytes") -> tuple[Any, Any, Any]:
     import opt4torch
     from opt4torch._codec import encode, encoded_size
-    from opt4torch.data import CachedDataset, OPTCache
+    from opt4torch.data import PlannedDataset, OPTCache
 
     rng = np.random.default_rng(0)
     seq = np.concatenate([np.arange(items), rng.integers(0, items, accesses - items)])
@@ -81,7 +81,7 @@ def make_cache(items: int, size: int, accesses: int, kind: str = "bytes") -> tup
     ds = Blobs(items, size, kind)
     page = encoded_size(encode(ds[0]))
     cache = OPTCache(plan, page)
-    cached = CachedDataset(ds, cache.name, plan.accesses, items)
+    cached = PlannedDataset(ds, cache.name, plan.accesses, items)
     cached.__getitems__(list(range(items)))  # warm: the first N are the ADMITs
     return cache, cached, plan
 

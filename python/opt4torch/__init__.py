@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 # design's API (opt4torch.compat), which a training job does not need.
 _LAZY = {
     "DataLoader": "opt4torch.data",
-    "CachedDataset": "opt4torch.data",
+    "PlannedDataset": "opt4torch.data",
     "PositionBatchSampler": "opt4torch.data",
     "OPTCache": "opt4torch.data",
     "remove_stale_pools": "opt4torch.data",
@@ -37,6 +37,7 @@ _LAZY = {
     "SharedOPTCacheDecorator": "opt4torch.compat.cachelib",
     "generate_precomputed_file": "opt4torch.compat.cachelib",
     "get_opt_cache": "opt4torch.compat.cachelib",
+    "CachedDataset": "opt4torch.compat.preload",
     "AsyncPrefetchDataset": "opt4torch.compat.preload",
     "DevicePrefetcher": "opt4torch.device",
     "RecordFile": "opt4torch.records",
@@ -86,6 +87,7 @@ __all__ = [
     "DataLoader",
     "DevicePrefetcher",
     "OPTCache",
+    "PlannedDataset",
     "PositionBatchSampler",
     "SharedOPTCacheDecorator",
     "InvalidInputError",

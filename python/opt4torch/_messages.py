@@ -13,7 +13,7 @@ def bad_positions(positions: Sequence[Any], accesses: int) -> IndexError:
     bad = next((t for t in positions if not 0 <= int(t) < accesses), None)
     return IndexError(
         f"position {bad} is outside this cache's plan, which has positions 0 to {accesses - 1}: "
-        "a CachedDataset is indexed by positions from its loader's PositionBatchSampler (the "
+        "a PlannedDataset is indexed by positions from its loader's PositionBatchSampler (the "
         "t-th access of the run), not by dataset indices; read the wrapped dataset (.dataset) "
         "for anything else"
     )

@@ -9,7 +9,7 @@ The pieces, from the outside in:
 * :class:`PositionBatchSampler` yields batches of *positions* (plain ints):
   position ``t`` is the t-th access of the whole run, so the cache knows which
   access each request is.
-* :class:`CachedDataset` maps a position to its index and follows the plan
+* :class:`PlannedDataset` maps a position to its index and follows the plan
   there: HITs are copied out of the pool, ADMITs and BYPASSes are loaded from
   your dataset (ADMITs are then stored). ``__getitems__`` serves a batch with
   one call into C to read and one to store.
@@ -42,7 +42,7 @@ from .capture import capture_epochs
 
 __all__ = [
     "DataLoader",
-    "CachedDataset",
+    "PlannedDataset",
     "PositionBatchSampler",
     "OPTCache",
     "parse_bytes",
@@ -373,7 +373,7 @@ class OPTCache:
 # ---- the dataset side (runs in every worker) ----
 
 
-class CachedDataset(tud.Dataset):
+class PlannedDataset(tud.Dataset):
     """``dataset`` seen through the plan: item ``t`` is the t-th access.
 
     Picklable (for spawn and forkserver workers): a worker attaches to the
@@ -1096,7 +1096,7 @@ class DataLoader(tud.DataLoader):
         self._group = (group, rank, world) if group is not None else None
         #: The global position the last load_state_dict() resumed at.
         self.resumed_at: int | None = None
-        cached = CachedDataset(dataset, self.cache.name, plan.accesses, n_items, transform=transform,
+        cached = PlannedDataset(dataset, self.cache.name, plan.accesses, n_items, transform=transform,
                                allow_pickle=allow_pickle)
         self._positions = PositionBatchSampler(starts, own, floors, self.cache, batched=batched)
         if prefetch:
@@ -1496,7 +1496,7 @@ class DataLoader(tud.DataLoader):
         owner = _engine.pool_attach(self.cache.name)
         try:
             live = owner.live_at(position)
-            ds: CachedDataset = self.dataset  # type: ignore[assignment]
+            ds: PlannedDataset = self.dataset  # type: ignore[assignment]
             stored = 0
             for admit, item, before in live:
                 stored += owner.warm(admit, encode(ds.dataset[item], ds.allow_pickle), before) == 1

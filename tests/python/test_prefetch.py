@@ -171,7 +171,7 @@ def test_a_worker_commits_before_it_waits_for_a_prefetcher_that_waits_for_it() -
     waits for 2 (the pool answers AGAIN), not wait until the timeout."""
     import threading
 
-    from opt4torch.data import CachedDataset
+    from opt4torch.data import PlannedDataset
 
     plan = opt4torch.plan(np.array([0, 0, 1, 1]), capacity=1, items=2)
     cache = opt4torch.OPTCache(plan, 4096, wait_timeout=20)
@@ -186,7 +186,7 @@ def test_a_worker_commits_before_it_waits_for_a_prefetcher_that_waits_for_it() -
         store = threading.Thread(target=lambda: stored.append(pf.prefetch_store(2, encode(b"one"))))
         store.start()  # waits for 0's reads: the worker's own
         t0 = time.monotonic()
-        out = CachedDataset(items, cache.name, 4, 2).__getitems__([0, 1, 2, 3])
+        out = PlannedDataset(items, cache.name, 4, 2).__getitems__([0, 1, 2, 3])
         elapsed = time.monotonic() - t0
         store.join(30)
         assert out == [b"zero", b"zero", b"one", b"one"]

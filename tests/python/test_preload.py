@@ -1,4 +1,4 @@
-"""opt4torch.preload: the plan-aware CachedDataset and AsyncPrefetchDataset.
+"""opt4torch.compat.preload (opt4torch.preload): the plan-aware CachedDataset and AsyncPrefetchDataset.
 
 Every item read is compared with the source; prefetching is shown to overlap
 by its counters (hits > 0 on a slow dataset), never by wall-time ratios.
@@ -94,9 +94,12 @@ def same(a: tuple[int, torch.Tensor], i: int) -> bool:
 def test_lazy_exports() -> None:
     assert opt4torch.AsyncPrefetchDataset is AsyncPrefetchDataset
     assert "DevicePrefetcher" in opt4torch.__all__ and "AsyncPrefetchDataset" in opt4torch.__all__
-    # opt4torch.CachedDataset stays the position-mapped dataset of the DataLoader.
-    assert opt4torch.CachedDataset is not CachedDataset
-    assert opt4torch.CachedDataset.__module__ == "opt4torch.data"
+    # One name, one thing: opt4torch.CachedDataset is the earlier design's preloading
+    # dataset; the DataLoader's position-mapped one is PlannedDataset.
+    assert opt4torch.CachedDataset is CachedDataset
+    assert opt4torch.CachedDataset.__module__ == "opt4torch.compat.preload"
+    assert opt4torch.PlannedDataset.__module__ == "opt4torch.data"
+    assert opt4torch.PlannedDataset is not CachedDataset
 
 
 def test_tensor_without_budget_is_zero_copy() -> None:

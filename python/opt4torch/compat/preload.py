@@ -8,9 +8,10 @@
   consumer. Given the order, the threads load exactly the items that will be
   asked for next; without it, the indices after the last one asked for.
 
-Import them from here (``from opt4torch.preload import CachedDataset,
-AsyncPrefetchDataset``): ``opt4torch.CachedDataset`` is the position-mapped
-dataset of ``opt4torch.DataLoader``, another thing with the same name.
+Users import them as before: ``from opt4torch.preload import CachedDataset,
+AsyncPrefetchDataset`` (that module is this one), or as ``opt4torch.CachedDataset``
+and ``opt4torch.AsyncPrefetchDataset``. The position-mapped dataset that
+``opt4torch.DataLoader`` builds is another thing, :class:`opt4torch.data.PlannedDataset`.
 
 Threads help when a load waits without holding the GIL (file and network
 reads, ``time.sleep``-like latency, decoders that release it); a CPU-bound
@@ -287,7 +288,7 @@ class CachedDataset(tud.Dataset):
             }
 
     def __repr__(self) -> str:
-        return (f"preload.CachedDataset({self.preloaded} of {self.n} items preloaded, "
+        return (f"CachedDataset({self.preloaded} of {self.n} items preloaded, "
                 f"{self.preloaded_bytes} bytes, pinned={self.pinned})")
 
 

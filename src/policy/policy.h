@@ -7,7 +7,7 @@
  * state behind p->state and allocates only through opt4__malloc/opt4__free.
  *
  * The exact rule of each policy is written down in docs/policies.md, and the
- * pure-Python reference (python/opt4torch/reference.py) implements the same
+ * pure-Python reference (python/opt4torch/lab/reference.py) implements the same
  * rules; the tests hold the two to the same hit count on every trace.
  */
 #ifndef OPT4_POLICY_H

@@ -278,12 +278,14 @@ void opt4__pool_reclaim(opt4_pool *pool, uint32_t rec);
 /* Reclaim the record if its process is gone; 1 if it did. */
 int opt4__pool_reclaim_if_dead(opt4_pool *pool, uint32_t rec);
 
-/* ---- runtime.c ---- */
+/* ---- meta.c ---- */
 /* Sizes of the meta segment and the generation count for a plan. */
 int opt4__meta_size(const opt4_plan *plan, int occurrences, uint64_t *size,
                     uint64_t *gens, uint64_t *list_len);
 int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta,
                      uint64_t size, uint64_t gens, uint64_t list_len);
+
+/* ---- runtime.c ---- */
 /* A page seen WRITING (word w) whose writer may have died: if no live
  * process is writing its generation and the page still holds w, the page
  * becomes FAILED and the generation is marked failed. */

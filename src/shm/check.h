@@ -6,7 +6,8 @@
  * checks pass: the segments may be another version's, a half-made pool, a
  * name squatted by someone else, or plain garbage. Both functions take
  * copies or mappings of the segments and their sizes, read only within
- * them, and fail with OPT4_EPOOL and a detail naming the field.
+ * them, and fail with OPT4_EPOOL and a detail naming the field. They are
+ * defined in check.c.
  */
 #ifndef OPT4_SHM_CHECK_H
 #define OPT4_SHM_CHECK_H
@@ -31,7 +32,7 @@ int opt4__pool_check_header(const void *base, size_t size, const void *meta, siz
 int opt4__pool_check_meta(const void *base, size_t size, const void *meta, size_t msize,
                           const char *name);
 
-/* Create a segment: O_CREAT | O_EXCL, mode exactly 0600, sized with
+/* (segment.c) Create a segment: O_CREAT | O_EXCL, mode exactly 0600, sized with
  * posix_fallocate. A name that exists (a squatter's file or symlink) is
  * refused with OPT4_ESHM naming its owner, never opened; a /dev/shm too
  * small fails with OPT4_ENOSPACE. */

@@ -266,17 +266,22 @@ struct opt4_pool {
   const _Atomic uint32_t *park;
 };
 
-/* ---- segment.c ---- */
+/* ---- procs.c ---- */
 uint64_t opt4__proc_start_time(pid_t pid); /* 0 if unknown */
 int opt4__proc_alive(pid_t pid, uint64_t start);
 uint64_t opt4__now_ns(void);
 uint64_t opt4__fork_generation(void);
+/* In a forked child (segment.c's atfork handler): records registered
+ * before the fork are not this process's. */
+void opt4__fork_generation_bump(void);
 /* Make sure this process has a record (after fork too). */
 int opt4__pool_register(opt4_pool *pool);
 /* Release a record (its counters are retired into the header). */
 void opt4__pool_reclaim(opt4_pool *pool, uint32_t rec);
 /* Reclaim the record if its process is gone; 1 if it did. */
 int opt4__pool_reclaim_if_dead(opt4_pool *pool, uint32_t rec);
+/* Whether the prefetcher that holds claim word c has died. */
+int opt4__claimer_dead(opt4_pool *pool, uint32_t c);
 
 /* ---- meta.c ---- */
 /* Sizes of the meta segment and the generation count for a plan. */

@@ -324,16 +324,6 @@ static uint32_t read_gen(opt4_pool *pool, uint32_t g, void *dst, size_t dst_cap,
   return OPT4_GET_HIT;
 }
 
-/* Whether the prefetcher that holds claim c has died (its record's process
- * is gone): then nobody will finish its load. */
-static int claimer_dead(opt4_pool *pool, uint32_t c) {
-  uint32_t rec = CL_OWNER(c);
-  if (rec == 0 || rec > pool->h->max_procs) return 0;
-  proc_rec *r = &pool->procs[rec - 1];
-  uint32_t pid = atomic_load(&r->pid);
-  return pid == 0 || !opt4__proc_alive((pid_t)pid, atomic_load(&r->start));
-}
-
 /* Whether this caller, serving batch (sorted) up to position t, has an
  * ADMIT earlier in the batch that it claimed to load itself (CL_SELF) and
  * has not stored yet: a batch consumer that commits after the whole batch
@@ -400,7 +390,7 @@ static uint32_t claim_miss(opt4_pool *pool, _Atomic uint32_t *claim, const uint6
     if (w.spins == 0 && batch != NULL && owes_earlier_store(pool, batch, batch_len, t))
       return CL_AGAIN;
     int timed_out = wait_step(pool, &w);
-    if (timed_out || (wait_is_slow(&w) && claimer_dead(pool, c))) {
+    if (timed_out || (wait_is_slow(&w) && opt4__claimer_dead(pool, c))) {
       /* The owner's record stays in the word, so that whoever needs the
        * claim settled can tell a dead owner from a slow one. */
       if (atomic_compare_exchange_strong(claim, &c, (c & ~15u) | CL_ABANDONED)) {
@@ -1081,7 +1071,7 @@ static void pass_turns(opt4_pool *pool, uint64_t s, int check_dead) {
       atomic_compare_exchange_strong(claim, &c, CL_DONE);
       continue;
     }
-    if (st == CL_ABANDONED && check_dead && claimer_dead(pool, c)) {
+    if (st == CL_ABANDONED && check_dead && opt4__claimer_dead(pool, c)) {
       atomic_compare_exchange_strong(claim, &c, CL_DONE);
       continue;
     }

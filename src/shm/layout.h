@@ -290,7 +290,7 @@ int opt4__meta_size(const opt4_plan *plan, int occurrences, uint64_t *size,
 int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta,
                      uint64_t size, uint64_t gens, uint64_t list_len);
 
-/* ---- runtime.c ---- */
+/* ---- runtime.c (what only prefetch.c uses of it is in runtime.h) ---- */
 /* A page seen WRITING (word w) whose writer may have died: if no live
  * process is writing its generation and the page still holds w, the page
  * becomes FAILED and the generation is marked failed. */

@@ -38,7 +38,7 @@
  * (DEFER for a HIT on its own ADMIT, AGAIN for a prefetcher's claim whose
  * store may wait for its own; see opt4_pool_get).
  */
-#include "layout.h"
+#include "runtime.h"
 
 #include <sched.h>
 #include <string.h>
@@ -55,7 +55,7 @@ static inline void cpu_relax(void) {
 }
 
 /* Waits for a page, a claim or a staging slot all go the same way: check
- * the condition, and if it does not hold, take a wait_step; again until it
+ * the condition, and if it does not hold, take a wait step; again until it
  * holds or the pool's timeout passes. A step spins (64 times), then yields
  * (64 times), then sleeps on event_seq, the pool's futex word for "something
  * a wait looks for has changed", for at most 20 us at first, doubling to
@@ -80,20 +80,14 @@ static inline void cpu_relax(void) {
  * a change costs one atomic add on a line of its own. A process killed
  * while it sleeps stays counted in event_waiters: every later change then
  * makes a wake-up call that finds nobody (a cost, never a hang). */
-typedef struct waiter {
-  uint64_t start;
-  uint32_t spins;
-  uint32_t seq; /* event_seq as read at the end of the last step */
-} waiter;
-
-static void pool_event(pool_header *h) {
+void opt4__pool_event(pool_header *h) {
   atomic_fetch_add(&h->event_seq, 1);
   if (atomic_load(&h->event_waiters) != 0) opt4__futex_wake(&h->event_seq, 1);
 }
 
 /* One step of a bounded wait (above). Returns 1 once the pool's timeout has
  * passed, or the handle was interrupted. */
-static int wait_step(const opt4_pool *pool, waiter *w) {
+int opt4__wait_step(const opt4_pool *pool, waiter *w) {
   pool_header *h = pool->h;
   if (atomic_load_explicit(&((opt4_pool *)pool)->interrupted, memory_order_relaxed)) return 1;
   if (w->spins == 0) w->start = opt4__now_ns();
@@ -117,32 +111,10 @@ static int wait_step(const opt4_pool *pool, waiter *w) {
   return 0;
 }
 
-/* Whether this wait has gone on long enough to look for dead processes. */
-static int wait_is_slow(const waiter *w) { return w->spins >= 128 && (w->spins & 31) == 0; }
-
-static inline proc_rec *my_rec(opt4_pool *pool) { return &pool->procs[pool->rec]; }
-
-static inline void count(opt4_pool *pool, int c, uint64_t v) {
-  atomic_fetch_add_explicit(&my_rec(pool)->counters[c], v, memory_order_relaxed);
-}
-
 static void wait_done(opt4_pool *pool, const waiter *w) {
   if (w->spins == 0) return;
   count(pool, C_WAITS, 1);
   count(pool, C_WAIT_NS, opt4__now_ns() - w->start);
-}
-
-static inline uint64_t floor_now(const opt4_pool *pool) {
-  return atomic_load_explicit(&pool->h->floor, memory_order_acquire);
-}
-
-static inline int gen_failed(const opt4_pool *pool, uint32_t g) {
-  return (atomic_load_explicit(&pool->failed[g / 64], memory_order_acquire) >> (g % 64)) & 1;
-}
-
-static inline void mark_failed(opt4_pool *pool, uint32_t g) {
-  atomic_fetch_or_explicit(&pool->failed[g / 64], (uint64_t)1 << (g % 64), memory_order_release);
-  pool_event(pool->h);
 }
 
 /* A page seen stuck in WRITING by generation x (word w): if no live process
@@ -185,14 +157,14 @@ static int in_batch(const uint64_t *batch, size_t n, uint64_t pos) {
 }
 
 /* Count a read of generation g on page ps. The read that completes the
- * plan's reads (plus the ADMIT's own, see may_take) is what a writer of the
- * page's next generation waits for: it bumps event_seq. */
+ * plan's reads (plus the ADMIT's own, see opt4__may_take) is what a writer
+ * of the page's next generation waits for: it bumps event_seq. */
 static void count_read(opt4_pool *pool, page_state *ps, uint32_t g) {
   uint64_t r = atomic_load_explicit(&ps->reads, memory_order_relaxed);
   while (PS_GEN(r) == g) {
     if (atomic_compare_exchange_weak_explicit(&ps->reads, &r, r + 1, memory_order_release,
                                               memory_order_relaxed)) {
-      if ((uint32_t)r + 1u >= pool->gens[g].reads + 1u) pool_event(pool->h);
+      if ((uint32_t)r + 1u >= pool->gens[g].reads + 1u) opt4__pool_event(pool->h);
       return;
     }
   }
@@ -245,7 +217,7 @@ uint64_t opt4__pool_head(const opt4_pool *pool) {
 void opt4__pool_head_kick(opt4_pool *pool) {
   if (pool == NULL) return;
   head_bump(pool->h);
-  pool_event(pool->h); /* a thread asked to park may sleep on either word */
+  opt4__pool_event(pool->h); /* a thread asked to park may sleep on either word */
 }
 
 int opt4__pool_head_wait(opt4_pool *pool, uint64_t seen, uint64_t timeout_ns,
@@ -261,6 +233,14 @@ int opt4__pool_head_wait(opt4_pool *pool, uint64_t seen, uint64_t timeout_ns,
   return timed_out;
 }
 
+int opt4_pool_interrupt(opt4_pool *pool) {
+  if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
+  atomic_store(&pool->interrupted, 1);
+  head_bump(pool->h);        /* this handle's thread may sleep on head_seq */
+  opt4__pool_event(pool->h); /* or on event_seq */
+  return 0;
+}
+
 /* Clear this process's hazard on page ps, pinned while it held word. A
  * writer that claimed the page since (the word moved on) may be waiting for
  * exactly this (wait_hazards): tell it. The store and the load are
@@ -268,7 +248,7 @@ int opt4__pool_head_wait(opt4_pool *pool, uint64_t seen, uint64_t timeout_ns,
  * hazards are, so either it sees the hazard cleared or we see its claim. */
 static inline void unpin(opt4_pool *pool, proc_rec *me, page_state *ps, uint64_t word) {
   atomic_store(&me->hazard, 0);
-  if (atomic_load(&ps->word) != word) pool_event(pool->h);
+  if (atomic_load(&ps->word) != word) opt4__pool_event(pool->h);
 }
 
 /* Copy generation g out of its pages into dst (the HIT path, also taken by an
@@ -300,7 +280,7 @@ static uint32_t read_gen(opt4_pool *pool, uint32_t g, void *dst, size_t dst_cap,
           (st != PS_EMPTY && tag != NO_GEN && tag > g) || gen->admit < floor_now(pool))
         return OPT4_GET_LOAD;
       if (wait_is_slow(w) && tag == g && st == PS_WRITING) opt4__recover_dead_writer(pool, ps, word);
-      if (wait_step(pool, w)) {
+      if (opt4__wait_step(pool, w)) {
         count(pool, C_TIMEOUTS, 1);
         return OPT4_GET_LOAD;
       }
@@ -353,7 +333,8 @@ static int owes_earlier_store(const opt4_pool *pool, const uint64_t *batch, size
  * and counted as a stall; except that when the caller owes a store earlier
  * in its batch, it returns CL_AGAIN at once, untouched: the prefetcher's
  * store may be waiting for that very store (it replaces what the caller
- * admitted), so the caller commits first and asks again. */
+ * admitted), so the caller commits first and asks again. The claim
+ * protocol as a whole, and the prefetchers' side of it, are prefetch.c's. */
 static uint32_t claim_miss(opt4_pool *pool, _Atomic uint32_t *claim, const uint64_t *batch,
                            size_t batch_len, uint64_t t) {
   uint32_t c = atomic_load_explicit(claim, memory_order_acquire);
@@ -389,12 +370,12 @@ static uint32_t claim_miss(opt4_pool *pool, _Atomic uint32_t *claim, const uint6
     /* LOADING or STORING: a prefetcher has it in hand. */
     if (w.spins == 0 && batch != NULL && owes_earlier_store(pool, batch, batch_len, t))
       return CL_AGAIN;
-    int timed_out = wait_step(pool, &w);
+    int timed_out = opt4__wait_step(pool, &w);
     if (timed_out || (wait_is_slow(&w) && opt4__claimer_dead(pool, c))) {
       /* The owner's record stays in the word, so that whoever needs the
        * claim settled can tell a dead owner from a slow one. */
       if (atomic_compare_exchange_strong(claim, &c, (c & ~15u) | CL_ABANDONED)) {
-        pool_event(pool->h); /* a prefetcher waiting for a slot's turn gives up */
+        opt4__pool_event(pool->h); /* a prefetcher waiting for a slot's turn gives up */
         if (timed_out) count(pool, C_TIMEOUTS, 1);
         got = CL_ABANDONED;
         break;
@@ -470,7 +451,7 @@ int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t bat
           }
           memcpy(dst, pool->staging + slot * pool->h->staging_slot_bytes, len);
           atomic_store_explicit(&pool->bclaim[g], CL_DONE, memory_order_release);
-          pool_event(pool->h); /* the prefetcher with the slot's next turn */
+          opt4__pool_event(pool->h); /* the prefetcher with the slot's next turn */
           count(pool, C_PF_SERVED, 1);
           res->status = OPT4_GET_HIT;
           res->reason = OPT4_REASON_PREFETCHED;
@@ -536,7 +517,7 @@ int opt4_pool_note_read(opt4_pool *pool, uint64_t t) {
 
 /* Whether generation g may take a page whose word is w, given its
  * predecessor prev there. */
-static int may_take(const opt4_pool *pool, page_state *ps, uint64_t w, uint32_t prev) {
+int opt4__may_take(const opt4_pool *pool, page_state *ps, uint64_t w, uint32_t prev) {
   uint32_t tag = PS_GEN(w), st = PS_STATE(w);
   if (st == PS_WRITING) return 0;
   if (st == PS_EMPTY || st == PS_FAILED) {
@@ -562,7 +543,7 @@ static int wait_hazards(opt4_pool *pool, uint32_t page, waiter *w) {
     proc_rec *r = &pool->procs[i];
     while (atomic_load_explicit(&r->hazard, memory_order_acquire) == (uint64_t)page + 1) {
       if (wait_is_slow(w) && opt4__pool_reclaim_if_dead(pool, i)) break;
-      if (wait_step(pool, w)) return 1;
+      if (opt4__wait_step(pool, w)) return 1;
     }
   }
   return 0;
@@ -606,11 +587,11 @@ static int put_impl(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t
       if (st != PS_EMPTY && tag != NO_GEN && tag >= g) { /* overtaken: too late */
         goto abandon;
       }
-      if (may_take(pool, ps, word, ent->prev_gen) &&
+      if (opt4__may_take(pool, ps, word, ent->prev_gen) &&
           atomic_compare_exchange_strong(&ps->word, &word, PS_WORD(g, PS_WRITING)))
         break;
       if (wait_is_slow(&w) && st == PS_WRITING) opt4__recover_dead_writer(pool, ps, word);
-      if (wait_step(pool, &w)) {
+      if (opt4__wait_step(pool, &w)) {
         count(pool, C_TIMEOUTS, 1);
         goto abandon;
       }
@@ -649,7 +630,7 @@ static int put_impl(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t
   for (uint32_t i = 0; i < gen->npages; i++)
     atomic_store_explicit(&pool->states[pool->list[gen->list_off + i].page].word,
                           PS_WORD(g, PS_READY), memory_order_release);
-  pool_event(pool->h);
+  opt4__pool_event(pool->h);
   atomic_store_explicit(&me->writing, 0, memory_order_release);
   wait_done(pool, &w);
   count(pool, C_STORED, 1);
@@ -662,11 +643,19 @@ abandon:
   for (uint32_t i = 0; i < claimed; i++)
     atomic_store_explicit(&pool->states[pool->list[gen->list_off + i].page].word,
                           PS_WORD(g, PS_FAILED), memory_order_release);
-  pool_event(pool->h);
+  opt4__pool_event(pool->h);
   atomic_store_explicit(&me->writing, 0, memory_order_release);
   wait_done(pool, &w);
   count(pool, C_STORE_FAILED, 1);
   return 0;
+}
+
+/* For prefetch.c (store_admit). The body stays static: with put_impl
+ * itself external, GCC 12 -fsanitize=thread -O2 refuses its
+ * atomic_thread_fence (-Werror=tsan), which it accepts while it is static. */
+int opt4__pool_write(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
+                     uint32_t reads_start, int *stored) {
+  return put_impl(pool, t, parts, n_parts, reads_start, stored);
 }
 
 int opt4_pool_put(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
@@ -793,7 +782,7 @@ int opt4_pool_set_floor(opt4_pool *pool, uint64_t floor) {
   while (floor > cur) {
     if (atomic_compare_exchange_weak(&pool->h->floor, &cur, floor)) {
       head_bump(pool->h); /* sleeping prefetchers: their window moved */
-      pool_event(pool->h); /* waits for what lies below it now end */
+      opt4__pool_event(pool->h); /* waits for what lies below it now end */
       break;
     }
   }
@@ -830,354 +819,5 @@ int opt4_pool_stats_get(const opt4_pool *pool, opt4_pool_stats *out) {
   out->prefetch_dropped = sum[C_PF_DROPPED];
   out->stalls = sum[C_PF_STALLS];
   out->stall_ns = sum[C_PF_STALL_NS];
-  return 0;
-}
-
-/* ---- prefetching ----
- *
- * A prefetcher (any thread of any process, with its own handle) follows the
- * plan ahead of the consumers: it claims the next miss in the window
- * [cursor, head + lookahead), loads it, and hands it over. Each miss has a
- * claim word; whoever moves it from OPEN first loads the item, so it is
- * loaded exactly once: by its consumer (SELF) or by a prefetcher (LOADING).
- *
- * An ADMIT goes into its own pages, by the writer protocol above, once the
- * generations it replaces have had their planned reads. Its consumer then
- * reads it like a HIT, and that read is the "+1" every generation owes (see
- * may_take). A BYPASS goes into staging slot (ordinal % slots), once the
- * BYPASS that used the slot before is DONE (copied out) or SELF (never
- * staged); its consumer moves the claim READY -> READING -> DONE around the
- * copy, so a slot is never written while it is read.
- *
- * A consumer that finds a claim LOADING waits for it (a stall, counted),
- * bounded: on timeout, or when the claim's owner has died, it marks the
- * claim ABANDONED and loads the item itself. The prefetcher then still
- * stores an ADMIT (its readers benefit) with the consumer's read counted,
- * and lets an abandoned BYPASS go.
- */
-
-static _Atomic uint32_t *claim_of(opt4_pool *pool, uint32_t v) {
-  if (RT_KIND(v) == OPT4_OP_ADMIT) return &pool->gclaim[RT_GEN(v)];
-  if (RT_KIND(v) == OPT4_OP_BYPASS && pool->bclaim != NULL) return &pool->bclaim[RT_GEN(v)];
-  return NULL;
-}
-
-int opt4_pool_prefetch_claim(opt4_pool *pool, uint64_t lookahead, opt4_prefetch_job *job,
-                             int *status) {
-  if (pool == NULL || job == NULL || status == NULL)
-    return opt4__fail(OPT4_EINVAL, "pool, job or status is NULL");
-  int rc = opt4__pool_register(pool);
-  if (rc != 0) return rc;
-  pool_header *h = pool->h;
-  const uint64_t T = h->accesses;
-  const uint32_t mine = ((pool->rec + 1u) << 4) | CL_LOADING;
-  memset(job, 0, sizeof *job);
-  /* Bounded work per call: a caller that gets IDLE comes back later. */
-  for (int round = 0; round < 64; round++) {
-    uint64_t c = atomic_load_explicit(&h->pf_cursor, memory_order_acquire);
-    uint64_t f = floor_now(pool);
-    if (c < f) {
-      atomic_compare_exchange_strong(&h->pf_cursor, &c, f);
-      continue;
-    }
-    if (c >= T) {
-      *status = OPT4_PREFETCH_END;
-      return 0;
-    }
-    uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
-    uint64_t limit = head + lookahead;
-    if (limit > T || limit < head) limit = T;
-    if (c >= limit) break;
-    uint64_t stop = limit - c > 4096 ? c + 4096 : limit, t = c;
-    _Atomic uint32_t *claim = NULL;
-    for (; t < stop; t++) {
-      uint32_t v = pool->rt[t];
-      claim = claim_of(pool, v);
-      if (claim != NULL) break;
-    }
-    if (t == stop) { /* only HITs here: move past them */
-      atomic_compare_exchange_strong(&h->pf_cursor, &c, t);
-      continue;
-    }
-    if (!atomic_compare_exchange_strong(&h->pf_cursor, &c, t + 1)) continue;
-    uint32_t open = CL_OPEN;
-    if (!atomic_compare_exchange_strong(claim, &open, mine)) continue; /* its consumer has it */
-    uint32_t v = pool->rt[t];
-    job->t = t;
-    job->item = pool->seq[t];
-    job->kind = RT_KIND(v);
-    job->space = RT_KIND(v) == OPT4_OP_ADMIT
-                     ? (uint64_t)pool->gens[RT_GEN(v)].npages * h->page_size
-                     : h->staging_slot_bytes;
-    *status = OPT4_PREFETCH_CLAIMED;
-    return 0;
-  }
-  *status = OPT4_PREFETCH_IDLE;
-  return 0;
-}
-
-/* The claim at t held by this handle, or NULL (with the error set). */
-static _Atomic uint32_t *my_claim(opt4_pool *pool, uint64_t t, uint32_t *v_out) {
-  if (t >= pool->h->accesses) {
-    opt4__fail(OPT4_ERANGE, "position %llu is past the plan", (unsigned long long)t);
-    return NULL;
-  }
-  uint32_t v = pool->rt[t];
-  _Atomic uint32_t *claim = claim_of(pool, v);
-  uint32_t c = claim != NULL ? atomic_load(claim) : 0;
-  if (claim == NULL || CL_OWNER(c) != pool->rec + 1u ||
-      (CL_STATE(c) != CL_LOADING && CL_STATE(c) != CL_ABANDONED)) {
-    opt4__fail(OPT4_EINVAL, "position %llu is not claimed by this handle (claim it with "
-               "opt4_pool_prefetch_claim first)", (unsigned long long)t);
-    return NULL;
-  }
-  *v_out = v;
-  return claim;
-}
-
-/* Give a claim up: LOADING goes back to OPEN (its consumer loads); an
- * ABANDONED one is settled (its consumer loaded and will not store). */
-static void give_up(opt4_pool *pool, _Atomic uint32_t *claim, uint32_t v) {
-  uint32_t c = atomic_load(claim);
-  for (;;) {
-    if (CL_STATE(c) == CL_LOADING) {
-      if (atomic_compare_exchange_weak(claim, &c, CL_OPEN)) break;
-      continue;
-    }
-    /* ABANDONED: nobody will store this ADMIT; its readers must not wait. */
-    if (RT_KIND(v) == OPT4_OP_ADMIT)
-      mark_failed(pool, RT_GEN(v));
-    atomic_store(claim, CL_DONE);
-    break;
-  }
-  pool_event(pool->h); /* its consumer, waiting in claim_miss */
-  count(pool, C_PF_DROPPED, 1);
-}
-
-int opt4_pool_prefetch_release(opt4_pool *pool, uint64_t t) {
-  if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
-  uint32_t v;
-  _Atomic uint32_t *claim = my_claim(pool, t, &v);
-  if (claim == NULL) return OPT4_EINVAL;
-  give_up(pool, claim, v);
-  return 0;
-}
-
-/* Copy parts into dst. */
-static void gather_into(uint8_t *dst, const opt4_iovec *parts, size_t n_parts) {
-  for (size_t i = 0; i < n_parts; i++) {
-    memcpy(dst, parts[i].base, parts[i].len);
-    dst += parts[i].len;
-  }
-}
-
-/* A prefetcher far ahead waits for the consumers to come near, however long
- * that takes (a slow training step), without spending its timeout: the
- * timeout bounds only waits once the consumers have reached position t,
- * where a consumer may be waiting for this very item. Each step sleeps on
- * head_seq until the consumers move (at most FAR_WAIT_NS, a bound, not a
- * poll interval); returns 1 while the consumers are behind and nothing
- * interrupted. */
-#define FAR_WAIT_NS ((uint64_t)50 * 1000000u)
-static int far_ahead(opt4_pool *pool, uint64_t t) {
-  return !atomic_load_explicit(&pool->interrupted, memory_order_relaxed) &&
-         atomic_load_explicit(&pool->h->head, memory_order_relaxed) + 32 <= t;
-}
-
-static int consumers_behind(opt4_pool *pool, uint64_t t, waiter *w) {
-  if (atomic_load_explicit(&pool->interrupted, memory_order_relaxed)) return 0;
-  uint64_t head = atomic_load_explicit(&pool->h->head, memory_order_relaxed);
-  if (head + 32 > t) return 0;
-  if (pool->safe_point != NULL) pool->safe_point(pool->safe_ctx);
-  opt4__pool_head_wait(pool, head, FAR_WAIT_NS, NULL);
-  w->spins = 0; /* the timeout starts when they arrive */
-  return 1;
-}
-
-/* *stored: 1 handed over, 0 given up, 2 (try only) not yet: the item cannot
- * be handed over before the consumers come nearer; try again later. */
-static int store_admit(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t *claim,
-                       const opt4_iovec *parts, size_t n_parts, uint64_t total, int try_only,
-                       int *stored) {
-  const uint32_t g = RT_GEN(v);
-  const gen_rec *gen = &pool->gens[g];
-  if (total > (uint64_t)gen->npages * pool->h->page_size) {
-    give_up(pool, claim, v);
-    return opt4__fail(OPT4_EITEMSIZE, "item %u at position %llu is %llu bytes; its space in "
-                      "the pool is %llu", pool->seq[t], (unsigned long long)t,
-                      (unsigned long long)total,
-                      (unsigned long long)gen->npages * pool->h->page_size);
-  }
-  /* Wait (bounded) until every page may be taken: the generations this one
-   * replaces have had their planned reads. Only then claim STORING, so a
-   * consumer waits for a prefetcher only while it loads or copies. */
-  waiter w = {0, 0, 0};
-  for (uint32_t i = 0; i < gen->npages; i++) {
-    const list_ent *ent = &pool->list[gen->list_off + i];
-    page_state *ps = &pool->states[ent->page];
-    for (;;) {
-      uint64_t word = atomic_load_explicit(&ps->word, memory_order_acquire);
-      uint32_t tag = PS_GEN(word), st = PS_STATE(word);
-      if ((st != PS_EMPTY && tag != NO_GEN && tag >= g) || gen_failed(pool, g) ||
-          gen->admit < floor_now(pool)) {
-        give_up(pool, claim, v); /* overtaken or skipped: nothing to store */
-        return 0;
-      }
-      if (may_take(pool, ps, word, ent->prev_gen)) break;
-      if (wait_is_slow(&w) && st == PS_WRITING) opt4__recover_dead_writer(pool, ps, word);
-      if (try_only && far_ahead(pool, t)) {
-        *stored = 2;
-        return 0;
-      }
-      if (consumers_behind(pool, t, &w)) continue;
-      if (wait_step(pool, &w)) {
-        give_up(pool, claim, v);
-        return 0;
-      }
-    }
-  }
-  uint32_t c = atomic_load(claim), reads_start = 0;
-  for (;;) {
-    uint32_t next = (c & ~15u) | CL_STORING;
-    if (atomic_compare_exchange_weak(claim, &c, next)) break;
-  }
-  if (CL_STATE(c) == CL_ABANDONED) reads_start = 1; /* its consumer has its own copy */
-  int ok = 0;
-  int rc = put_impl(pool, t, parts, n_parts, reads_start, &ok);
-  /* READY even if the store failed: the generation is then marked failed
-   * and its consumer, like its readers, falls back at once. */
-  atomic_store_explicit(claim, reads_start ? CL_DONE : CL_READY, memory_order_release);
-  pool_event(pool->h); /* its consumer, waiting in claim_miss */
-  if (rc != 0) return rc;
-  if (ok) count(pool, C_PF_STORED, 1);
-  *stored = ok;
-  return 0;
-}
-
-/* Move slot s's turn past every BYPASS that is finished with it: DONE
- * (copied out, or settled), or SELF (its consumer loaded it; never staged).
- * A staged one whose position was skipped (below the floor) is retired
- * first; with check_dead, so is an abandoned one whose prefetcher died. */
-static void pass_turns(opt4_pool *pool, uint64_t s, int check_dead) {
-  const uint64_t B = pool->h->bypasses, slots = pool->h->staging_slots;
-  for (;;) {
-    uint64_t p = atomic_load_explicit(&pool->slots[s].turn, memory_order_acquire);
-    if (p >= B) return;
-    _Atomic uint32_t *claim = &pool->bclaim[p];
-    uint32_t c = atomic_load_explicit(claim, memory_order_acquire), st = CL_STATE(c);
-    if ((st == CL_READY || st == CL_OPEN) && pool->bpos[p] < floor_now(pool)) {
-      /* Nobody will copy it out: its consumer, were it still to come,
-       * would find DONE and load. */
-      atomic_compare_exchange_strong(claim, &c, CL_DONE);
-      continue;
-    }
-    if (st == CL_ABANDONED && check_dead && opt4__claimer_dead(pool, c)) {
-      atomic_compare_exchange_strong(claim, &c, CL_DONE);
-      continue;
-    }
-    if (st != CL_DONE && st != CL_SELF) return;
-    if (atomic_compare_exchange_strong(&pool->slots[s].turn, &p, p + slots)) pool_event(pool->h);
-  }
-}
-
-static int store_bypass(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t *claim,
-                        const opt4_iovec *parts, size_t n_parts, uint64_t total, int try_only,
-                        int *stored) {
-  const uint64_t b = RT_GEN(v), slots = pool->h->staging_slots;
-  if (total > pool->h->staging_slot_bytes) {
-    give_up(pool, claim, v);
-    return opt4__fail(OPT4_EITEMSIZE, "item %u at position %llu is %llu bytes; a staging slot "
-                      "holds %llu", pool->seq[t], (unsigned long long)t,
-                      (unsigned long long)total, (unsigned long long)pool->h->staging_slot_bytes);
-  }
-  /* Wait for our turn at the slot: every earlier BYPASS of this slot is
-   * done with it (copied out) or never used it (its consumer loaded it). */
-  waiter w = {0, 0, 0};
-  while (atomic_load_explicit(&pool->slots[b % slots].turn, memory_order_acquire) != b) {
-    pass_turns(pool, b % slots, wait_is_slow(&w));
-    if (atomic_load_explicit(&pool->slots[b % slots].turn, memory_order_acquire) == b) break;
-    if (try_only && CL_STATE(atomic_load(claim)) != CL_ABANDONED && far_ahead(pool, t)) {
-      *stored = 2;
-      return 0;
-    }
-    if (CL_STATE(atomic_load(claim)) != CL_ABANDONED && consumers_behind(pool, t, &w)) continue;
-    if (CL_STATE(atomic_load(claim)) == CL_ABANDONED || wait_step(pool, &w)) {
-      give_up(pool, claim, v);
-      return 0;
-    }
-  }
-  const uint64_t slot = b % slots;
-  gather_into(pool->staging + slot * pool->h->staging_slot_bytes, parts, n_parts);
-  atomic_store_explicit(&pool->slots[slot].len, total, memory_order_relaxed);
-  uint32_t c = ((pool->rec + 1u) << 4) | CL_LOADING;
-  if (atomic_compare_exchange_strong_explicit(claim, &c, CL_READY, memory_order_release,
-                                              memory_order_relaxed)) {
-    count(pool, C_PF_STORED, 1);
-    *stored = 1;
-  } else { /* its consumer stopped waiting and loaded it: the slot is free */
-    atomic_store_explicit(claim, CL_DONE, memory_order_release);
-    count(pool, C_PF_DROPPED, 1);
-  }
-  pool_event(pool->h); /* its consumer, or the slot's next turn */
-  return 0;
-}
-
-static int prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
-                          int try_only, int *stored);
-
-int opt4_pool_prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts,
-                             size_t n_parts, int *stored) {
-  return prefetch_store(pool, t, parts, n_parts, 0, stored);
-}
-
-int opt4_pool_prefetch_try_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts,
-                                 size_t n_parts, int *result) {
-  return prefetch_store(pool, t, parts, n_parts, 1, result);
-}
-
-static int prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
-                          int try_only, int *stored) {
-  if (pool == NULL || stored == NULL || (parts == NULL && n_parts > 0))
-    return opt4__fail(OPT4_EINVAL, "pool, parts or stored is NULL");
-  *stored = 0;
-  int rc = opt4__pool_register(pool);
-  if (rc != 0) return rc;
-  uint32_t v;
-  _Atomic uint32_t *claim = my_claim(pool, t, &v);
-  if (claim == NULL) return OPT4_EINVAL;
-  uint64_t total = 0;
-  for (size_t i = 0; i < n_parts; i++) total += parts[i].len;
-  if (RT_KIND(v) == OPT4_OP_ADMIT)
-    return store_admit(pool, t, v, claim, parts, n_parts, total, try_only, stored);
-  return store_bypass(pool, t, v, claim, parts, n_parts, total, try_only, stored);
-}
-
-int opt4_pool_interrupt(opt4_pool *pool) {
-  if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
-  atomic_store(&pool->interrupted, 1);
-  head_bump(pool->h);  /* this handle's thread may sleep on head_seq */
-  pool_event(pool->h); /* or on event_seq */
-  return 0;
-}
-
-int opt4__pool_prefetch_window_full(opt4_pool *pool, uint64_t lookahead) {
-  const uint64_t T = pool->h->accesses;
-  uint64_t head = atomic_load_explicit(&pool->h->head, memory_order_relaxed);
-  uint64_t limit = head + lookahead;
-  if (limit > T || limit < head) limit = T;
-  return atomic_load_explicit(&pool->h->pf_cursor, memory_order_acquire) >= limit;
-}
-
-int opt4_pool_prefetch_pending(opt4_pool *pool, uint64_t from, uint64_t to, uint64_t *pending) {
-  if (pool == NULL || pending == NULL) return opt4__fail(OPT4_EINVAL, "pool or pending is NULL");
-  if (to > pool->h->accesses) to = pool->h->accesses;
-  uint64_t n = 0;
-  for (uint64_t t = from; t < to; t++) {
-    _Atomic uint32_t *claim = claim_of(pool, pool->rt[t]);
-    if (claim == NULL) continue;
-    uint32_t st = CL_STATE(atomic_load_explicit(claim, memory_order_acquire));
-    n += st == CL_OPEN || st == CL_LOADING || st == CL_STORING;
-  }
-  *pending = n;
   return 0;
 }

@@ -12,6 +12,24 @@
  * read-only):
  *   meta_header | seq[T] | rt[T] | gen_rec[G] | list_ent[L] | bpos[B] |
  *   occurrence index
+ *
+ * src/shm, one concern a file:
+ *   segment.c   a pool's life cycle: create, attach, close, unlink, list,
+ *               remove; names, mappings, the owner's lock, fork's lock fds
+ *   meta.c      laying a plan out in the meta segment
+ *   check.c     validating both segments before use (check.h)
+ *   procs.c     process records (register, reclaim, dead processes),
+ *               process identity, the fork generation, the clock
+ *   runtime.c   the protocol (its header comment): get, put, skip, waits,
+ *               the consumers' side of claims, head, floor, counters
+ *   prefetch.c  the prefetchers' side of claims and the staging ring
+ *
+ * Who calls whom (no cycle: procs.c, meta.c and check.c call no other file
+ * here, and nothing here calls segment.c or prefetch.c):
+ *   segment.c  -> meta.c, check.c, procs.c
+ *   prefetch.c -> runtime.c (through runtime.h), procs.c
+ *   runtime.c  -> procs.c
+ * Declarations below are grouped by the file that defines them.
  */
 #ifndef OPT4_SHM_LAYOUT_H
 #define OPT4_SHM_LAYOUT_H

@@ -30,7 +30,7 @@
  */
 #define _GNU_SOURCE
 #include "internal.h"
-#include "layout.h" /* opt4__proc_alive, opt4__proc_start_time (src/shm/segment.c) */
+#include "layout.h" /* opt4__proc_alive, opt4__proc_start_time (src/shm/procs.c) */
 
 #include <dirent.h>
 #include <errno.h>

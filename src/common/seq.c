@@ -49,6 +49,7 @@ static int out_of_range(const opt4_seq *seq, uint64_t t) {
 int opt4__seq_to_u32(const opt4_seq *seq, uint64_t first, uint64_t count,
                      uint32_t *dst) {
   const uint64_t items = seq->items;
+  if (count == 0) return 0; /* an empty sequence may have no data at all */
   switch (seq->dtype) {
   case OPT4_I32: OPT4__TO_U32(int32_t); break;
   case OPT4_I64: OPT4__TO_U32(int64_t); break;

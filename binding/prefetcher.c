@@ -77,16 +77,11 @@ static void prefetcher_stop_now(PrefetcherObject *self) {
 /* Start the threads over self->src (made by the caller, which the
  * prefetcher borrows until it stops); self is returned, or NULL with an
  * exception (self released). */
-static PyObject *prefetcher_start(PrefetcherObject *self, const char *name, unsigned int threads,
-                                  unsigned long long lookahead) {
-  opt4_prefetcher_opts o;
-  memset(&o, 0, sizeof o);
-  o.threads = threads;
-  o.lookahead = lookahead;
+static PyObject *prefetcher_start(PrefetcherObject *self, const char *name, const opt4_prefetcher_opts *o) {
   opt4_prefetcher *pf = NULL;
   opt4_source *src = self->src;
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = opt4_prefetcher_start_source(name, src, &o, &pf);
+  Py_BEGIN_ALLOW_THREADS rc = opt4_prefetcher_start_source(name, src, o, &pf);
   Py_END_ALLOW_THREADS if (rc != 0) {
     Py_DECREF(self);
     return opt4py_raise(rc, "start prefetcher");
@@ -98,15 +93,20 @@ static PyObject *prefetcher_start(PrefetcherObject *self, const char *name, unsi
 
 static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"pool_name", "records", "threads", "lookahead", "frame", "labels", "samples",
-                           "load", "items", "max_size", NULL};
+                           "load", "items", "max_size", "max_threads", NULL};
   const char *name, *frame = "bytes";
   PyObject *rec;
-  unsigned int threads = 0;
+  unsigned int threads = 0, max_threads = 0;
   unsigned long long lookahead = 0, items = 0, max_size = 0;
   PyObject *labels = Py_None, *samples = Py_None, *load = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|IKsOOOKK", kwlist, &name, &rec, &threads, &lookahead, &frame,
-                                   &labels, &samples, &load, &items, &max_size))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|IKsOOOKKI", kwlist, &name, &rec, &threads, &lookahead, &frame,
+                                   &labels, &samples, &load, &items, &max_size, &max_threads))
     return NULL;
+  opt4_prefetcher_opts o;
+  memset(&o, 0, sizeof o);
+  o.threads = threads;
+  o.max_threads = max_threads;
+  o.lookahead = lookahead;
   if (load != Py_None) {
     /* A Python callback: records is None, and nothing is framed. */
     if (rec != Py_None || strcmp(frame, "raw") != 0 || !PyCallable_Check(load))
@@ -119,7 +119,7 @@ static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
       Py_DECREF(self);
       return opt4py_raise(rc, "start prefetcher");
     }
-    return prefetcher_start(self, name, threads, lookahead);
+    return prefetcher_start(self, name, &o);
   }
   int is_ranges = PyObject_TypeCheck(rec, &opt4py_RangesType);
   if (!is_ranges && !PyObject_TypeCheck(rec, &opt4py_RecordsType))
@@ -167,10 +167,6 @@ static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
   }
   self->records = Py_NewRef(rec);
   self->readers = is_ranges ? &((RangesObject *)rec)->readers : &((RecordsObject *)rec)->readers;
-  opt4_prefetcher_opts o;
-  memset(&o, 0, sizeof o);
-  o.threads = threads;
-  o.lookahead = lookahead;
   if (self->frame.mode != FRAME_RAW) {
     o.frame = frame_codec;
     o.frame_ctx = &self->frame;
@@ -232,10 +228,10 @@ static PyObject *prefetcher_stats(PrefetcherObject *self, PyObject *Py_UNUSED(ig
   if (self->pf == NULL) return PyErr_Format(PyExc_ValueError, "the prefetcher is stopped");
   opt4_prefetcher_stats st;
   opt4_prefetcher_stats_get(self->pf, &st);
-  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:d,s:I,s:I,s:K,s:K}", "loaded", (unsigned long long)st.loaded, "bytes",
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:d,s:I,s:I,s:I,s:I,s:K,s:K}", "loaded", (unsigned long long)st.loaded, "bytes",
                        (unsigned long long)st.bytes, "stored", (unsigned long long)st.stored, "errors",
                        (unsigned long long)st.errors, "idle_seconds", (double)st.idle_ns / 1e9, "threads",
-                       st.threads, "finished", st.finished, "parks", (unsigned long long)st.parks,
+                       st.threads, "finished", st.finished, "active", st.active, "grows", st.grows, "parks", (unsigned long long)st.parks,
                        "park_timeouts", (unsigned long long)st.park_timeouts);
 }
 
@@ -281,7 +277,7 @@ static PyTypeObject PrefetcherType = {
     .tp_basicsize = sizeof(PrefetcherObject),
     .tp_dealloc = (destructor)prefetcher_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Prefetcher(pool_name, records, threads=8, lookahead=4096, frame='bytes', labels=None, samples=None, load=None, items=0, max_size=0): "
+    .tp_doc = "Prefetcher(pool_name, records, threads=8, lookahead=4096, frame='bytes', labels=None, samples=None, load=None, items=0, max_size=0, max_threads=0): "
               "C threads loading a pool's misses from a record file (Records), file ranges (Ranges), or "
               "load(i) (a Python callable returning the codec's parts, or None) ahead of its consumers.",
     .tp_methods = prefetcher_methods,

@@ -1053,8 +1053,16 @@ typedef int (*opt4_frame_fn)(void *ctx, uint32_t item, uint64_t len, uint8_t *he
                              size_t *head_len, uint8_t *tail, size_t *tail_len);
 
 typedef struct opt4_prefetcher_opts {
-  uint32_t threads;   /* 0: 8; at most 256 */
-  uint32_t reserved;
+  uint32_t threads;   /* threads reading at the start; 0: 8; at most 256 */
+  /* Depth: at most this many threads read at once (0: threads, a fixed
+   * count; at most 256). Above `threads`, the prefetcher adds readers while
+   * the consumers stall on misses (they loaded one themselves or waited for
+   * one in flight: the reads in flight are too few for what the consumers
+   * take), half again as many each time, checked every 10 ms. A reader is
+   * never taken away again: one with nothing to do sleeps on the consumers'
+   * progress word. Added readers attach their pool handle (one process
+   * record each) and their buffers when they start reading. */
+  uint32_t max_threads;
   uint64_t lookahead; /* positions ahead of the consumers; 0: 4096 */
   opt4_frame_fn frame; /* NULL: records are stored as they are */
   void *frame_ctx;
@@ -1070,6 +1078,8 @@ typedef struct opt4_prefetcher_stats {
   uint64_t errors;  /* reads that failed (their consumers load them) */
   uint64_t idle_ns; /* time the threads found nothing to do in the window */
   uint32_t threads, finished; /* threads started, and those done */
+  uint32_t active;            /* threads reading (the depth): from opts.threads up to max_threads */
+  uint32_t grows;             /* times the depth was raised */
   uint64_t parks;         /* forks the threads were parked for */
   uint64_t park_timeouts; /* threads a fork did not find parked in time (10 s) */
 } opt4_prefetcher_stats;

@@ -49,9 +49,10 @@ class RecordPrefetcher:
 
     kind = "records"
 
-    def __init__(self, pool_name: str, dataset: Any, threads: int, lookahead: int) -> None:
+    def __init__(self, pool_name: str, dataset: Any, *, threads: int, max_threads: int, lookahead: int) -> None:
         source = dataset._prefetch_source()
-        self._pf = _engine.Prefetcher(pool_name, threads=threads, lookahead=lookahead, **source)
+        self._pf = _engine.Prefetcher(pool_name, threads=threads, max_threads=max_threads, lookahead=lookahead,
+                                      **source)
         self._records = source["records"]
 
     def stats(self) -> dict[str, Any]:
@@ -72,8 +73,8 @@ class CallbackPrefetcher:
 
     kind = "callback"
 
-    def __init__(self, pool_name: str, dataset: Any, threads: int, lookahead: int, max_size: int,
-                 allow_pickle: bool = False) -> None:
+    def __init__(self, pool_name: str, dataset: Any, max_size: int, allow_pickle: bool = False, *, threads: int,
+                 max_threads: int, lookahead: int) -> None:
         errors: list[BaseException] = []
 
         def load(item: int) -> list[Any] | None:
@@ -87,7 +88,8 @@ class CallbackPrefetcher:
                 return None
 
         self._errors = errors
-        self._pf = _engine.Prefetcher(pool_name, None, threads=threads, lookahead=lookahead, frame="raw",
+        self._pf = _engine.Prefetcher(pool_name, None, threads=threads, max_threads=max_threads, lookahead=lookahead,
+                                      frame="raw",
                                       load=load, items=len(dataset), max_size=max_size)
 
     def wait(self, seen: int | None, timeout: float) -> tuple[int, bool]:

@@ -233,12 +233,15 @@ class OPTCache:
 
     # ---- prefetching ----
 
-    def configure_prefetch(self, dataset: Any, *, threads: int = 8, lookahead: int = 4096,
-                           allow_pickle: bool = False) -> None:
+    def configure_prefetch(self, dataset: Any, *, threads: int = 8, max_threads: int | None = None,
+                           lookahead: int = 4096, allow_pickle: bool = False) -> None:
         """Prefetch this cache's misses from ``dataset`` once iteration starts:
         with C threads, reading a record file, an image folder or tar shards
-        themselves, or calling the dataset (with the GIL) otherwise."""
-        self._prefetch_spec = (dataset, int(threads), int(lookahead), allow_pickle)
+        themselves, or calling the dataset (with the GIL) otherwise.
+        ``threads`` read at the start; up to ``max_threads`` (default: the
+        same, a fixed count) while the workers stall on misses."""
+        self._prefetch_spec = (dataset, dict(threads=int(threads), max_threads=int(max_threads or threads),
+                                             lookahead=int(lookahead)), allow_pickle)
 
     def start_prefetch(self, head_start: tuple[int, int] | None = None) -> None:
         """Start the configured prefetcher (once; a no-op without one, in a
@@ -252,27 +255,26 @@ class OPTCache:
             return
         from ._prefetch import CallbackPrefetcher, RecordPrefetcher
 
-        dataset, threads, lookahead, allow_pickle = self._prefetch_spec
+        dataset, depth, allow_pickle = self._prefetch_spec
         with self._lock:
             if self._prefetch_box[0] is not None or self._pool.closed:
                 return
             try:
                 if hasattr(dataset, "_prefetch_source"):
-                    self._prefetch_box[0] = RecordPrefetcher(self.name, dataset, threads, lookahead)
+                    self._prefetch_box[0] = RecordPrefetcher(self.name, dataset, **depth)
                 else:
                     # The most bytes a miss may take once stored: its pages (a
                     # sized plan), else a page of the pool.
                     sizes = self.plan.item_sizes
                     largest = max(int(sizes.max()) if sizes is not None and len(sizes) else 0, self.page_size)
-                    self._prefetch_box[0] = CallbackPrefetcher(self.name, dataset, threads, lookahead, largest,
-                                                               allow_pickle)
+                    self._prefetch_box[0] = CallbackPrefetcher(self.name, dataset, largest, allow_pickle, **depth)
             except (_engine.Opt4Error, OSError) as e:
                 # Prefetch costs speed, never correctness: without it the
                 # workers load every miss. Said, and shown in stats().
                 warnings.warn(f"opt4torch prefetch threads could not start: {type(e).__name__}: {e}. Iteration "
                               "goes on without them (the DataLoader's workers load every miss)", RuntimeWarning,
                               stacklevel=3)
-                self._prefetch_box[0] = _NoPrefetcher(threads, e)
+                self._prefetch_box[0] = _NoPrefetcher(depth["threads"], e)
                 return
         if head_start is not None:
             import time
@@ -714,6 +716,10 @@ class _CountingIter:
 #: ahead that the cache does not keep (BYPASSes).
 STAGING_BUDGET = 4 << 20
 
+#: The most prefetch threads reading at once, by default: the depth grows
+#: to this while the workers stall on misses (src/io/prefetcher.c, "Depth").
+PREFETCH_MAX_THREADS = 64
+
 #: Bytes added to each given item size for the record header (type, shape).
 CODEC_MARGIN = 128
 
@@ -940,9 +946,15 @@ class DataLoader(tud.DataLoader):
     ``prefetch``
         load the plan's misses ahead of the workers (default: on for a
         :class:`opt4torch.records.RecordFile`, whose records C threads read
-        straight into the cache; ``True`` for any other dataset runs
-        ``prefetch_threads`` Python threads calling it, worth it when loading
-        waits on I/O); ``lookahead`` bounds how far ahead, in positions, and
+        straight into the cache, as they do an :class:`opt4torch.ImageFolder`'s
+        files and :class:`opt4torch.TarShards`' samples; ``True`` for any other
+        dataset has the same C threads call it, taking the GIL for the call
+        only, worth it when loading waits on I/O). ``prefetch_threads`` read
+        at the start; while the workers stall on misses (too few reads in
+        flight for what they take) more are added, half again each time, up
+        to ``prefetch_max_threads`` (default 64; equal to
+        ``prefetch_threads`` for a fixed count). ``lookahead`` bounds how far
+        ahead, in positions, and
         ``staging_slots`` how many items that bypass the cache may wait in
         its staging ring (each takes one cached item's space).
 
@@ -963,7 +975,8 @@ class DataLoader(tud.DataLoader):
                  item_bytes: int | None = None, allow_pickle: bool = False, bypass: bool = True,
                  wait_timeout: float = 10.0, progress: bool | None = None,
                  share_across_ranks: bool = False, page_size: int | None = None,
-                 prefetch: bool | None = None, prefetch_threads: int = 8, lookahead: int = 4096,
+                 prefetch: bool | None = None, prefetch_threads: int = 8,
+                 prefetch_max_threads: int | None = None, lookahead: int = 4096,
                  staging_slots: int | None = None, **kwargs: Any) -> None:
         if isinstance(dataset, tud.IterableDataset):
             raise TypeError("the OPT cache needs a map-style dataset (with __getitem__ and __len__): "
@@ -978,6 +991,14 @@ class DataLoader(tud.DataLoader):
             prefetch = hasattr(dataset, "_prefetch_source")
         if prefetch and (isinstance(prefetch_threads, bool) or not 1 <= int(prefetch_threads) <= 256):
             raise ValueError(f"prefetch_threads must be between 1 and 256, got {prefetch_threads!r}")
+        if prefetch_max_threads is None:
+            prefetch_max_threads = max(int(prefetch_threads), PREFETCH_MAX_THREADS)
+        if prefetch and (isinstance(prefetch_max_threads, bool)
+                         or not int(prefetch_threads) <= int(prefetch_max_threads) <= 256):
+            raise ValueError(f"prefetch_max_threads must be between prefetch_threads ({prefetch_threads}) and 256, "
+                             f"got {prefetch_max_threads!r}")
+        prefetch_opts = dict(threads=int(prefetch_threads), max_threads=int(prefetch_max_threads),
+                             lookahead=int(lookahead), allow_pickle=allow_pickle)
         if prefetch and (isinstance(lookahead, bool) or int(lookahead) < 1):
             raise ValueError(f"lookahead must be a positive number of positions, got {lookahead!r}")
         if staging_slots is None:
@@ -1090,8 +1111,7 @@ class DataLoader(tud.DataLoader):
             self.cache._storage = dataset  # stats() reports what was read from it
         if prefetch:
             # Every rank of a shared pool prefetches: claims keep each miss to one loader.
-            self.cache.configure_prefetch(dataset, threads=int(prefetch_threads), lookahead=int(lookahead),
-                                          allow_pickle=allow_pickle)
+            self.cache.configure_prefetch(dataset, **prefetch_opts)
         self.shared_across_ranks = share_across_ranks
         self._group = (group, rank, world) if group is not None else None
         #: The global position the last load_state_dict() resumed at.
@@ -1129,8 +1149,7 @@ class DataLoader(tud.DataLoader):
             self._replan_from = dict(seq=seq, starts=list(starts), lengths=list(own), make_plan=make_plan,
                                      pool_page=pool_page, wait_timeout=wait_timeout,
                                      staging_slots=staging_slots, cut=None,
-                                     prefetch=(dataset, int(prefetch_threads), int(lookahead), allow_pickle)
-                                     if prefetch else None)
+                                     prefetch=(dataset, prefetch_opts) if prefetch else None)
         #: Re-plans so far: (epoch, batches per epoch the new plan expects, or None for whole epochs).
         self.replans: list[tuple[int, int | None]] = []
         #: The live iterator (weakly: a dropped one no longer counts), under its lock.
@@ -1291,8 +1310,8 @@ class DataLoader(tud.DataLoader):
                              staging_slots=ctx["staging_slots"])
             cache._storage = old._storage
             if ctx["prefetch"] is not None:
-                ds, threads, lookahead, allow_pickle = ctx["prefetch"]
-                cache.configure_prefetch(ds, threads=threads, lookahead=lookahead, allow_pickle=allow_pickle)
+                ds, opts = ctx["prefetch"]
+                cache.configure_prefetch(ds, **opts)
             self.cache = cache
             pos.cache = cache
             self.dataset.retarget(cache.name, plan.accesses)

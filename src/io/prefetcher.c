@@ -12,6 +12,26 @@
  * they move it (opt4__pool_head_wait), so a thread that is ahead costs no
  * CPU.
  *
+ * Depth. The threads reading at once are the reads in flight: a blocking
+ * source (pread, a Python call) has one read per thread. How many the
+ * consumers need is what they take per second times the time a read takes,
+ * which the prefetcher learns only by running. It starts opts.threads
+ * threads reading and keeps up to max_threads more asleep (dormant: no pool
+ * handle, no buffers yet), each waiting on the gate word. Every
+ * ADAPT_PERIOD_NS one reading thread (whichever first finds the period
+ * over; a compare-and-swap on adapt_at) reads the pool's counters: if the
+ * consumers stalled on a miss since the last look (they loaded it
+ * themselves, or waited for a read in flight), the reads in flight were
+ * too few, and it attaches handles for half again as many threads, raises
+ * active and opens the gate, all under the registry lock (taken with a
+ * trylock: a fork or a stop under way skips one look), so that fork and
+ * stop see active and the handles below it settled. Depth only grows: a thread with nothing to do
+ * sleeps on the consumers' progress word and costs a wake-up when they
+ * move, not a read; taking threads away would save those wake-ups at the
+ * price of stalls when the consumers speed up again. A dormant thread holds
+ * nothing, so its wait is a safe point for fork (below); it leaves when it
+ * is activated, stopped, or the plan has no more misses (ended).
+ *
  * Fork. No process may fork while one of these threads can hold a lock (the
  * allocator's, stdio's, a sanitizer's): the child would inherit the lock
  * held by a thread it does not have, and deadlock on first use. DataLoader
@@ -74,6 +94,8 @@
  * woken: a bound (what it waits for may change without the consumers moving:
  * a floor raised, a claim given back), not a poll interval. */
 #define IDLE_WAIT_NS ((uint64_t)20 * 1000000u)
+/* How often the depth is looked at (see "Depth" above). */
+#define ADAPT_PERIOD_NS ((uint64_t)10 * 1000000u)
 
 typedef struct pf_thread {
   opt4_prefetcher *pf;
@@ -91,7 +113,15 @@ struct opt4_prefetcher {
   uint64_t buf_len;
   uint32_t pending; /* loaded items a thread may hold */
   pf_thread *threads;
-  uint32_t n;
+  uint32_t n; /* threads started: opts.max_threads */
+  /* Depth: threads [0, active) read; the others wait on gate, which is
+   * bumped (and woken) when active grows, at stop, at the end of the plan
+   * and when a parking round opens. Handles of threads [0, active) are
+   * attached before active covers them (release/acquire on active). */
+  _Atomic uint32_t active, gate, ended, grows;
+  _Atomic uint64_t adapt_at;      /* when the depth is looked at next */
+  _Atomic uint64_t adapt_stalls;  /* the consumers' stalls at the last look */
+  char pool_name[72];             /* what added threads attach */
   _Atomic uint32_t stop;
   _Atomic uint32_t park; /* the open parking round, 0 when none */
   uint32_t round;        /* the last round opened (under reg_lock) */
@@ -114,6 +144,13 @@ static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Wake the dormant threads to look again (seq_cst: what they check, set
+ * before this by the caller, is seen after they wake). */
+static void pf_open_gate(opt4_prefetcher *pf) {
+  atomic_fetch_add(&pf->gate, 1);
+  opt4__futex_wake(&pf->gate, 0);
 }
 
 /* A safe point: if a parking round is open, report it and sleep until the
@@ -161,12 +198,15 @@ static uint32_t park_locked(int count) {
   uint32_t missed = 0;
   for (opt4_prefetcher *pf = reg_head; pf != NULL; pf = pf->reg_next) {
     pf->round = pf->round == UINT32_MAX ? 1 : pf->round + 1;
-    atomic_store_explicit(&pf->park, pf->round, memory_order_release);
+    atomic_store(&pf->park, pf->round);
     opt4__futex_wake(&pf->park, 0);
+    /* The dormant ones sleep on the gate: they see park after the bump. */
+    pf_open_gate(pf);
     /* The idle ones sleep on their pool's progress word: they see park
-     * after the kick (opt4__pool_head_wait checks it). */
-    for (uint32_t i = 0; i < pf->n; i++)
-      if (pf->threads[i].pool != NULL) opt4__pool_head_kick(pf->threads[i].pool);
+     * after the kick (opt4__pool_head_wait checks it). Only threads below
+     * active have a handle; active does not move under reg_lock. */
+    const uint32_t active = atomic_load(&pf->active);
+    for (uint32_t i = 0; i < active; i++) opt4__pool_head_kick(pf->threads[i].pool);
   }
   uint64_t deadline = now_ns() + PARK_TIMEOUT_NS;
   for (opt4_prefetcher *pf = reg_head; pf != NULL; pf = pf->reg_next) {
@@ -316,6 +356,55 @@ static int pf_load(pf_thread *th, pf_item *it) {
   return 2;
 }
 
+/* Look at the depth (see "Depth" above): more threads reading if the
+ * consumers stalled since the last look. Called by reading threads between
+ * reads; cheap when the period is not over. */
+static void pf_adapt(pf_thread *th) {
+  opt4_prefetcher *pf = th->pf;
+  if (atomic_load_explicit(&pf->active, memory_order_relaxed) >= pf->n) return;
+  uint64_t now = now_ns(), at = atomic_load_explicit(&pf->adapt_at, memory_order_relaxed);
+  if (now < at || !atomic_compare_exchange_strong(&pf->adapt_at, &at, now + ADAPT_PERIOD_NS)) return;
+  opt4_pool_stats st;
+  if (opt4_pool_stats_get(th->pool, &st) != 0) return;
+  const uint64_t stalls = st.admits + st.bypasses + st.fallbacks + st.stalls;
+  const uint64_t before = atomic_exchange(&pf->adapt_stalls, stalls);
+  if (stalls <= before || pthread_mutex_trylock(&reg_lock) != 0) return;
+  const uint32_t a = atomic_load(&pf->active);
+  uint32_t want = a + (a / 2 > 1 ? a / 2 : 1);
+  if (want > pf->n) want = pf->n;
+  uint32_t k = a;
+  /* A handle each, attached before active covers the thread; a thread
+   * whose handle cannot be attached (every process record in use) is not
+   * added, nor those after it. */
+  for (; k < want; k++) {
+    if (opt4_pool_attach(pf->pool_name, &pf->threads[k].pool) != 0) break;
+    opt4__pool_set_safe_point(pf->threads[k].pool, pf_safe_point, &pf->threads[k], &pf->park);
+  }
+  if (k > a) {
+    atomic_store(&pf->active, k);
+    atomic_fetch_add_explicit(&pf->grows, 1, memory_order_relaxed);
+    pf_open_gate(pf);
+  } else {
+    atomic_store(&pf->adapt_at, UINT64_MAX); /* no handle to be had: stop growing */
+  }
+  pthread_mutex_unlock(&reg_lock);
+}
+
+/* A dormant thread's wait (a safe point: it holds nothing): 1 when it is to
+ * read, 0 when it is to leave (stopped, or the plan has no more misses). */
+static int pf_gate(pf_thread *th) {
+  opt4_prefetcher *pf = th->pf;
+  const uint32_t me = (uint32_t)(th - pf->threads);
+  for (;;) {
+    pf_safe_point(th);
+    const uint32_t g = atomic_load(&pf->gate);
+    if (atomic_load(&pf->stop) || atomic_load(&pf->ended)) return 0;
+    if (me < atomic_load(&pf->active)) return 1;
+    if (atomic_load(&pf->park) != 0) continue;
+    opt4__futex_wait(&pf->gate, g, 0, 0);
+  }
+}
+
 /* A thread keeps up to `pending` loaded items that wait for their place (the
  * items they replace still have reads to come, or their staging slot is
  * taken), so its reads go on meanwhile; it retries them, earliest first,
@@ -334,7 +423,7 @@ static void *pf_main(void *arg) {
   uint32_t *order = calloc(cap, sizeof *order); /* held items, earliest claim first */
   uint32_t held = 0, allocated = 0;
   int end = 0;
-  if (items == NULL || order == NULL) goto leave;
+  if (!pf_gate(th) || items == NULL || order == NULL) goto leave;
   for (; allocated < cap; allocated++)
     if ((items[allocated].buf = malloc((size_t)pf->buf_len)) == NULL) break;
   if (allocated == 0) goto leave;
@@ -366,7 +455,11 @@ static void *pf_main(void *arg) {
         if (k == in_use) break;
       }
       int r = pf_load(th, &items[slot]);
-      if (r < 0) end = 1;
+      if (r < 0) {
+        end = 1;
+        atomic_store(&pf->ended, 1); /* the dormant ones have nothing to read */
+        pf_open_gate(pf);
+      }
       /* Nothing claimed although the window is not full (the claim's work
        * per call is bounded): come back at once rather than sleep. */
       if (r == 0 && !opt4__pool_prefetch_window_full(th->pool, pf->opts.lookahead)) progressed = 1;
@@ -381,6 +474,7 @@ static void *pf_main(void *arg) {
       }
     }
     if (end && held == 0) break;
+    pf_adapt(th);
     if (!progressed) {
       /* Idle: sleep until the consumers move (what it holds, and the
        * window, wait for them), a fork opens a parking round (the park word
@@ -436,6 +530,14 @@ int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src, const 
   if (o.threads == 0) o.threads = DEFAULT_THREADS;
   if (o.threads > MAX_THREADS)
     return opt4__fail(OPT4_EINVAL, "%u prefetch threads is too many (at most %u)", o.threads, MAX_THREADS);
+  if (o.max_threads == 0) o.max_threads = o.threads;
+  if (o.max_threads > MAX_THREADS)
+    return opt4__fail(OPT4_EINVAL, "max_threads %u is too many (at most %u)", o.max_threads, MAX_THREADS);
+  if (o.max_threads < o.threads)
+    return opt4__fail(OPT4_EINVAL, "max_threads %u is below threads %u: the depth starts at threads and only grows",
+                      o.max_threads, o.threads);
+  if (strlen(pool_name) >= sizeof ((opt4_prefetcher *)0)->pool_name)
+    return opt4__fail(OPT4_EINVAL, "\"%s\" is not an opt4 pool name (too long)", pool_name);
   if (o.lookahead == 0) o.lookahead = DEFAULT_LOOKAHEAD;
   uint64_t max_len = 0;
   int rc = opt4__source_max_size(src, &max_len);
@@ -450,19 +552,28 @@ int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src, const 
   pf->buf_len = max_len + OPT4_FRAME_CAP;
   /* Loaded items held per thread: as many as the budget allows, 1 to 32. */
   uint64_t budget = o.pending_bytes ? o.pending_bytes : DEFAULT_PENDING_BYTES;
-  uint64_t per = budget / ((uint64_t)o.threads * pf->buf_len);
+  uint64_t per = budget / ((uint64_t)o.threads * pf->buf_len); /* at the starting depth */
   pf->pending = per < 1 ? 1 : per > 32 ? 32 : (uint32_t)per;
-  pf->threads = opt4__calloc(o.threads, sizeof *pf->threads);
+  pf->threads = opt4__calloc(o.max_threads, sizeof *pf->threads);
   if (pf->threads == NULL) {
     opt4__free(pf, sizeof *pf);
-    return opt4__fail(OPT4_ENOMEM, "no memory for %u prefetch threads", o.threads);
+    return opt4__fail(OPT4_ENOMEM, "no memory for %u prefetch threads", o.max_threads);
   }
-  pf->n = o.threads;
+  pf->n = o.max_threads;
+  snprintf(pf->pool_name, sizeof pf->pool_name, "%s", pool_name);
+  for (uint32_t i = 0; i < pf->n; i++) pf->threads[i].pf = pf;
+  atomic_store(&pf->active, o.threads);
   for (uint32_t i = 0; i < o.threads; i++) {
-    pf->threads[i].pf = pf;
     rc = opt4_pool_attach(pool_name, &pf->threads[i].pool);
     if (rc != 0) goto fail;
     opt4__pool_set_safe_point(pf->threads[i].pool, pf_safe_point, &pf->threads[i], &pf->park);
+  }
+  {
+    /* The consumers' stalls so far (an earlier epoch's) are not this
+     * prefetcher's to answer. */
+    opt4_pool_stats st;
+    if (opt4_pool_stats_get(pf->threads[0].pool, &st) == 0)
+      atomic_store(&pf->adapt_stalls, st.admits + st.bypasses + st.fallbacks + st.stalls);
   }
   pthread_once(&reg_once, reg_install);
   pthread_mutex_lock(&reg_lock);
@@ -472,7 +583,7 @@ int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src, const 
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   uint32_t started = 0;
-  for (uint32_t i = 0; i < o.threads; i++) {
+  for (uint32_t i = 0; i < pf->n; i++) {
     if (pthread_create(&pf->threads[i].tid, NULL, pf_main, &pf->threads[i]) == 0) {
       pf->threads[i].started = 1;
       started++;
@@ -506,6 +617,8 @@ int opt4_prefetcher_stats_get(opt4_prefetcher *pf, opt4_prefetcher_stats *out) {
   out->park_timeouts = atomic_load(&pf->park_timeouts);
   for (uint32_t i = 0; i < pf->n; i++) out->threads += (uint32_t)pf->threads[i].started;
   out->finished = atomic_load(&pf->finished);
+  out->active = atomic_load(&pf->active);
+  out->grows = atomic_load(&pf->grows);
   return 0;
 }
 
@@ -517,6 +630,7 @@ void opt4_prefetcher_stop(opt4_prefetcher *pf) {
   if (!pf->orphan) {
     atomic_store(&pf->stop, 1);
     opt4__futex_wake(&pf->stop, 0); /* the resting ones */
+    pf_open_gate(pf);              /* the dormant ones */
     /* Parked early (opt4_prefetchers_park) and stopped before the fork: let
      * them go, or the join would wait forever. No fork is under way (it
      * would hold reg_lock). */
@@ -524,7 +638,9 @@ void opt4_prefetcher_stop(opt4_prefetcher *pf) {
     opt4__futex_wake(&pf->park, 0);
     /* A thread may be waiting to store an item (for the items it replaces
      * to be read): interrupt, so it gives the item back at once. */
-    for (uint32_t i = 0; i < pf->n; i++)
+    /* active and the handles below it do not move under reg_lock. */
+    const uint32_t active = atomic_load(&pf->active);
+    for (uint32_t i = 0; i < active; i++)
       if (pf->threads[i].pool != NULL) opt4_pool_interrupt(pf->threads[i].pool);
     for (uint32_t i = 0; i < pf->n; i++)
       if (pf->threads[i].started) pthread_join(pf->threads[i].tid, NULL);

@@ -489,11 +489,147 @@ static void test_early_park(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* ---- depth: more threads reading while the consumers stall ---- */
+
+static _Atomic uint64_t slow_reads;
+
+/* A source whose every read takes 1 ms (a slow store): one read in flight
+ * per thread. */
+static int slow_submit(void *state, opt4_source_read *reads, size_t n) {
+  (void)state;
+  for (size_t i = 0; i < n; i++) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+    uint32_t x = (uint32_t)reads[i].item;
+    reads[i].len = item_len(x);
+    if (reads[i].len > reads[i].cap) {
+      reads[i].status = OPT4_EITEMSIZE;
+    } else {
+      item_fill(x, reads[i].dst);
+      reads[i].status = 0;
+    }
+    atomic_fetch_add(&slow_reads, 1);
+  }
+  return 0;
+}
+
+static const opt4_source_ops slow_ops = {
+    .version = OPT4_SOURCE_OPS_VERSION,
+    .name = "slow",
+    .count = gil_count,
+    .size_of = mq_size_of,
+    .submit = slow_submit,
+};
+
+/* One thread reading 1 ms at a time cannot keep up with a consumer that
+ * takes every position at once: the consumer stalls (loads misses itself),
+ * so the prefetcher adds threads, up to max_threads. A fork in the middle
+ * finds every thread, reading or dormant, parked. Every position is served
+ * exactly. With max_threads 0 (the same as threads) the depth is fixed. */
+static void test_depth_grows(void) {
+  const uint32_t N = 300;
+  uint32_t items = N;
+  opt4_source *src = NULL;
+  ASSERT_OK(opt4_source_create(&slow_ops, &items, &src));
+  for (int fixed = 0; fixed < 2; fixed++) {
+    opt4_plan *plan = random_plan(3000, N, 90, 31 + (uint64_t)fixed);
+    opt4_plan_info in;
+    ASSERT_OK(opt4_plan_info_get(plan, &in));
+    opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 16, 0};
+    opt4_pool *pool = NULL;
+    ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+    opt4_prefetcher_opts po = {fixed ? 2 : 1, fixed ? 0 : 24, 256, NULL, NULL, 0};
+    opt4_prefetcher *pf = NULL;
+    ASSERT_OK(opt4_prefetcher_start_source(opt4_pool_name(pool), src, &po, &pf));
+    served c = {0, 0, 0, 0};
+    for (uint64_t t = 0; t < in.accesses; t++) {
+      if (t == in.accesses / 2) {
+        pid_t pid = fork();
+        ASSERT(pid >= 0);
+        if (pid == 0) _exit(0);
+        int ws = 0;
+        ASSERT(waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+      }
+      serve(pool, src, t, &c);
+    }
+    opt4_prefetcher_stats ps;
+    ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
+    opt4_prefetcher_stop(pf);
+    opt4_pool_stats st;
+    ASSERT_OK(opt4_pool_stats_get(pool, &st));
+    fprintf(stderr, "    %s: %u threads started, %u reading at the end after %u raises; %llu of %llu misses "
+            "prefetched\n", fixed ? "fixed" : "growing", ps.threads, ps.active, ps.grows,
+            (unsigned long long)c.prefetched, (unsigned long long)in.misses);
+    ASSERT_U64_EQ(c.wrong, 0);
+    ASSERT_U64_EQ(st.fallbacks, 0);
+    ASSERT_U64_EQ(c.hits, in.hits + c.prefetched);
+    ASSERT_U64_EQ(c.prefetched + c.loads, in.misses);
+    ASSERT_U64_EQ(ps.parks, 1);
+    ASSERT_U64_EQ(ps.park_timeouts, 0);
+    if (fixed) {
+      ASSERT_EQ(ps.threads, 2);
+      ASSERT_EQ(ps.active, 2);
+      ASSERT_EQ(ps.grows, 0);
+    } else {
+      ASSERT_EQ(ps.threads, 24);
+      ASSERT(ps.grows >= 1);
+      ASSERT(ps.active > 1 && ps.active <= 24);
+    }
+    ASSERT_OK(opt4_pool_unlink(pool));
+    opt4_pool_close(pool);
+    opt4_plan_close(plan);
+  }
+  opt4_source_close(src);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+/* Threads that never read (no consumer ever stalls): a fork parks them at
+ * their gate, and stop wakes and joins them; none took a pool handle. */
+static void test_dormant_threads(void) {
+  const uint32_t N = 100;
+  uint32_t items = N;
+  opt4_source *src = NULL;
+  ASSERT_OK(opt4_source_create(&slow_ops, &items, &src));
+  opt4_plan *plan = random_plan(1000, N, 30, 37);
+  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 8, 0};
+  opt4_pool *pool = NULL;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  opt4_pool_info before;
+  ASSERT_OK(opt4_pool_info_get(pool, &before));
+  opt4_prefetcher_opts po = {2, 50, 64, NULL, NULL, 0};
+  opt4_prefetcher *pf = NULL;
+  ASSERT_OK(opt4_prefetcher_start_source(opt4_pool_name(pool), src, &po, &pf));
+  opt4_pool_info during;
+  ASSERT_OK(opt4_pool_info_get(pool, &during));
+  ASSERT_U64_EQ(during.attached, before.attached + 2); /* the two reading threads' handles only */
+  for (int k = 0; k < 3; k++) {
+    pid_t pid = fork();
+    ASSERT(pid >= 0);
+    if (pid == 0) _exit(0);
+    int ws = 0;
+    ASSERT(waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  }
+  opt4_prefetcher_stats ps;
+  ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
+  ASSERT_EQ(ps.threads, 50);
+  ASSERT_EQ(ps.active, 2);
+  ASSERT_U64_EQ(ps.parks, 3);
+  ASSERT_U64_EQ(ps.park_timeouts, 0);
+  opt4_prefetcher_stop(pf);
+  ASSERT_OK(opt4_pool_unlink(pool));
+  opt4_pool_close(pool);
+  opt4_plan_close(plan);
+  opt4_source_close(src);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 int main(void) {
   RUN(test_records_source);
   RUN(test_create_checks);
   RUN(test_prefetch_from_queued_source);
   RUN(test_stop_wakes_sleepers);
   RUN(test_early_park);
+  RUN(test_depth_grows);
+  RUN(test_dormant_threads);
   return 0;
 }

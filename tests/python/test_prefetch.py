@@ -294,11 +294,14 @@ def test_prefetch_threads_stop_with_the_cache(record_path: str) -> None:
     # instant loads they sometimes had, finished, and were gone.
     ds = CountingSlow(N_ITEMS, None, delay=0.02)
     loader = opt4torch.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=1, cache_items=CAPACITY,
-                                  epochs=2, prefetch=True, prefetch_threads=3)
+                                  epochs=2, prefetch=True, prefetch_threads=3, prefetch_max_threads=5)
     it = iter(loader)
     next(it)  # the first batch starts the prefetcher
-    assert our_c_threads() == [f"opt4-pf-{k}" for k in range(3)]  # C threads calling the dataset
-    assert loader.cache.stats()["prefetcher"]["finished"] == 0
+    # C threads calling the dataset: 3 reading from the start, 2 more that
+    # read only if the depth grows (started with the others, asleep).
+    assert our_c_threads() == [f"opt4-pf-{k}" for k in range(5)]
+    pf = loader.cache.stats()["prefetcher"]
+    assert pf["finished"] == 0 and pf["threads"] == 5 and 3 <= pf["active"] <= 5
     del it  # dropped mid-epoch
     loader.cache.close()
     assert not our_c_threads() and not our_threads()  # joined by close(), not later
@@ -339,6 +342,40 @@ def test_prefetch_argument_errors(record_path: str) -> None:
         opt4torch.DataLoader(rf, batch_size=4, cache_items=10, lookahead=0)
     with pytest.raises(ValueError, match="staging_slots"):
         opt4torch.DataLoader(rf, batch_size=4, cache_items=10, staging_slots=-1)
+    with pytest.raises(ValueError, match=r"prefetch_max_threads must be between prefetch_threads \(8\) and 256"):
+        opt4torch.DataLoader(rf, batch_size=4, cache_items=10, prefetch_max_threads=4)
+    with pytest.raises(ValueError, match="prefetch_max_threads"):
+        opt4torch.DataLoader(rf, batch_size=4, cache_items=10, prefetch_max_threads=257)
+
+
+@pytest.mark.parametrize("source", ["records", "callback"])
+def test_prefetch_depth_grows_while_the_workers_stall(record_path: str, source: str) -> None:
+    """One thread reading 10 ms at a time cannot keep up with a loop that
+    takes a batch at once: the loop stalls, and the prefetcher adds threads
+    (src/io/prefetcher.c, "Depth"), up to prefetch_max_threads. Every
+    sample is still what the dataset returns, and the hits are the plan's."""
+    if source == "records":
+        ds: object = RecordFile(record_path, latency=0.01)
+        expected = [RecordFile(record_path)[i] for i in range(N_ITEMS)]
+    else:
+        ds = CountingSlow(N_ITEMS, None, delay=0.01)
+        expected = [CountingSlow.expected(i) for i in range(N_ITEMS)]
+    loader = opt4torch.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=3, cache_items=CAPACITY, epochs=1,
+                                  prefetch=True, prefetch_threads=1, prefetch_max_threads=12, collate_fn=list)
+    try:
+        for batch in loader:
+            for sample in batch:
+                if source == "records":
+                    assert sample in expected  # a record of the file, whole
+                else:
+                    x, i = sample
+                    assert torch.equal(x, expected[i])
+        st = loader.cache.stats()
+        pf = st["prefetcher"]
+        assert st["hits"] == st["plan_hits"] and st["fallbacks"] == 0, st
+        assert pf["threads"] == 12 and pf["grows"] >= 1 and 1 < pf["active"] <= 12, pf
+    finally:
+        loader.cache.close()
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")

@@ -1067,7 +1067,10 @@ typedef struct opt4_prefetcher_opts {
   opt4_frame_fn frame; /* NULL: records are stored as they are */
   void *frame_ctx;
   /* Bytes of loaded items the threads may hold while those wait for their
-   * place in the pool (0: 4 MiB); each thread holds 1 to 32 of them. */
+   * place in the pool (0: 4 MiB). Each thread has one buffer of its own
+   * (the largest item's size) and takes more from this budget as it needs
+   * them, up to budget / (threads x largest item), 1 to 32; threads added
+   * by the depth find it taken, and hold one item each. */
   uint64_t pending_bytes;
 } opt4_prefetcher_opts;
 

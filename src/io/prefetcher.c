@@ -112,6 +112,10 @@ struct opt4_prefetcher {
   opt4_prefetcher_opts opts;
   uint64_t buf_len;
   uint32_t pending; /* loaded items a thread may hold */
+  /* Bytes of the pending budget no thread has taken yet: a thread's first
+   * buffer is its own, the others come out of this (so threads added by
+   * the depth hold one item each once the first ones have taken it all). */
+  _Atomic uint64_t pending_left;
   pf_thread *threads;
   uint32_t n; /* threads started: opts.max_threads */
   /* Depth: threads [0, active) read; the others wait on gate, which is
@@ -405,6 +409,14 @@ static int pf_gate(pf_thread *th) {
   }
 }
 
+/* One more buffer's bytes from the pending budget, if it has them. */
+static int pf_budget_take(opt4_prefetcher *pf) {
+  uint64_t left = atomic_load_explicit(&pf->pending_left, memory_order_relaxed);
+  while (left >= pf->buf_len)
+    if (atomic_compare_exchange_weak(&pf->pending_left, &left, left - pf->buf_len)) return 1;
+  return 0;
+}
+
 /* A thread keeps up to `pending` loaded items that wait for their place (the
  * items they replace still have reads to come, or their staging slot is
  * taken), so its reads go on meanwhile; it retries them, earliest first,
@@ -419,14 +431,18 @@ static void *pf_main(void *arg) {
   snprintf(name, sizeof name, "opt4-pf-%u", (unsigned)(th - pf->threads));
   prctl(PR_SET_NAME, name, 0, 0, 0);
   const uint32_t cap = pf->pending;
-  pf_item *items = calloc(cap, sizeof *items);
-  uint32_t *order = calloc(cap, sizeof *order); /* held items, earliest claim first */
+  pf_item *items = NULL;
+  uint32_t *order = NULL; /* held items, earliest claim first */
   uint32_t held = 0, allocated = 0;
   int end = 0;
-  if (!pf_gate(th) || items == NULL || order == NULL) goto leave;
-  for (; allocated < cap; allocated++)
-    if ((items[allocated].buf = malloc((size_t)pf->buf_len)) == NULL) break;
-  if (allocated == 0) goto leave;
+  /* A dormant thread allocates nothing (not even the allocator's arena a
+   * thread gets on its first malloc) until it is to read. */
+  if (!pf_gate(th)) goto leave;
+  items = calloc(cap, sizeof *items);
+  order = calloc(cap, sizeof *order);
+  if (items == NULL || order == NULL) goto leave;
+  if ((items[0].buf = malloc((size_t)pf->buf_len)) == NULL) goto leave;
+  allocated = 1;
   while (!atomic_load_explicit(&pf->stop, memory_order_relaxed)) {
     pf_safe_point(th);
     /* The consumers' progress before this round: an idle round sleeps until
@@ -446,6 +462,10 @@ static void *pf_main(void *arg) {
     /* Freed slots go back after the held ones, in the same array. */
     uint32_t in_use = kept;
     held = kept;
+    if (!end && held == allocated && allocated < cap && pf_budget_take(pf)) {
+      if ((items[allocated].buf = malloc((size_t)pf->buf_len)) != NULL) allocated++;
+      else atomic_fetch_add(&pf->pending_left, pf->buf_len);
+    }
     if (!end && held < allocated) {
       /* The free slot: one not in order[0 .. held). */
       uint32_t slot = 0;
@@ -489,6 +509,7 @@ static void *pf_main(void *arg) {
   for (uint32_t i = 0; i < held; i++) opt4_pool_prefetch_release(th->pool, items[order[i]].t);
 leave:
   for (uint32_t i = 0; i < allocated; i++) free(items[i].buf);
+  if (allocated > 1) atomic_fetch_add(&pf->pending_left, (uint64_t)(allocated - 1) * pf->buf_len);
   free(items);
   free(order);
   atomic_fetch_add(&pf->finished, 1);
@@ -554,6 +575,10 @@ int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src, const 
   uint64_t budget = o.pending_bytes ? o.pending_bytes : DEFAULT_PENDING_BYTES;
   uint64_t per = budget / ((uint64_t)o.threads * pf->buf_len); /* at the starting depth */
   pf->pending = per < 1 ? 1 : per > 32 ? 32 : (uint32_t)per;
+  /* The starting threads' first buffers are theirs; the rest of the budget
+   * is shared, taken a buffer at a time as a thread needs one. */
+  const uint64_t first = (uint64_t)o.threads * pf->buf_len;
+  atomic_store(&pf->pending_left, budget > first ? budget - first : 0);
   pf->threads = opt4__calloc(o.max_threads, sizeof *pf->threads);
   if (pf->threads == NULL) {
     opt4__free(pf, sizeof *pf);

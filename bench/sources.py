@@ -161,6 +161,7 @@ def run_config(config: str, source: str, ds: Any, items: list[Any], args: argpar
         plan = loader.cache.plan
         out.update(hits=st["hits"], plan_hits=st["plan_hits"], stall_rate=st["stall_rate"],
                    fallbacks=st["fallbacks"], kind=st.get("prefetcher", {}).get("kind"),
+                   threads_reading=st.get("prefetcher", {}).get("active"),
                    plan_miss_bytes=int(ds.item_sizes()[plan.seq[plan.kinds != opt4torch.HIT]].sum()))
         loader.cache.close()
     del loader
@@ -178,9 +179,9 @@ def table(results: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|---|---|---|---|"]
     for key, runs in results.items():
         source, lat = key.split("@")
-        med = {c: statistics.median(x["seconds"] for x in runs[c]) for c in CONFIGS}
-        cpu = {c: statistics.median(x["cpu_s"] for x in runs[c]) for c in CONFIGS}
-        for c in CONFIGS:
+        med = {c: statistics.median(x["seconds"] for x in runs[c]) for c in runs}
+        cpu = {c: statistics.median(x["cpu_s"] for x in runs[c]) for c in runs}
+        for c in runs:
             x = runs[c][-1]
             row = [source, f"{float(lat) * 1e3:g} ms", c, f"{med[c]:.2f} s", f"{med[c] / med['in memory']:.2f}x",
                    f"{cpu[c]:.2f} s", f"{cpu[c] / cpu['in memory']:.2f}x"]
@@ -208,6 +209,8 @@ def main() -> None:
                     help="matrix products per batch: the CPU-bound training step (its time here is printed)")
     ap.add_argument("--threads", type=int, default=16, help="prefetch threads")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="which of the three to run (in memory always runs: the others are compared with it)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dir", default=None, help="where the data goes (default: a temporary directory)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
@@ -218,6 +221,7 @@ def main() -> None:
     if bad:
         ap.error(f"unknown source(s) {', '.join(bad)}: choose from {', '.join(SOURCES)}")
     latencies = [float(x) for x in args.latency.split(",")]
+    configs = ["in memory"] + [c for c in CONFIGS[1:] if c in args.configs.split(",")]
     torch.set_num_threads(1)
     work = step_work(args.step_reps)
     print(f"training step: {args.step_reps} products, {work[2] * 1000:.1f} ms a batch here", flush=True)
@@ -233,14 +237,14 @@ def main() -> None:
                 ds = open_source(source, data, lat)
                 plain = open_source(source, data, 0.0)
                 items = [plain[i] for i in range(len(plain))]
-                runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
+                runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
                 for r in range(args.repeats):
-                    for c in CONFIGS:
+                    for c in configs:
                         res = run_config(c, source, ds, items, args, work)
                         runs[c].append(res)
                         print(f"  {source} {lat * 1e3:g} ms, repeat {r + 1}, {c}: {res['seconds']:.2f} s, "
                               f"cpu {res['cpu_s']:.2f} s, stalls {res.get('stall_rate', 0):.2%} "
-                              f"{res.get('kind') or ''}", flush=True)
+                              f"{res.get('kind') or ''} {res.get('threads_reading') or ''}", flush=True)
                 results[f"{source}@{lat}"] = runs
     finally:
         shutil.rmtree(root, ignore_errors=True)

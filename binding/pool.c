@@ -426,6 +426,8 @@ fail:
 
 /* The statuses of a batch's entries (exported as ENTRY_*). */
 enum { ENTRY_HIT = 0, ENTRY_DEFER = 1, ENTRY_LOAD = 2, ENTRY_AGAIN = 3 };
+/* store_batch results, exported as STORE_*. */
+enum { STORE_NOT_STORED = 0, STORE_STORED = 1, STORE_TOO_LARGE = -1 };
 
 /* The entry of result i: (status, item, a, b) with status 0 HIT (a = offset
  * in data, b = length), 1 DEFER (a = position to copy from), 2 LOAD (a =
@@ -577,9 +579,9 @@ static int gather(PyObject *parts, gathered *g) {
 }
 
 /* store_batch(entries: list of (position, parts or None)) -> list of results,
- * processed in order: parts stores the ADMIT at position (1 stored, 0 not
- * stored: late or timed out, -1 too large for its space); None notes the
- * DEFER at position as a read (result 1). A batch must commit in position
+ * processed in order: parts stores the ADMIT at position (STORE_STORED,
+ * STORE_NOT_STORED: late or timed out, STORE_TOO_LARGE for its space); None
+ * notes the DEFER at position as a read (STORE_STORED). A batch must commit in position
  * order: a generation admitted and read in one batch may be evicted later in
  * the same batch, and its eviction waits for those reads. */
 static PyObject *pool_store_batch(PoolObject *self, PyObject *arg) {
@@ -618,18 +620,18 @@ static PyObject *pool_store_batch(PoolObject *self, PyObject *arg) {
     int stored = 0, r;
     if (gs[i].n < 0) {
       r = opt4_pool_note_read(self->pool, pos[i]);
-      stored = 1;
+      stored = STORE_STORED;
     } else {
       r = opt4_pool_put(self->pool, pos[i], gs[i].iov, (size_t)gs[i].n, &stored);
     }
     if (r == OPT4_EITEMSIZE) {
-      results[i] = -1;
+      results[i] = STORE_TOO_LARGE;
     } else if (r != 0) {
       rc = r;
       failed_at = i;
       break;
     } else {
-      results[i] = stored;
+      results[i] = stored ? STORE_STORED : STORE_NOT_STORED;
     }
   }
   Py_END_ALLOW_THREADS if (rc != 0) {
@@ -912,7 +914,10 @@ int opt4py_pool_init(PyObject *module) {
   if (PyModule_AddIntConstant(module, "ENTRY_HIT", ENTRY_HIT) < 0 ||
       PyModule_AddIntConstant(module, "ENTRY_DEFER", ENTRY_DEFER) < 0 ||
       PyModule_AddIntConstant(module, "ENTRY_LOAD", ENTRY_LOAD) < 0 ||
-      PyModule_AddIntConstant(module, "ENTRY_AGAIN", ENTRY_AGAIN) < 0)
+      PyModule_AddIntConstant(module, "ENTRY_AGAIN", ENTRY_AGAIN) < 0 ||
+      PyModule_AddIntConstant(module, "STORE_NOT_STORED", STORE_NOT_STORED) < 0 ||
+      PyModule_AddIntConstant(module, "STORE_STORED", STORE_STORED) < 0 ||
+      PyModule_AddIntConstant(module, "STORE_TOO_LARGE", STORE_TOO_LARGE) < 0)
     return -1;
   return PyModule_AddFunctions(module, pool_functions);
 }

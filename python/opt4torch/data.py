@@ -491,9 +491,9 @@ class PlannedDataset(tud.Dataset):
                 commits.append((int(positions[i]), None))
         if commits:
             results = pool.store_batch(commits)
-            if -1 in results and not self._warned_size:
+            if _engine.STORE_TOO_LARGE in results and not self._warned_size:
                 self._warned_size = True
-                sizes = [encoded_size(c[1]) for c, r in zip(commits, results) if r == -1]
+                sizes = [encoded_size(c[1]) for c, r in zip(commits, results) if r == _engine.STORE_TOO_LARGE]
                 warnings.warn(
                     f"an item of {max(sizes)} bytes does not fit its space in the cache "
                     f"({pool.info()['page_size']} bytes): it is loaded, not cached. Give the loader "

@@ -920,7 +920,7 @@ class SharedOPTCacheDecorator(_Follower):
                 # readers load at once instead of waiting for it.
                 pool.skip(t)
                 raise
-            if pool.store_batch([(t, parts)])[0] != 1:  # not stored: did its wait run out?
+            if pool.store_batch([(t, parts)])[0] != _engine.STORE_STORED:  # not stored: did its wait run out?
                 self._timed_out(pool)
             return shown
         return self._load(load)

@@ -1056,9 +1056,9 @@ typedef struct opt4_prefetcher_opts {
   uint32_t threads;   /* threads reading at the start; 0: 8; at most 256 */
   /* Depth: at most this many threads read at once (0: threads, a fixed
    * count; at most 256). Above `threads`, the prefetcher adds readers while
-   * the consumers stall on misses (they loaded one themselves or waited for
-   * one in flight: the reads in flight are too few for what the consumers
-   * take), half again as many each time, checked every 10 ms. A reader is
+   * the consumers are short of reads in flight (they load misses no thread
+   * has come to, or spend over half their time waiting for reads in
+   * flight), half again as many each time, checked every 10 ms. A reader is
    * never taken away again: one with nothing to do sleeps on the consumers'
    * progress word. Added readers attach their pool handle (one process
    * record each) and their buffers when they start reading. */

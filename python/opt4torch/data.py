@@ -239,7 +239,7 @@ class OPTCache:
         with C threads, reading a record file, an image folder or tar shards
         themselves, or calling the dataset (with the GIL) otherwise.
         ``threads`` read at the start; up to ``max_threads`` (default: the
-        same, a fixed count) while the workers stall on misses."""
+        same, a fixed count) while the workers load misses themselves."""
         self._prefetch_spec = (dataset, dict(threads=int(threads), max_threads=int(max_threads or threads),
                                              lookahead=int(lookahead)), allow_pickle)
 
@@ -717,7 +717,7 @@ class _CountingIter:
 STAGING_BUDGET = 4 << 20
 
 #: The most prefetch threads reading at once, by default: the depth grows
-#: to this while the workers stall on misses (src/io/prefetcher.c, "Depth").
+#: to this while the workers load misses themselves (src/io/prefetcher.c, "Depth").
 PREFETCH_MAX_THREADS = 64
 
 #: Bytes added to each given item size for the record header (type, shape).
@@ -950,8 +950,8 @@ class DataLoader(tud.DataLoader):
         files and :class:`opt4torch.TarShards`' samples; ``True`` for any other
         dataset has the same C threads call it, taking the GIL for the call
         only, worth it when loading waits on I/O). ``prefetch_threads`` read
-        at the start; while the workers stall on misses (too few reads in
-        flight for what they take) more are added, half again each time, up
+        at the start; while the workers load misses themselves (too few reads
+        in flight for what they take) more are added, half again each time, up
         to ``prefetch_max_threads`` (default 64; equal to
         ``prefetch_threads`` for a fixed count). ``lookahead`` bounds how far
         ahead, in positions, and

@@ -20,9 +20,9 @@
  * handle, no buffers yet), each waiting on the gate word. Every
  * ADAPT_PERIOD_NS one reading thread (whichever first finds the period
  * over; a compare-and-swap on adapt_at) reads the pool's counters: if the
- * consumers stalled on a miss since the last look (they loaded it
- * themselves, or waited for a read in flight), the reads in flight were
- * too few, and it attaches handles for half again as many threads, raises
+ * consumers were short of reads in flight since the last look (pf_short:
+ * they loaded a miss themselves, or spent half the time waiting for reads
+ * in flight), it attaches handles for half again as many threads, raises
  * active and opens the gate, all under the registry lock (taken with a
  * trylock: a fork or a stop under way skips one look), so that fork and
  * stop see active and the handles below it settled. Depth only grows: a thread with nothing to do
@@ -124,7 +124,8 @@ struct opt4_prefetcher {
    * attached before active covers them (release/acquire on active). */
   _Atomic uint32_t active, gate, ended, grows;
   _Atomic uint64_t adapt_at;      /* when the depth is looked at next */
-  _Atomic uint64_t adapt_stalls;  /* the consumers' stalls at the last look */
+  /* At the last look: the consumers' own loads, their waits (ns), when. */
+  _Atomic uint64_t adapt_loads, adapt_wait_ns, adapt_last_ns;
   char pool_name[72];             /* what added threads attach */
   _Atomic uint32_t stop;
   _Atomic uint32_t park; /* the open parking round, 0 when none */
@@ -361,8 +362,23 @@ static int pf_load(pf_thread *th, pf_item *it) {
 }
 
 /* Look at the depth (see "Depth" above): more threads reading if the
- * consumers stalled since the last look. Called by reading threads between
+ * consumers loaded misses themselves since the last look. Called by reading threads between
  * reads; cheap when the period is not over. */
+/* What says the depth is short, between two looks: the consumers loaded a
+ * miss themselves (an ADMIT or a BYPASS whose claim they found open: no
+ * thread had come to it), or their waits for reads in flight (threads just
+ * ahead of them, each a read's time), summed over the consumers, took more
+ * than half the time. Not any wait at all: an ADMIT handed over when its consumer is
+ * next (the item it replaces was read just before it) is waited for, a few
+ * microseconds, however many threads read. */
+static int pf_short(opt4_prefetcher *pf, const opt4_pool_stats *st, uint64_t now) {
+  const uint64_t loads = st->admits + st->bypasses;
+  const uint64_t loads_before = atomic_exchange(&pf->adapt_loads, loads);
+  const uint64_t waited_before = atomic_exchange(&pf->adapt_wait_ns, st->stall_ns);
+  const uint64_t last = atomic_exchange(&pf->adapt_last_ns, now);
+  return loads > loads_before || (st->stall_ns - waited_before) * 2 > now - last;
+}
+
 static void pf_adapt(pf_thread *th) {
   opt4_prefetcher *pf = th->pf;
   if (atomic_load_explicit(&pf->active, memory_order_relaxed) >= pf->n) return;
@@ -370,9 +386,7 @@ static void pf_adapt(pf_thread *th) {
   if (now < at || !atomic_compare_exchange_strong(&pf->adapt_at, &at, now + ADAPT_PERIOD_NS)) return;
   opt4_pool_stats st;
   if (opt4_pool_stats_get(th->pool, &st) != 0) return;
-  const uint64_t stalls = st.admits + st.bypasses + st.fallbacks + st.stalls;
-  const uint64_t before = atomic_exchange(&pf->adapt_stalls, stalls);
-  if (stalls <= before || pthread_mutex_trylock(&reg_lock) != 0) return;
+  if (!pf_short(pf, &st, now) || pthread_mutex_trylock(&reg_lock) != 0) return;
   const uint32_t a = atomic_load(&pf->active);
   uint32_t want = a + (a / 2 > 1 ? a / 2 : 1);
   if (want > pf->n) want = pf->n;
@@ -598,7 +612,7 @@ int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src, const 
      * prefetcher's to answer. */
     opt4_pool_stats st;
     if (opt4_pool_stats_get(pf->threads[0].pool, &st) == 0)
-      atomic_store(&pf->adapt_stalls, st.admits + st.bypasses + st.fallbacks + st.stalls);
+      (void)pf_short(pf, &st, now_ns());
   }
   pthread_once(&reg_once, reg_install);
   pthread_mutex_lock(&reg_lock);

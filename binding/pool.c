@@ -210,20 +210,59 @@ static PyObject *pool_get_closed(PoolObject *self, void *Py_UNUSED(c)) {
   return PyBool_FromLong(self->pool == NULL);
 }
 
+static PyObject *info_dict(const opt4_pool_info *in, const char *name) {
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:I,s:I,s:s}", "accesses",
+                       (unsigned long long)in->accesses, "items", (unsigned long long)in->items,
+                       "fingerprint", (unsigned long long)in->fingerprint, "page_size",
+                       (unsigned long long)in->page_size, "pages", (unsigned long long)in->pages,
+                       "generations", (unsigned long long)in->generations, "shm_bytes",
+                       (unsigned long long)in->shm_bytes, "wait_timeout_ms",
+                       (unsigned long long)in->wait_timeout_ms, "max_procs", in->max_procs,
+                       "attached", in->attached, "owner_pid", in->owner_pid, "name", name);
+}
+
+static PyObject *stats_dict(const opt4_pool_stats *st) {
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "hits",
+                       (unsigned long long)st->hits, "admits", (unsigned long long)st->admits,
+                       "bypasses", (unsigned long long)st->bypasses, "fallbacks",
+                       (unsigned long long)st->fallbacks, "deferred",
+                       (unsigned long long)st->deferred, "stored", (unsigned long long)st->stored,
+                       "store_failed", (unsigned long long)st->store_failed, "timeouts",
+                       (unsigned long long)st->timeouts, "waits", (unsigned long long)st->waits,
+                       "wait_ns", (unsigned long long)st->wait_ns, "prefetched",
+                       (unsigned long long)st->prefetched, "prefetch_stored",
+                       (unsigned long long)st->prefetch_stored, "prefetch_dropped",
+                       (unsigned long long)st->prefetch_dropped, "stalls",
+                       (unsigned long long)st->stalls, "stall_ns", (unsigned long long)st->stall_ns);
+}
+
+/* A view as one dict: the info's keys, the counters' keys, and the
+ * position and page figures. */
+static PyObject *view_dict(const opt4_pool_view *v, const char *name) {
+  PyObject *d = info_dict(&v->info, name), *st = NULL, *more = NULL;
+  if (d == NULL) goto fail;
+  st = stats_dict(&v->stats);
+  if (st == NULL || PyDict_Update(d, st) < 0) goto fail;
+  more = Py_BuildValue("{s:K,s:K,s:K,s:K}", "head", (unsigned long long)v->head, "floor",
+                       (unsigned long long)v->floor, "pages_ready", (unsigned long long)v->pages_ready,
+                       "pages_failed", (unsigned long long)v->pages_failed);
+  if (more == NULL || PyDict_Update(d, more) < 0) goto fail;
+  Py_DECREF(st);
+  Py_DECREF(more);
+  return d;
+fail:
+  Py_XDECREF(d);
+  Py_XDECREF(st);
+  Py_XDECREF(more);
+  return NULL;
+}
+
 static PyObject *pool_info(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
   if (self->pool == NULL) return PyErr_Format(PyExc_ValueError, "operation on a closed pool");
   opt4_pool_info in;
   int rc = opt4_pool_info_get(self->pool, &in);
   if (rc != 0) return opt4py_raise(rc, "pool info");
-  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I,s:I,s:I,s:s}", "accesses",
-                       (unsigned long long)in.accesses, "items", (unsigned long long)in.items,
-                       "fingerprint", (unsigned long long)in.fingerprint, "page_size",
-                       (unsigned long long)in.page_size, "pages", (unsigned long long)in.pages,
-                       "generations", (unsigned long long)in.generations, "shm_bytes",
-                       (unsigned long long)in.shm_bytes, "wait_timeout_ms",
-                       (unsigned long long)in.wait_timeout_ms, "max_procs", in.max_procs,
-                       "attached", in.attached, "owner_pid", in.owner_pid, "name",
-                       opt4_pool_name(self->pool));
+  return info_dict(&in, opt4_pool_name(self->pool));
 }
 
 static PyObject *pool_stats(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
@@ -231,18 +270,17 @@ static PyObject *pool_stats(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
   opt4_pool_stats st;
   int rc = opt4_pool_stats_get(self->pool, &st);
   if (rc != 0) return opt4py_raise(rc, "pool stats");
-  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "hits",
-                       (unsigned long long)st.hits, "admits", (unsigned long long)st.admits,
-                       "bypasses", (unsigned long long)st.bypasses, "fallbacks",
-                       (unsigned long long)st.fallbacks, "deferred",
-                       (unsigned long long)st.deferred, "stored", (unsigned long long)st.stored,
-                       "store_failed", (unsigned long long)st.store_failed, "timeouts",
-                       (unsigned long long)st.timeouts, "waits", (unsigned long long)st.waits,
-                       "wait_ns", (unsigned long long)st.wait_ns, "prefetched",
-                       (unsigned long long)st.prefetched, "prefetch_stored",
-                       (unsigned long long)st.prefetch_stored, "prefetch_dropped",
-                       (unsigned long long)st.prefetch_dropped, "stalls",
-                       (unsigned long long)st.stalls, "stall_ns", (unsigned long long)st.stall_ns);
+  return stats_dict(&st);
+}
+
+static PyObject *pool_view(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->pool == NULL) return PyErr_Format(PyExc_ValueError, "operation on a closed pool");
+  opt4_pool_view v;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_pool_view_get(self->pool, &v);
+  Py_END_ALLOW_THREADS
+  if (rc != 0) return opt4py_raise(rc, "pool view");
+  return view_dict(&v, opt4_pool_name(self->pool));
 }
 
 static PyObject *pool_item(PoolObject *self, PyObject *arg) {
@@ -813,6 +851,8 @@ static PyMethodDef pool_methods[] = {
     {"unlink", (PyCFunction)pool_unlink, METH_NOARGS, "Remove the pool's segments."},
     {"info", (PyCFunction)pool_info, METH_NOARGS, "Layout and sizes as a dict."},
     {"stats", (PyCFunction)pool_stats, METH_NOARGS, "Counters summed over all processes."},
+    {"view", (PyCFunction)pool_view, METH_NOARGS,
+     "info(), stats(), and head, floor, pages_ready, pages_failed: where the job is (O(pages))."},
     {"item", (PyCFunction)pool_item, METH_O, "item(t) -> (item id, plan kind)."},
     {"set_floor", (PyCFunction)pool_set_floor, METH_O, "set_floor(p): positions below p are done."},
     {"clock_next", (PyCFunction)pool_clock_next, METH_NOARGS, "The compatibility clock."},
@@ -884,6 +924,17 @@ static PyObject *py_pool_list(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignore
   return list;
 }
 
+static PyObject *py_pool_peek(PyObject *Py_UNUSED(m), PyObject *arg) {
+  const char *name = PyUnicode_AsUTF8(arg);
+  if (name == NULL) return NULL;
+  opt4_pool_view v;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_pool_peek(name, &v);
+  Py_END_ALLOW_THREADS
+  if (rc != 0) return opt4py_raise(rc, "pool peek");
+  return view_dict(&v, name);
+}
+
 static PyObject *py_pool_remove(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"name", "force", NULL};
   const char *name;
@@ -901,6 +952,8 @@ static PyMethodDef pool_functions[] = {
     {"pool_list", py_pool_list, METH_NOARGS,
      "This user's pools: [{name, owner_pid, owner_alive, owner_locked, other_namespace, "
      "unchecked, bytes}]"},
+    {"pool_peek", py_pool_peek, METH_O,
+     "pool_peek(name): a running pool's view (Pool.view's dict), read without attaching"},
     {"pool_remove", (PyCFunction)(void (*)(void))py_pool_remove, METH_VARARGS | METH_KEYWORDS,
      "pool_remove(name, force=False): remove a stale pool"},
     {"remove_owned_pools", py_remove_owned_pools, METH_NOARGS,

@@ -486,6 +486,34 @@ typedef struct opt4_pool_stats {
 } opt4_pool_stats;
 int opt4_pool_stats_get(const opt4_pool *pool, opt4_pool_stats *out);
 
+/* Where a running job is, for live figures (opt4torch.DataLoader's
+ * log_every, `opt4torch top`): its info and counters as above, the
+ * consumers' furthest position, and how full the pool is. */
+typedef struct opt4_pool_view {
+  opt4_pool_info info;
+  opt4_pool_stats stats;
+  uint64_t head;         /* the consumers' furthest position, rounded down to a
+                            multiple of 32 (0 before the first access) */
+  uint64_t floor;        /* positions below it will not run (epochs left early) */
+  uint64_t pages_ready;  /* pages that hold an item's bytes */
+  uint64_t pages_failed; /* pages whose generation gave up (nothing stored) */
+} opt4_pool_view;
+
+/* The view of an attached pool. Reads only; O(pages) (every page's state
+ * word is looked at once), so call it now and then, not per access. Thread
+ * and process safety: any thread, any time; the figures are read one by one
+ * while the pool runs, so they are each current, not a consistent snapshot. */
+int opt4_pool_view_get(const opt4_pool *pool, opt4_pool_view *out);
+
+/* The view of the pool called name (as opt4_pool_list gives it), from any
+ * process of the same user, without attaching: both segments are mapped
+ * read-only for the call and unmapped before it returns. No process record
+ * is taken and nothing in the pool is written, so looking at a job never
+ * changes it. Errors: OPT4_EINVAL (not a pool name), OPT4_ESHM (no such
+ * pool, or it cannot be mapped), OPT4_EPOOL (not this user's, or not a
+ * pool), and the header checks of opt4_pool_attach. */
+int opt4_pool_peek(const char *name, opt4_pool_view *out);
+
 /* The item id at position t, and the plan's decision there (OPT4_OP_*). */
 int opt4_pool_item(const opt4_pool *pool, uint64_t t, uint32_t *item,
                    uint32_t *kind);

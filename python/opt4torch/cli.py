@@ -697,6 +697,63 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _top_table(figs: list[dict[str, Any]]) -> str:
+    head = ("pool", "pid", "position", "progress", "hit rate", "stalls", "prefetched", "fallbacks",
+            "pool full", "accesses/s")
+    rows = [head]
+    for f in figs:
+        rows.append((f["name"], str(f["owner_pid"]), f"{f['position']:,}/{f['accesses']:,}",
+                     f"{100 * f['progress']:.1f}%", f"{100 * f['hit_rate']:.1f}%",
+                     f"{100 * f['stall_rate']:.1f}%", f"{f['prefetched']:,}", f"{f['fallbacks']:,}",
+                     f"{100 * f['occupancy']:.1f}%",
+                     f"{f['accesses_per_s']:,.0f}" if "accesses_per_s" in f else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def _cmd_top(args: argparse.Namespace) -> int:
+    from . import _engine
+    from ._live import figures
+
+    if not args.interval > 0:
+        raise UsageError(f"--interval must be a positive number of seconds, got {args.interval}")
+    wanted = {n if n.startswith("/") else "/" + n for n in args.names}
+    ns = os.environ.get("OPT4TORCH_POOL_NAMESPACE", "")
+    where = f" in namespace {ns!r} (OPT4TORCH_POOL_NAMESPACE)" if ns else ""
+    last: dict[str, tuple[float, dict[str, Any]]] = {}
+    tty = sys.stdout.isatty() and not args.once
+    while True:
+        figs = []
+        for entry in _engine.pool_list():
+            name = entry["name"]
+            if (wanted and name not in wanted) or not entry["owner_alive"]:
+                continue
+            try:
+                view = _engine.pool_peek(name)
+            except Opt4Error:
+                continue  # ended between the listing and the look
+            now = time.monotonic()
+            prev = last.get(name)
+            figs.append(figures(view, prev[1] if prev else None, now - prev[0] if prev else None))
+            last[name] = (now, view)
+        missing = sorted(wanted - {f["name"] for f in figs})
+        if args.once and missing:
+            raise UsageError(f"no running pool of this user named {', '.join(missing)}{where} "
+                             "(`opt4torch top --once` lists the running ones)")
+        if args.json:
+            print(json.dumps(figs), flush=True)
+        else:
+            if tty:
+                sys.stdout.write("\x1b[H\x1b[2J")
+            print(_top_table(figs) if figs else f"no running opt4 pools of this user{where}", flush=True)
+            if not args.once and not tty:
+                print(flush=True)
+        if args.once:
+            return 0
+        time.sleep(args.interval)
+
+
 # ---- entry points ----
 
 
@@ -810,6 +867,19 @@ def _parser() -> argparse.ArgumentParser:
                         "checked; with NAMEs, remove those pools whatever their owner's state (a "
                         "live job using one fails)")
     p.set_defaults(func=_cmd_cleanup)
+
+    p = sub.add_parser("top", help="live figures of this user's running jobs, read from their pools",
+                       description="Where each running job is and how its cache does: position in the "
+                                   "plan, hit rate, stall rate, prefetched and fallen-back accesses, how "
+                                   "full the pool is and accesses per second, refreshed every --interval "
+                                   "seconds until Ctrl-C. Each pool is mapped read-only for the look: a "
+                                   "job is never changed by being watched. With OPT4TORCH_POOL_NAMESPACE "
+                                   "set, only that namespace's pools are seen.")
+    p.add_argument("names", nargs="*", metavar="NAME", help="only these pools (as `opt4torch cleanup --dry-run` lists them)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default: %(default)s)")
+    p.add_argument("--once", action="store_true", help="print once and exit")
+    p.add_argument("--json", action="store_true", help="one JSON list of figures per refresh")
+    p.set_defaults(func=_cmd_top)
 
     p = sub.add_parser("demo", help="capture, plan and compare with LRU/FIFO on a generated default, "
                                     "then train a small CNN end to end against no cache, LRU and in memory")

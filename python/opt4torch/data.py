@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from . import _engine, _messages
+from . import _engine, _live, _messages
 from ._codec import decode, decode_at, encode, encoded_size, make_arrays
 from ._plan import Plan, plan as build_plan
 from .capture import capture_epochs
@@ -320,10 +320,7 @@ class OPTCache:
         with self._lock:
             st = self._pool.stats()
             pf = self._prefetch_box[0]
-        hits = st["hits"] + st["deferred"]
-        loaded_here = st["admits"] + st["bypasses"] + st["fallbacks"]
-        misses = loaded_here + st["prefetched"]
-        served = hits + misses
+        r = _live.rates(st)
         extra: dict[str, Any] = {}
         if pf is not None:
             extra["prefetcher"] = {"kind": pf.kind, **pf.stats()}
@@ -332,9 +329,9 @@ class OPTCache:
             extra["storage_reads"] = info["reads"]
             extra["storage_bytes"] = info["bytes_read"]
         return {
-            "hits": hits,
-            "misses": misses,
-            "hit_rate": hits / served if served else 0.0,
+            "hits": r["hits"],
+            "misses": r["misses"],
+            "hit_rate": r["hit_rate"],
             "pool_hits": st["hits"],
             "deferred": st["deferred"],
             "admits": st["admits"],
@@ -350,9 +347,7 @@ class OPTCache:
             "prefetch_dropped": st["prefetch_dropped"],
             "stalls": st["stalls"],
             "stall_seconds": st["stall_ns"] / 1e9,
-            # Accesses that waited for their data: loaded by the worker that
-            # needed it, or waited for a prefetch still in flight.
-            "stall_rate": (loaded_here + st["stalls"]) / served if served else 0.0,
+            "stall_rate": r["stall_rate"],
             "plan_hits": self.plan.hits,
             "plan_misses": self.plan.misses,
             "plan_accesses": self.plan.accesses,
@@ -362,6 +357,14 @@ class OPTCache:
             "shm_bytes": self._pool.info()["shm_bytes"],
             **extra,
         }
+
+    def view(self) -> dict[str, Any]:
+        """Where the job is: :meth:`info`'s and the pool's counters, the
+        consumers' furthest position (``head``) and the pages that hold
+        bytes (``pages_ready``). Looks at every page once: for live figures
+        now and then (``log_every``), not per batch."""
+        with self._lock:
+            return self._pool.view()
 
     def close(self) -> None:
         """Remove the pool now (workers still attached keep their mapping)."""
@@ -688,6 +691,9 @@ class _CountingIter:
             raise
         self._started = True
         self._loader._batches_done += 1
+        reporter = self._loader._reporter
+        if reporter is not None:
+            reporter.batch(self._loader)
         return batch
 
     def _release(self) -> None:
@@ -709,6 +715,74 @@ class _CountingIter:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._it, name)
+
+
+class _Reporter:
+    """``log_every``: live figures every N batches (in the main process,
+    as batches come out of the loader), to a callback, TensorBoard, or a
+    line on standard error."""
+
+    def __init__(self, every: int, on_stats: Callable[[dict[str, Any]], Any] | None,
+                 tensorboard: Any) -> None:
+        self.every = every
+        self.on_stats = on_stats
+        self.tensorboard = tensorboard
+        self.step = 0  # batches over all epochs: TensorBoard's global step
+        self._last: tuple[float, dict[str, Any], int] | None = None
+
+    @classmethod
+    def make(cls, every: Any, on_stats: Any, tensorboard: Any) -> _Reporter | None:
+        if every is None:
+            if on_stats is not None or tensorboard is not None:
+                raise ValueError("on_stats= and tensorboard= receive the figures of log_every=N: "
+                                 "give log_every (batches between reports) too")
+            return None
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"log_every must be a positive number of batches, got {every!r}")
+        if on_stats is not None and not callable(on_stats):
+            raise TypeError(f"on_stats must be callable (it gets a dict of figures), got {on_stats!r}")
+        if tensorboard is not None and not callable(getattr(tensorboard, "add_scalar", None)):
+            raise TypeError("tensorboard must be a torch.utils.tensorboard.SummaryWriter (or have "
+                            f"add_scalar(tag, value, step)), got {tensorboard!r}")
+        return cls(every, on_stats, tensorboard)
+
+    def batch(self, loader: DataLoader) -> None:
+        self.step += 1
+        if self.step % self.every == 0:
+            self.report(loader)
+
+    def report(self, loader: DataLoader) -> dict[str, Any]:
+        import time
+
+        cache = loader.cache
+        now = time.monotonic()
+        view = cache.view()
+        storage = cache._storage.info()["bytes_read"] if cache._storage is not None else None
+        last = self._last
+        if last is not None and last[1]["name"] != view["name"]:
+            last = None  # a new pool (the loader planned again): its counters start at 0
+        fig = _live.figures(view, last[1] if last else None, now - last[0] if last else None)
+        fig["batches"] = self.step
+        fig["epoch"] = loader._iter_epoch
+        if storage is not None:
+            fig["storage_bytes"] = int(storage)
+            if last is not None and now > last[0]:
+                fig["storage_mb_per_s"] = (storage - last[2]) / (now - last[0]) / 1e6
+        pf = cache._prefetch_box[0]
+        if pf is not None:
+            fig["prefetch_threads"] = int(pf.stats().get("active", 0))
+        self._last = (now, view, int(storage or 0))
+        if self.on_stats is not None:
+            self.on_stats(fig)
+        if self.tensorboard is not None:
+            for key in _live.SCALARS:
+                if key in fig:
+                    self.tensorboard.add_scalar(f"opt4torch/{key}", fig[key], self.step)
+        if self.on_stats is None and self.tensorboard is None:
+            import sys
+
+            print(_live.format_line(fig), file=sys.stderr, flush=True)
+        return fig
 
 
 #: Bytes the staging ring takes by default (64 slots at most, 8 at least):
@@ -957,6 +1031,15 @@ class DataLoader(tud.DataLoader):
         ahead, in positions, and
         ``staging_slots`` how many items that bypass the cache may wait in
         its staging ring (each takes one cached item's space).
+    ``log_every``
+        every this many batches, live figures of the cache: position in the
+        plan, hit rate, stall rate, how full the pool is, accesses and
+        storage MB per second since the last report, prefetch threads
+        reading. They go to ``on_stats(figures)`` (a callable taking a dict)
+        if given, and as scalars ``opt4torch/<name>`` to ``tensorboard`` (a
+        ``torch.utils.tensorboard.SummaryWriter``, or anything with
+        ``add_scalar``) if given; with neither, one line to standard error.
+        ``opt4torch top`` shows the same figures from another terminal.
 
     The order is captured from ``sampler`` (or ``batch_sampler``, or
     ``shuffle``) once, for all epochs, and then replayed: each ``iter(loader)``
@@ -977,7 +1060,9 @@ class DataLoader(tud.DataLoader):
                  share_across_ranks: bool = False, page_size: int | None = None,
                  prefetch: bool | None = None, prefetch_threads: int = 8,
                  prefetch_max_threads: int | None = None, lookahead: int = 4096,
-                 staging_slots: int | None = None, **kwargs: Any) -> None:
+                 staging_slots: int | None = None, log_every: int | None = None,
+                 on_stats: Callable[[dict[str, Any]], Any] | None = None, tensorboard: Any = None,
+                 **kwargs: Any) -> None:
         if isinstance(dataset, tud.IterableDataset):
             raise TypeError("the OPT cache needs a map-style dataset (with __getitem__ and __len__): "
                             "an IterableDataset has no indices to plan over")
@@ -987,6 +1072,7 @@ class DataLoader(tud.DataLoader):
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
         _check_arguments(batch_size, cache_bytes, cache_items, wait_timeout, lookahead)
+        self._reporter = _Reporter.make(log_every, on_stats, tensorboard)
         if prefetch is None:  # on for record files (C threads); opt-in for other datasets
             prefetch = hasattr(dataset, "_prefetch_source")
         if prefetch and (isinstance(prefetch_threads, bool) or not 1 <= int(prefetch_threads) <= 256):

@@ -821,3 +821,19 @@ int opt4_pool_stats_get(const opt4_pool *pool, opt4_pool_stats *out) {
   out->stall_ns = sum[C_PF_STALL_NS];
   return 0;
 }
+
+int opt4_pool_view_get(const opt4_pool *pool, opt4_pool_view *out) {
+  if (pool == NULL || out == NULL) return opt4__fail(OPT4_EINVAL, "pool or out is NULL");
+  memset(out, 0, sizeof *out);
+  int rc = opt4_pool_info_get(pool, &out->info);
+  if (rc == 0) rc = opt4_pool_stats_get(pool, &out->stats);
+  if (rc != 0) return rc;
+  out->head = atomic_load_explicit(&pool->h->head, memory_order_relaxed);
+  out->floor = atomic_load_explicit(&pool->h->floor, memory_order_relaxed);
+  for (uint64_t i = 0; i < pool->h->pages; i++) {
+    uint32_t st = PS_STATE(atomic_load_explicit(&pool->states[i].word, memory_order_relaxed));
+    out->pages_ready += st == PS_READY;
+    out->pages_failed += st == PS_FAILED;
+  }
+  return 0;
+}

@@ -574,6 +574,39 @@ fail:
   return rc;
 }
 
+int opt4_pool_peek(const char *name, opt4_pool_view *out) {
+  opt4__clear_detail();
+  if (out == NULL || name == NULL) return opt4__fail(OPT4_EINVAL, "name or out is NULL");
+  if (strlen(name) >= POOL_NAME_MAX || strncmp(name, "/opt4-", 6) != 0 || strchr(name + 1, '/'))
+    return opt4__fail(OPT4_EINVAL, "\"%s\" is not an opt4 pool name", name);
+  /* A handle that maps both segments read-only and never registers: the
+   * calls made on it below only read. */
+  opt4_pool *pool = opt4__calloc(1, sizeof *pool);
+  if (pool == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a pool handle");
+  pool->rec = UINT32_MAX;
+  pool->lock_fd = -1;
+  snprintf(pool->name, sizeof pool->name, "%s", name);
+  char meta_name[POOL_NAME_MAX + 8];
+  snprintf(meta_name, sizeof meta_name, "%s.meta", name);
+  void *base = NULL, *meta = NULL;
+  size_t size = 0, msize = 0;
+  int rc = open_map(name, 0, &base, &size);
+  if (rc != 0) goto leave;
+  pool->base = base;
+  pool->size = size;
+  rc = open_map(meta_name, 0, &meta, &msize);
+  if (rc != 0) goto leave;
+  pool->meta = meta;
+  pool->meta_size = msize;
+  rc = opt4__pool_check_header(base, size, meta, msize, (uint32_t)getuid(), name);
+  if (rc != 0) goto leave;
+  bind_views(pool);
+  rc = opt4_pool_view_get(pool, out);
+leave:
+  pool_free(pool);
+  return rc;
+}
+
 void opt4__pool_set_safe_point(opt4_pool *pool, uint64_t (*fn)(void *ctx), void *ctx,
                                const _Atomic uint32_t *park) {
   pool->safe_point = fn;

@@ -511,6 +511,53 @@ static void test_finished_writer_is_not_dead(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* A view of a running pool, from its own handle and from outside
+ * (opt4_pool_peek): the same counters, the consumers' position, the pages
+ * that hold bytes; a peek takes no process record and writes nothing. */
+static void test_view_and_peek(void) {
+  opt4_plan *plan = random_plan(4000, 200, 50, 9);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  opt4_pool *pool = make_pool(plan, 2000);
+  opt4_pool_view before;
+  ASSERT_OK(opt4_pool_peek(opt4_pool_name(pool), &before));
+  ASSERT_U64_EQ(before.head, 0);
+  ASSERT_U64_EQ(before.pages_ready, 0);
+  ASSERT_U64_EQ(before.stats.hits, 0);
+  ASSERT_U64_EQ(before.info.accesses, in.accesses);
+  follow_counts fc = {0, 0, 0, 0};
+  const uint64_t half = in.accesses / 2;
+  for (uint64_t t = 0; t < half; t += 32) follow_batch(pool, t, t + 32 < half ? t + 32 : half, &fc);
+  opt4_pool_view mine, seen;
+  ASSERT_OK(opt4_pool_view_get(pool, &mine));
+  ASSERT_OK(opt4_pool_peek(opt4_pool_name(pool), &seen));
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(seen.stats.hits, st.hits);
+  ASSERT_U64_EQ(seen.stats.admits, st.admits);
+  ASSERT_U64_EQ(seen.stats.bypasses, st.bypasses);
+  ASSERT_U64_EQ(seen.stats.stored, st.stored);
+  ASSERT_U64_EQ(mine.stats.hits, st.hits);
+  ASSERT_U64_EQ(seen.head, mine.head);
+  ASSERT(seen.head > 0 && seen.head < half);
+  ASSERT_U64_EQ(seen.head % 32, 0);
+  ASSERT_U64_EQ(seen.pages_ready, mine.pages_ready);
+  ASSERT(seen.pages_ready > 0 && seen.pages_ready <= in.capacity);
+  ASSERT_U64_EQ(seen.pages_failed, 0);
+  /* Peeking took no record: the pool counts one process attached, ours. */
+  ASSERT_EQ(seen.info.attached, mine.info.attached);
+  opt4_pool_view nothing;
+  ASSERT_EQ(opt4_pool_peek("/opt4-0-nosuchpool", &nothing), OPT4_ESHM);
+  ASSERT_EQ(opt4_pool_peek("/tmp/x", &nothing), OPT4_EINVAL);
+  ASSERT_EQ(opt4_pool_peek(NULL, &nothing), OPT4_EINVAL);
+  char name[128];
+  snprintf(name, sizeof name, "%s", opt4_pool_name(pool));
+  finish(pool);
+  ASSERT_EQ(opt4_pool_peek(name, &nothing), OPT4_ESHM);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 int main(void) {
   RUN(test_follow_plan);
   RUN(test_batches_defer);
@@ -525,5 +572,6 @@ int main(void) {
   RUN(test_sized_pool);
   RUN(test_clock);
   RUN(test_finished_writer_is_not_dead);
+  RUN(test_view_and_peek);
   return 0;
 }

@@ -538,13 +538,13 @@ static int open_map(const char *name, int writable, void **map, size_t *size) {
   return 0;
 }
 
-int opt4_pool_attach(const char *name, opt4_pool **out) {
-  opt4__clear_detail();
-  if (out == NULL || name == NULL) return opt4__fail(OPT4_EINVAL, "name or out is NULL");
+/* A handle on the existing pool called name, its segments mapped (the
+ * data segment writable or not), checked and bound; no process record yet.
+ * The caller has checked name and out for NULL. */
+static int map_pool(const char *name, int writable, opt4_pool **out) {
   *out = NULL;
   if (strlen(name) >= POOL_NAME_MAX || strncmp(name, "/opt4-", 6) != 0 || strchr(name + 1, '/'))
     return opt4__fail(OPT4_EINVAL, "\"%s\" is not an opt4 pool name", name);
-  pthread_once(&atfork_once, install_atfork);
   opt4_pool *pool = opt4__calloc(1, sizeof *pool);
   if (pool == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a pool handle");
   pool->rec = UINT32_MAX;
@@ -554,7 +554,7 @@ int opt4_pool_attach(const char *name, opt4_pool **out) {
   snprintf(meta_name, sizeof meta_name, "%s.meta", name);
   void *base = NULL, *meta = NULL;
   size_t size = 0, msize = 0;
-  int rc = open_map(name, 1, &base, &size);
+  int rc = open_map(name, writable, &base, &size);
   if (rc != 0) goto fail;
   pool->base = base;
   pool->size = size;
@@ -565,8 +565,6 @@ int opt4_pool_attach(const char *name, opt4_pool **out) {
   rc = opt4__pool_check_header(base, size, meta, msize, (uint32_t)getuid(), name);
   if (rc != 0) goto fail;
   bind_views(pool);
-  rc = opt4__pool_register(pool);
-  if (rc != 0) goto fail;
   *out = pool;
   return 0;
 fail:
@@ -574,35 +572,30 @@ fail:
   return rc;
 }
 
+int opt4_pool_attach(const char *name, opt4_pool **out) {
+  opt4__clear_detail();
+  if (out == NULL || name == NULL) return opt4__fail(OPT4_EINVAL, "name or out is NULL");
+  pthread_once(&atfork_once, install_atfork);
+  opt4_pool *pool = NULL;
+  int rc = map_pool(name, 1, &pool);
+  if (rc != 0) return rc;
+  rc = opt4__pool_register(pool);
+  if (rc != 0) {
+    pool_free(pool);
+    return rc;
+  }
+  *out = pool;
+  return 0;
+}
+
 int opt4_pool_peek(const char *name, opt4_pool_view *out) {
   opt4__clear_detail();
   if (out == NULL || name == NULL) return opt4__fail(OPT4_EINVAL, "name or out is NULL");
-  if (strlen(name) >= POOL_NAME_MAX || strncmp(name, "/opt4-", 6) != 0 || strchr(name + 1, '/'))
-    return opt4__fail(OPT4_EINVAL, "\"%s\" is not an opt4 pool name", name);
-  /* A handle that maps both segments read-only and never registers: the
-   * calls made on it below only read. */
-  opt4_pool *pool = opt4__calloc(1, sizeof *pool);
-  if (pool == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a pool handle");
-  pool->rec = UINT32_MAX;
-  pool->lock_fd = -1;
-  snprintf(pool->name, sizeof pool->name, "%s", name);
-  char meta_name[POOL_NAME_MAX + 8];
-  snprintf(meta_name, sizeof meta_name, "%s.meta", name);
-  void *base = NULL, *meta = NULL;
-  size_t size = 0, msize = 0;
-  int rc = open_map(name, 0, &base, &size);
-  if (rc != 0) goto leave;
-  pool->base = base;
-  pool->size = size;
-  rc = open_map(meta_name, 0, &meta, &msize);
-  if (rc != 0) goto leave;
-  pool->meta = meta;
-  pool->meta_size = msize;
-  rc = opt4__pool_check_header(base, size, meta, msize, (uint32_t)getuid(), name);
-  if (rc != 0) goto leave;
-  bind_views(pool);
+  /* Read-only, and never registered: the view only reads. */
+  opt4_pool *pool = NULL;
+  int rc = map_pool(name, 0, &pool);
+  if (rc != 0) return rc;
   rc = opt4_pool_view_get(pool, out);
-leave:
   pool_free(pool);
   return rc;
 }

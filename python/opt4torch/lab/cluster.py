@@ -262,7 +262,7 @@ def plot_cluster(rows: Sequence[dict[str, Any]], path: str) -> str:
         bottom.set_ylim(0, 1)
         bottom.set_ylabel("share of accesses")
         top.legend(fontsize=8)
-        bottom.legend(fontsize=8)
+        bottom.legend(fontsize=8, loc="upper center", ncol=3)
     first = rows[0]
     fig.suptitle(f"{first['items']:,} items of {first['item_bytes']:,} bytes, {first['epochs']} epochs of "
                  f"DistributedSampler shuffles, {first['ranks_per_node']} rank(s) a node, "

@@ -261,6 +261,27 @@ class ClusterPlan:
         return {"position": pos, "step": self.timeline.step[pos], "src": src, "dst": dst, "item": item,
                 "bytes": self.item_size(item), "kind": kinds[pos]}
 
+    def for_node(self, node: int) -> dict[str, Any]:
+        """The part of the plan that concerns one node: the positions it
+        reads with their kinds and nodes (``reads``), what it sends and what
+        it receives (``sends``, ``receives``: :meth:`transfers` rows), the
+        positions whose generation it keeps (``homes``), and its counts."""
+        node = int(node)
+        if not 0 <= node < self.n_nodes:
+            raise InvalidInputError(f"node {node} is outside [0, {self.n_nodes})")
+        mine = np.flatnonzero(self.reader == node)
+        tr = self.transfers()
+        sends, receives = tr["src"] == node, tr["dst"] == node
+        return {
+            "node": node,
+            "reads": {"position": mine, "item": self.seq[mine], "kind": self.kinds[mine],
+                      "node": self.nodes[mine]},
+            "homes": np.flatnonzero((self.kinds == ADMIT) & (self._nodes == node)),
+            "sends": {k: v[sends] for k, v in tr.items()},
+            "receives": {k: v[receives] for k, v in tr.items()},
+            "stats": self.node_stats()[node],
+        }
+
     def stats(self) -> dict[str, Any]:
         """Totals and per-node counts as plain JSON-ready values."""
         T = self.accesses

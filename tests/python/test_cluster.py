@@ -150,6 +150,44 @@ def test_checksum_names_the_cluster() -> None:
     assert a.checksum != cluster_plan(seqs, [0, 1], [2, 2], batch_size=2).checksum
 
 
+def test_each_nodes_part() -> None:
+    """Every read belongs to one node's part; what one node sends, another
+    receives; a node's homes are the ADMITs placed there."""
+    rng = np.random.default_rng(8)
+    seqs = [rng.integers(0, 60, size=80) for _ in range(6)]
+    cp = cluster_plan(seqs, [0, 0, 1, 1, 2, 2], [10, 5, 0], batch_size=3, item_bytes=9)
+    parts = [cp.for_node(n) for n in range(3)]
+    assert sorted(np.concatenate([p["reads"]["position"] for p in parts]).tolist()) == list(range(cp.accesses))
+    assert sum(p["sends"]["position"].size for p in parts) == sum(p["receives"]["position"].size for p in parts)
+    for p in parts:
+        n = p["node"]
+        assert (p["reads"]["kind"] == LOCAL_HIT).sum() == p["stats"]["local_hits"]
+        assert p["homes"].size == p["stats"]["homed"]
+        assert int(p["sends"]["bytes"].sum()) == p["stats"]["peer_bytes_sent"]
+        assert int(p["receives"]["bytes"].sum()) == p["stats"]["peer_bytes_received"]
+        assert (p["reads"]["node"][p["reads"]["kind"] == LOCAL_HIT] == n).all()
+    assert parts[2]["homes"].size == 0  # no memory, no homes
+    with pytest.raises(opt4torch.InvalidInputError, match="outside"):
+        cp.for_node(3)
+
+
+def test_checksum_is_the_same_in_another_process() -> None:
+    """What ranks will compare through the store: another interpreter
+    planning the same cluster gets the same checksum."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, opt4torch; rng = np.random.default_rng(3); "
+            "seqs = [rng.integers(0, 500, size=2000) for _ in range(4)]; "
+            "print(opt4torch.cluster_plan(seqs, [0, 1, 2, 3], 60, batch_size=16).checksum)")
+    out = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+           .stdout.strip() for _ in range(2)]
+    rng = np.random.default_rng(3)
+    seqs = [rng.integers(0, 500, size=2000) for _ in range(4)]
+    here = cluster_plan(seqs, [0, 1, 2, 3], 60, batch_size=16).checksum
+    assert out == [str(here), str(here)]
+
+
 def test_global_timeline_order() -> None:
     tl = global_timeline([[0, 1, 2, 3, 4], [10, 11, 12]], batch_size=2)
     assert tl.seq.tolist() == [0, 1, 10, 11, 2, 3, 12, 4]

@@ -100,12 +100,13 @@ static PyObject *py_cluster_place(PyObject *Py_UNUSED(m), PyObject *args, PyObje
     PyList_SET_ITEM(per_node, n, d);
   }
   result = Py_BuildValue(
-      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}O", "accesses", (unsigned long long)info.accesses,
+      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}O", "accesses", (unsigned long long)info.accesses,
       "hits", (unsigned long long)info.hits, "local_hits", (unsigned long long)info.local_hits,
       "peer_hits", (unsigned long long)info.peer_hits, "admits", (unsigned long long)info.admits,
       "bypasses", (unsigned long long)info.bypasses, "remote_admits", (unsigned long long)info.remote_admits,
       "storage_bytes", (unsigned long long)info.storage_bytes, "peer_bytes",
-      (unsigned long long)info.peer_bytes, "capacity", (unsigned long long)info.capacity, "checksum",
+      (unsigned long long)info.peer_bytes, "capacity", (unsigned long long)info.capacity, "unplaced",
+      (unsigned long long)info.unplaced, "unplaced_hits", (unsigned long long)info.unplaced_hits, "checksum",
       (unsigned long long)info.checksum, per_node);
 
 leave:

@@ -337,6 +337,14 @@ int opt4_plan_load_buffer(const void *buf, size_t len, opt4_plan **out);
  * ever holds more than its capacity (checked as it runs: a plan that would
  * break it fails with OPT4_ECORRUPT).
  *
+ * A plan in bytes (a sized plan) works the same in pages: capacity[] is
+ * each node's pages (of the plan's page_size), a generation needs its
+ * item's pages on one node, and "room" is free pages. There the argument
+ * above gives enough free pages in total but not on one node, so a
+ * generation may find no home: it is then read from storage at each of its
+ * accesses (BYPASS), counted in info->unplaced and unplaced_hits. With
+ * sizes the aggregate plan is itself a heuristic (docs/algorithm.md).
+ *
  * Each position gets a kind and a node:
  *   LOCAL_HIT  the reader's node holds the generation (node: the reader's);
  *   PEER_HIT   another node holds it and sends a copy into the reader's
@@ -362,11 +370,13 @@ typedef struct opt4_cluster_opts {
   const uint32_t *node_of;
   uint32_t n_nodes;
   uint32_t reserved0;
-  /* Items each node holds at most: n_nodes entries (0 is allowed for a node
-   * that only reads; the total must be at least 1). */
+  /* Items each node holds at most (pages, for a plan in bytes): n_nodes
+   * entries (0 is allowed for a node that only reads; the total must be at
+   * least 1). */
   const uint64_t *capacity;
-  /* For the byte counts only (placement is in items): each item's size in
-   * bytes (items entries), or NULL for item_bytes per item. */
+  /* For the byte counts only: each item's size in bytes (items entries), or
+   * NULL for item_bytes per item (for a plan in bytes, item_bytes 0 means
+   * the plan's own item sizes). */
   const uint64_t *item_sizes;
   uint64_t item_bytes;
 } opt4_cluster_opts;
@@ -382,19 +392,24 @@ typedef struct opt4_cluster_node {
   uint64_t homed;          /* generations kept here */
   uint64_t peer_items_sent, peer_items_received;
   uint64_t peer_bytes_sent, peer_bytes_received;
-  uint64_t peak_resident;  /* most generations held here at once (<= capacity) */
+  uint64_t peak_resident;  /* most generations (pages) held here at once, <= capacity */
 } opt4_cluster_node;
 
 /* The cluster's totals. */
 typedef struct opt4_cluster_info {
   uint64_t accesses;
-  uint64_t hits;           /* local_hits + peer_hits = the aggregate plan's hits */
+  uint64_t hits;           /* local_hits + peer_hits: the aggregate plan's hits,
+                            * less unplaced_hits */
   uint64_t local_hits, peer_hits;
   uint64_t admits, bypasses;
   uint64_t remote_admits;  /* admits kept away from the node that read them */
   uint64_t storage_bytes;  /* all nodes' storage reads */
   uint64_t peer_bytes;     /* all transfers between nodes (each counted once) */
   uint64_t capacity;       /* the nodes' total */
+  /* Plans in bytes only: generations for which no node had enough free
+   * pages (free pages spread over nodes), and the aggregate plan's hits of
+   * them; those reads are BYPASSes. 0 for plans in items. */
+  uint64_t unplaced, unplaced_hits;
   /* XXH3-64 of the plan's fingerprint and capacity, the node count and
    * capacities, and every position's reader, kind and node (native byte
    * order): equal on every rank that planned the same cluster. */
@@ -409,8 +424,8 @@ typedef struct opt4_cluster_info {
  *
  * Errors: OPT4_EINVAL (a NULL argument, dst_len < T, n_nodes 0),
  * OPT4_ETOOBIG (n_nodes >= OPT4_MAX_NODES), OPT4_ENOPLAN (a plan without
- * decisions), OPT4_ENOTSUP (a plan in bytes), OPT4_ECAPACITY (the nodes'
- * total is 0 or smaller than the plan's slots; the detail gives both),
+ * decisions), OPT4_ECAPACITY (the nodes' total is 0 or smaller than the
+ * plan's slots, or pages; the detail gives both),
  * OPT4_ERANGE (a node id >= n_nodes; the detail names the position),
  * OPT4_ECORRUPT (a plan whose residents would not fit: not one the engine
  * built or validated), OPT4_ENOMEM. On failure the buffers hold nothing

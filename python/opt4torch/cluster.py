@@ -127,18 +127,22 @@ class ClusterPlan:
     node its counts, and a checksum that every rank planning the same cluster
     gets. Build one with :func:`cluster_plan`."""
 
-    __slots__ = ("plan", "timeline", "reader", "capacities", "kinds", "_nodes", "_info", "_per_node",
-                 "_sizes", "_item_bytes")
+    __slots__ = ("plan", "timeline", "reader", "capacities", "kinds", "page_size", "_nodes", "_info",
+                 "_per_node", "_sizes", "_item_bytes")
 
     def __init__(self, plan: Plan, timeline: Timeline, reader: np.ndarray, capacities: np.ndarray,
                  kinds: np.ndarray, nodes: np.ndarray, info: dict[str, int], per_node: list[dict[str, int]],
-                 sizes: np.ndarray | None, item_bytes: int) -> None:
+                 sizes: np.ndarray | None, item_bytes: int, page_size: int = 0) -> None:
         #: The aggregate plan (Belady over the timeline at the total capacity).
         self.plan = plan
         self.timeline = timeline
         #: The node that reads each position.
         self.reader = reader
+        #: What each node holds: items, or pages of ``page_size`` bytes
+        #: for a plan in bytes.
         self.capacities = capacities
+        #: 0 for a plan in items.
+        self.page_size = page_size
         #: LOCAL_HIT, PEER_HIT, ADMIT or BYPASS per position (uint8).
         self.kinds = kinds
         self._nodes = nodes
@@ -157,6 +161,22 @@ class ClusterPlan:
         out = self._nodes.astype(np.int64)
         out[self._nodes == _NONE] = -1
         return out
+
+    @property
+    def sized(self) -> bool:
+        """Whether capacities are in bytes (pages) rather than items."""
+        return self.page_size > 0
+
+    @property
+    def unplaced(self) -> int:
+        """Plans in bytes: generations no node had enough free pages for
+        (read from storage at each of their accesses instead)."""
+        return int(self._info["unplaced"])
+
+    @property
+    def unplaced_hits(self) -> int:
+        """The aggregate plan's hits lost to :attr:`unplaced` generations."""
+        return int(self._info["unplaced_hits"])
 
     @property
     def n_nodes(self) -> int:
@@ -295,6 +315,9 @@ class ClusterPlan:
             "admits": self.admits,
             "bypasses": self.bypasses,
             "remote_admits": self.remote_admits,
+            "page_size": self.page_size,
+            "unplaced": self.unplaced,
+            "unplaced_hits": self.unplaced_hits,
             "hit_rate": self.hits / T if T else 0.0,
             "local_hit_rate": self.local_hits / T if T else 0.0,
             "peer_hit_rate": self.peer_hits / T if T else 0.0,
@@ -320,8 +343,8 @@ def _capacities(capacity_per_node: Any, n_nodes: int) -> np.ndarray:
         except (TypeError, ValueError):
             caps = np.asarray([None])
         if caps.ndim != 1 or caps.size == 0 or not np.issubdtype(caps.dtype, np.integer):
-            raise InvalidInputError("capacity_per_node must be an integer number of items, or one per node, "
-                                    f"got {capacity_per_node!r}")
+            raise InvalidInputError("a node's capacity must be an integer (items, or bytes for cache_bytes), "
+                                    f"or one per node, got {capacity_per_node!r}")
     if (caps < 0).any():
         raise InvalidInputError(f"a node's capacity cannot be negative: {caps.tolist()}")
     if caps.sum() < 1:
@@ -329,8 +352,15 @@ def _capacities(capacity_per_node: Any, n_nodes: int) -> np.ndarray:
     return caps.astype(np.uint64)
 
 
-def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None, capacity_per_node: Any, *,
-                 items: int | None = None, batch_size: int = 1, item_bytes: int = 1, item_sizes: Any = None,
+def _choose_page(sizes: np.ndarray) -> int:
+    """A page about a quarter of the median item (the DataLoader's rule)."""
+    median = float(np.median(sizes)) if sizes.size else 4096.0
+    return int(min(1 << max(6, int(np.log2(max(median / 4, 64)))), 1 << 20))
+
+
+def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None, capacity_per_node: Any = None,
+                 *, cache_bytes: Any = None, page_size: int | None = None, items: int | None = None,
+                 batch_size: int = 1, item_bytes: int = 1, item_sizes: Any = None,
                  progress: bool | None = None) -> ClusterPlan:
     """Plan one OPT cache over several nodes.
 
@@ -345,6 +375,13 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
     The capacity is in items: every item takes one place. ``item_bytes``
     (equal sizes) or ``item_sizes`` (one per item) only count bytes: storage
     bytes, peer bytes (by default 1 a item, so bytes count items).
+
+    Or give ``cache_bytes`` (bytes a node, one number or one per node) with
+    ``item_sizes`` instead of ``capacity_per_node``: the plan is then in
+    pages of ``page_size`` bytes (default: about a quarter of the median
+    item), the aggregate plan size-aware Belady (a heuristic with unequal
+    sizes), and a generation needs its pages on one node; one that finds no
+    such node is read from storage instead (:attr:`ClusterPlan.unplaced`).
     """
     timeline = global_timeline(seqs_by_rank, batch_size)
     world = len(seqs_by_rank)
@@ -356,14 +393,21 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
             raise InvalidInputError(f"node_of_rank needs one integer node per rank ({world}), got {node_of_rank!r}")
         if (node_of < 0).any():
             raise InvalidInputError(f"node ids cannot be negative: {node_of.tolist()}")
-    if isinstance(capacity_per_node, (int, np.integer)) and not isinstance(capacity_per_node, bool):
+    if (capacity_per_node is None) == (cache_bytes is None):
+        raise InvalidInputError("give the capacity a node as capacity_per_node= (items) or cache_bytes= "
+                                "(bytes, with item_sizes), not both and not neither")
+    given = capacity_per_node if cache_bytes is None else cache_bytes
+    what = "capacity_per_node" if cache_bytes is None else "cache_bytes"
+    if isinstance(given, (int, np.integer)) and not isinstance(given, bool):
         n_nodes = int(node_of.max()) + 1
     else:
-        n_nodes = len(capacity_per_node)
+        try:
+            n_nodes = len(given)
+        except TypeError:
+            raise InvalidInputError(f"{what} must be a number, or one per node, got {given!r}") from None
         if int(node_of.max()) >= n_nodes:
             raise InvalidInputError(f"rank {int(np.argmax(node_of >= n_nodes))} is on node "
-                                    f"{int(node_of.max())}, but capacity_per_node names {n_nodes} nodes")
-    caps = _capacities(capacity_per_node, n_nodes)
+                                    f"{int(node_of.max())}, but {what} names {n_nodes} nodes")
     seq, items = as_sequence(timeline.seq, items)
     sizes = None
     if item_sizes is not None:
@@ -372,10 +416,25 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
             raise InvalidInputError(f"item_sizes has {sizes.size} entries; the dataset has {items} items")
     if isinstance(item_bytes, bool) or not isinstance(item_bytes, (int, np.integer)) or item_bytes < 0:
         raise InvalidInputError(f"item_bytes must be a non-negative integer, got {item_bytes!r}")
-    aggregate = build_plan(seq, int(caps.sum()), items=items, progress=progress)
+    page = 0
+    if cache_bytes is None:
+        caps = _capacities(capacity_per_node, n_nodes)
+        aggregate = build_plan(seq, int(caps.sum()), items=items, progress=progress)
+    else:
+        if sizes is None:
+            raise InvalidInputError("cache_bytes needs item_sizes (the bytes each item takes)")
+        page = int(page_size) if page_size is not None else _choose_page(sizes[np.unique(seq)])
+        if page < 1:
+            raise InvalidInputError(f"page_size must be positive, got {page_size!r}")
+        in_bytes = _capacities(cache_bytes, n_nodes)
+        caps = in_bytes // np.uint64(page)
+        if caps.sum() < 1:
+            raise InvalidInputError(f"cache_bytes {in_bytes.tolist()} hold no page of {page} bytes")
+        aggregate = build_plan(seq, items=items, capacity_bytes=int(caps.sum()) * page, item_sizes=sizes,
+                               page_size=page, progress=progress)
     reader = np.ascontiguousarray(node_of[timeline.rank], dtype=np.uint32)
     kinds = np.empty(seq.size, dtype=np.uint8)
     nodes = np.empty(seq.size, dtype=np.uint32)
     info, per_node = _engine.cluster_place(aggregate._h, reader, caps, kinds, nodes, sizes, int(item_bytes))
     return ClusterPlan(aggregate, timeline, reader, caps.astype(np.int64), kinds, nodes, info, per_node,
-                       None if sizes is None else sizes.astype(np.int64), int(item_bytes))
+                       None if sizes is None else sizes.astype(np.int64), int(item_bytes), page)

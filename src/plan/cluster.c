@@ -46,16 +46,16 @@ static void tree_update(cluster_ctx *c, uint32_t node) {
     c->best[k] = better(c, c->best[2 * k], c->best[2 * k + 1]);
 }
 
-static void take(cluster_ctx *c, uint32_t node, opt4_cluster_node *st) {
-  c->live[node]++;
-  c->room[node]--;
+static void take(cluster_ctx *c, uint32_t node, uint64_t need, opt4_cluster_node *st) {
+  c->live[node] += need;
+  c->room[node] -= (int64_t)need;
   if (c->live[node] > st[node].peak_resident) st[node].peak_resident = c->live[node];
   tree_update(c, node);
 }
 
-static void release(cluster_ctx *c, uint32_t node) {
-  c->live[node]--;
-  c->room[node]++;
+static void release(cluster_ctx *c, uint32_t node, uint64_t need) {
+  c->live[node] -= need;
+  c->room[node] += (int64_t)need;
   tree_update(c, node);
 }
 
@@ -67,9 +67,6 @@ static int check_args(const opt4_plan *plan, const opt4_cluster_opts *opts, cons
   const opt4_plan_info *pi = &plan->info;
   if (!pi->has_ops || plan->ops == NULL)
     return opt4__fail(OPT4_ENOPLAN, "the plan holds no decisions: build it with a capacity first");
-  if (pi->flags & OPT4_PLAN_SIZED)
-    return opt4__fail(OPT4_ENOTSUP, "a cluster plan places items, not pages: build the aggregate "
-                                    "plan with a capacity in items");
   if (opts->n_nodes == 0) return opt4__fail(OPT4_EINVAL, "n_nodes must be at least 1");
   if (opts->n_nodes >= OPT4_MAX_NODES)
     return opt4__fail(OPT4_ETOOBIG, "%u nodes: the limit is %llu", opts->n_nodes,
@@ -89,11 +86,12 @@ static int check_args(const opt4_plan *plan, const opt4_cluster_opts *opts, cons
     sum += cap;
   }
   if (sum == 0) return opt4__fail(OPT4_ECAPACITY, "the nodes' capacities add up to 0");
-  uint64_t slots = opt4__slot_count(pi);
+  const int sized = (pi->flags & OPT4_PLAN_SIZED) != 0;
+  uint64_t slots = sized ? pi->capacity : opt4__slot_count(pi);
   if (slots > sum)
-    return opt4__fail(OPT4_ECAPACITY, "the plan holds up to %llu items at once; the nodes hold %llu: "
+    return opt4__fail(OPT4_ECAPACITY, "the plan holds up to %llu %s at once; the nodes hold %llu: "
                                       "plan the timeline at the nodes' total capacity",
-                      (unsigned long long)slots, (unsigned long long)sum);
+                      (unsigned long long)slots, sized ? "pages" : "items", (unsigned long long)sum);
   *total = sum;
   return 0;
 }
@@ -158,18 +156,26 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
     c.home[x] = (uint32_t)t;
   }
 
-  /* Pass 2, forward: kinds, homes, sources, counts. */
+  /* Pass 2, forward: kinds, homes, sources, counts. In a plan in bytes a
+   * generation needs its item's pages on one node; when free pages are
+   * spread over nodes so that none has enough, it is read from storage
+   * instead (ADMIT and HITs become BYPASSes, counted as unplaced). */
+  const int sized = (plan->info.flags & OPT4_PLAN_SIZED) != 0;
+  const uint32_t *plan_sizes = plan->sizes;
   for (uint64_t t = 0; t < c.T; t++) {
     const uint32_t x = seq[t];
     const uint32_t r = node_of[t];
     const uint32_t nx = nodes[t];
     const uint32_t kind = OPT4_OP_KIND(ops[t]);
-    const uint64_t size = opts->item_sizes != NULL ? opts->item_sizes[x] : opts->item_bytes;
+    const uint64_t size = opts->item_sizes != NULL ? opts->item_sizes[x]
+                          : sized && opts->item_bytes == 0 ? plan_sizes[x]
+                                                            : opts->item_bytes;
+    const uint64_t need = sized ? opt4__pages_for(plan_sizes[x], plan->info.page_size) : 1;
     /* Does the generation read at t continue to x's next access? */
     const int goes_on = nx != OPT4__NEVER && OPT4_OP_KIND(ops[nx]) == OPT4_OP_HIT;
     opt4_cluster_node *sr = &stats[r];
     sr->accesses++;
-    if (kind == OPT4_OP_HIT) {
+    if (kind == OPT4_OP_HIT && c.home[x] != OPT4_CLUSTER_NONE) {
       const uint32_t home = c.home[x];
       if (home == r) {
         kinds[t] = OPT4_CLUSTER_LOCAL_HIT;
@@ -184,26 +190,36 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
         info->peer_bytes += size;
       }
       nodes[t] = home;
-      if (!goes_on) release(&c, home);
+      if (!goes_on) release(&c, home, need);
       continue;
     }
     sr->storage_bytes += size;
     info->storage_bytes += size;
+    if (kind == OPT4_OP_HIT) info->unplaced_hits++; /* its generation found no node */
     if (kind != OPT4_OP_ADMIT || !goes_on) {
       kinds[t] = OPT4_CLUSTER_BYPASS;
       nodes[t] = OPT4_CLUSTER_NONE;
       sr->bypasses++;
       continue;
     }
+    const int64_t want = (int64_t)need;
     uint32_t home = node_of[nx];
-    if (c.room[home] <= 0) home = r;
-    if (c.room[home] <= 0) home = c.best[1];
-    if (OPT4__UNLIKELY(c.room[home] <= 0)) {
-      rc = opt4__fail(OPT4_ECORRUPT, "at position %llu every node is full: the plan keeps more "
-                                     "items than its capacity says", (unsigned long long)t);
-      goto leave;
+    if (c.room[home] < want) home = r;
+    if (c.room[home] < want) home = c.best[1];
+    if (c.room[home] < want) {
+      if (OPT4__UNLIKELY(!sized)) {
+        rc = opt4__fail(OPT4_ECORRUPT, "at position %llu every node is full: the plan keeps more "
+                                       "items than its capacity says", (unsigned long long)t);
+        goto leave;
+      }
+      c.home[x] = OPT4_CLUSTER_NONE;
+      info->unplaced++;
+      kinds[t] = OPT4_CLUSTER_BYPASS;
+      nodes[t] = OPT4_CLUSTER_NONE;
+      sr->bypasses++;
+      continue;
     }
-    take(&c, home, stats);
+    take(&c, home, need, stats);
     c.home[x] = home;
     kinds[t] = OPT4_CLUSTER_ADMIT;
     nodes[t] = home;

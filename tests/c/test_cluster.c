@@ -140,6 +140,114 @@ static void test_golden_unread_admit(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+static opt4_plan *build_sized(const uint32_t *seq, uint64_t T, uint64_t items, const uint64_t *sizes,
+                              uint64_t capacity_bytes, uint64_t page_size) {
+  opt4_seq s = {seq, OPT4_U32, T, items};
+  opt4_plan_opts o;
+  memset(&o, 0, sizeof o);
+  o.item_sizes = sizes;
+  o.capacity_bytes = capacity_bytes;
+  o.page_size = page_size;
+  opt4_plan *p = NULL;
+  ASSERT_OK(opt4_plan_build(&s, &o, &p));
+  return p;
+}
+
+/* In bytes: two nodes of two 10-byte pages. Node 0 reads B (1 page), node
+ * 1 reads C (1 page), node 0 reads A (2 pages); then each again, A by node
+ * 1. The aggregate plan (4 pages) keeps all three. B and C go to their next
+ * readers; then each node has one free page and A needs two on one node:
+ * it finds no home, and both its reads are from storage. */
+static void test_golden_sized_unplaced(void) {
+  const uint32_t seq[] = {1, 2, 0, 1, 2, 0};
+  const uint32_t node_of[] = {0, 1, 0, 0, 1, 1};
+  const uint64_t sizes[] = {20, 10, 10}, caps[] = {2, 2};
+  opt4_plan *p = build_sized(seq, 6, 3, sizes, 40, 10);
+  opt4_plan_info pi;
+  ASSERT_OK(opt4_plan_info_get(p, &pi));
+  ASSERT_U64_EQ(pi.hits, 3);
+  opt4_cluster_opts o;
+  memset(&o, 0, sizeof o);
+  o.node_of = node_of;
+  o.n_nodes = 2;
+  o.capacity = caps;
+  uint8_t kinds[6];
+  uint32_t nodes[6];
+  opt4_cluster_node st[2];
+  opt4_cluster_info info;
+  ASSERT_OK(opt4_cluster_place(p, &o, kinds, nodes, 6, st, &info));
+  const uint8_t want[] = {A, A, B, L, L, B};
+  const uint32_t where[] = {0, 1, NONE, 0, 1, NONE};
+  for (int t = 0; t < 6; t++) {
+    ASSERT_EQ(kinds[t], want[t]);
+    ASSERT_U64_EQ(nodes[t], where[t]);
+  }
+  ASSERT_U64_EQ(info.unplaced, 1);
+  ASSERT_U64_EQ(info.unplaced_hits, 1);
+  ASSERT_U64_EQ(info.hits, 2);
+  ASSERT_U64_EQ(info.storage_bytes, 10 + 10 + 20 + 20); /* the plan's own sizes */
+  ASSERT_U64_EQ(st[0].peak_resident, 1);
+  opt4_plan_close(p);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+/* Random timelines in bytes: no node's live pages exceed its capacity, and
+ * the hits are the aggregate plan's less the unplaced ones. */
+static void test_random_sized(void) {
+  enum { TMAX = 1500, NMAX = 80, NODES = 5 };
+  static uint32_t seq[TMAX], node_of[TMAX], nodes[TMAX], next[TMAX], last[NMAX], holder[NMAX];
+  static uint8_t kinds[TMAX];
+  uint64_t rng = 17, unplaced = 0;
+  for (int round = 0; round < 200; round++) {
+    const uint64_t T = 1 + test_rand(&rng) % TMAX, N = 1 + test_rand(&rng) % NMAX, page = 8;
+    const uint32_t n_nodes = (uint32_t)(1 + test_rand(&rng) % NODES);
+    uint64_t sizes[NMAX], caps[NODES], total = 0, live[NODES] = {0};
+    for (uint64_t x = 0; x < N; x++) sizes[x] = 1 + test_rand(&rng) % 40;
+    for (uint32_t n = 0; n < n_nodes; n++) total += caps[n] = 5 + test_rand(&rng) % 20;
+    for (uint64_t t = 0; t < T; t++) {
+      seq[t] = (uint32_t)(test_rand(&rng) % N);
+      node_of[t] = (uint32_t)(test_rand(&rng) % n_nodes);
+    }
+    opt4_plan *p = build_sized(seq, T, N, sizes, total * page, page);
+    const uint32_t *ops = opt4_plan_ops(p);
+    opt4_plan_info pi;
+    ASSERT_OK(opt4_plan_info_get(p, &pi));
+    opt4_cluster_opts o;
+    memset(&o, 0, sizeof o);
+    o.node_of = node_of;
+    o.n_nodes = n_nodes;
+    o.capacity = caps;
+    opt4_cluster_node st[NODES];
+    opt4_cluster_info info;
+    ASSERT_OK(opt4_cluster_place(p, &o, kinds, nodes, TMAX, st, &info));
+    ASSERT_U64_EQ(info.hits + info.unplaced_hits, pi.hits);
+    unplaced += info.unplaced;
+    for (uint64_t x = 0; x < N; x++) last[x] = UINT32_MAX, holder[x] = NONE;
+    for (uint64_t t = T; t-- > 0;) next[t] = last[seq[t]], last[seq[t]] = (uint32_t)t;
+    for (uint64_t t = 0; t < T; t++) {
+      const uint32_t x = seq[t], k = kinds[t];
+      const uint64_t need = (sizes[x] + page - 1) / page;
+      const int goes_on = next[t] != UINT32_MAX && OPT4_OP_KIND(ops[next[t]]) == OPT4_OP_HIT &&
+                          kinds[next[t]] != B;
+      if (k == L || k == P) {
+        ASSERT_U64_EQ(nodes[t], holder[x]);
+        if (!goes_on) live[holder[x]] -= need, holder[x] = NONE;
+      } else if (k == A) {
+        ASSERT_U64_EQ(holder[x], NONE);
+        holder[x] = nodes[t];
+        live[nodes[t]] += need;
+        ASSERT(live[nodes[t]] <= caps[nodes[t]]);
+      } else {
+        ASSERT_U64_EQ(holder[x], NONE);
+      }
+    }
+    for (uint32_t n = 0; n < n_nodes; n++) ASSERT(st[n].peak_resident <= caps[n]);
+    opt4_plan_close(p);
+  }
+  ASSERT(unplaced > 0); /* the case the rule cannot always place does come up */
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 /* Random timelines, replayed independently of the engine: every HIT finds
  * its item at the node the plan names, LOCAL exactly when that is the
  * reader's node; generations end at their last read; no node ever holds
@@ -311,14 +419,16 @@ static void test_errors(void) {
   ASSERT_OK(opt4_plan_from_seq(&s, &p));
   ASSERT_ERR(opt4_cluster_place(p, &o, kinds, nodes, 4, st, &info), OPT4_ENOPLAN);
   opt4_plan_close(p);
+  /* A plan in bytes of 3 pages: the nodes hold 2. */
   const uint64_t sizes[] = {10, 10};
   opt4_plan_opts po;
   memset(&po, 0, sizeof po);
   po.item_sizes = sizes;
-  po.capacity_bytes = 20;
+  po.capacity_bytes = 30;
   po.page_size = 10;
   ASSERT_OK(opt4_plan_build(&s, &po, &p));
-  ASSERT_ERR(opt4_cluster_place(p, &o, kinds, nodes, 4, st, &info), OPT4_ENOTSUP);
+  ASSERT_ERR(opt4_cluster_place(p, &o, kinds, nodes, 4, st, &info), OPT4_ECAPACITY);
+  ASSERT(strstr(opt4_errdetail(), "3 pages") != NULL);
   opt4_plan_close(p);
   ASSERT_NO_ENGINE_MEMORY();
 }
@@ -379,6 +489,8 @@ int main(void) {
   RUN(test_golden_tie_break);
   RUN(test_golden_unread_admit);
   RUN(test_random_replay);
+  RUN(test_golden_sized_unplaced);
+  RUN(test_random_sized);
   RUN(test_room_for_everything);
   RUN(test_errors);
   RUN(test_alloc_fail);

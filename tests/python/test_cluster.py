@@ -52,6 +52,44 @@ def test_engine_equals_reference(case: tuple, sized: bool) -> None:
     assert cp.hits == reference.belady(cp.seq.tolist(), sum(caps), items=items).hits == cp.plan.hits
 
 
+@given(clusters(), st.integers(1, 16), st.data())
+def test_engine_equals_reference_in_bytes(case: tuple, page: int, data: st.DataObject) -> None:
+    """Capacities in bytes: the aggregate plan is size-aware Belady over the
+    nodes' pages; a generation needs its pages on one node, or is read from
+    storage (unplaced). The engine and the reference agree position by
+    position, unplaced ones included."""
+    seqs, node_of, caps, batch, items = case
+    sizes = data.draw(st.lists(st.integers(1, 40), min_size=items, max_size=items))
+    node_bytes = [c * page * 3 + data.draw(st.integers(0, page - 1)) for c in caps]
+    big = -(-max(sizes[x] for s in seqs for x in s) // page)  # pages of the largest item read
+    if sum(b // page for b in node_bytes) < big:  # the plan refuses an item larger than the pool
+        node_bytes[0] += big * page
+    cp = cluster_plan(seqs, node_of, cache_bytes=node_bytes, page_size=page, items=items, batch_size=batch,
+                      item_sizes=sizes)
+    assert cp.sized and cp.page_size == page
+    assert cp.capacities.tolist() == [b // page for b in node_bytes]
+    ref = cluster_place(cp.seq, cp.reader, cp.capacities.tolist(), item_sizes=sizes, items=items,
+                        page_size=page, plan_sizes=sizes)
+    assert cp.kinds.tolist() == ref.kinds
+    assert cp.nodes.tolist() == ref.nodes
+    assert (cp.unplaced, cp.unplaced_hits, cp.remote_admits) == (ref.unplaced, ref.unplaced_hits, ref.remote_admits)
+    assert [{k: d[k] for k in NODE_KEYS} for d in cp._per_node] == ref.per_node
+    assert cp.hits + cp.unplaced_hits == cp.plan.hits
+    assert all(d["peak_resident"] <= d["capacity"] for d in cp.node_stats())
+
+
+def test_golden_bytes_unplaced() -> None:
+    """Two nodes of 20 bytes in 10-byte pages. B and C (10 bytes) go to
+    their next readers, leaving one page on each node: A (20 bytes) fits the
+    cluster but no node, so both its reads come from storage."""
+    cp = cluster_plan([[1, 0, 1], [2, 2, 0]], None, cache_bytes=20, page_size=10, item_sizes=[20, 10, 10])
+    assert cp.seq.tolist() == [1, 2, 0, 2, 1, 0]
+    assert cp.plan.hits == 3
+    assert cp.kinds.tolist() == [ADMIT, ADMIT, BYPASS, LOCAL_HIT, LOCAL_HIT, BYPASS]
+    assert (cp.unplaced, cp.unplaced_hits, cp.hits) == (1, 1, 2)
+    assert cp.storage_bytes == 10 + 10 + 20 + 20
+
+
 @given(clusters())
 def test_no_node_holds_more_than_its_capacity(case: tuple) -> None:
     """Replayed here from the kinds alone: a generation lives from its ADMIT
@@ -259,6 +297,19 @@ def test_capture_ranks_is_each_ranks_sampler() -> None:
 def test_bad_input_is_refused(args: tuple, match: str) -> None:
     with pytest.raises(opt4torch.InvalidInputError, match=match):
         cluster_plan(*args)
+
+
+def test_bad_capacities_are_refused() -> None:
+    with pytest.raises(opt4torch.InvalidInputError, match="not both"):
+        cluster_plan([[0, 1]], None, 1, cache_bytes=100, item_sizes=[1, 1])
+    with pytest.raises(opt4torch.InvalidInputError, match="not both and not neither"):
+        cluster_plan([[0, 1]], None)
+    with pytest.raises(opt4torch.InvalidInputError, match="needs item_sizes"):
+        cluster_plan([[0, 1]], None, cache_bytes=100)
+    with pytest.raises(opt4torch.InvalidInputError, match="hold no page"):
+        cluster_plan([[0, 1]], None, cache_bytes=10, page_size=64, item_sizes=[1, 1])
+    with pytest.raises(opt4torch.InvalidInputError, match="one per node"):
+        cluster_plan([[0, 1]], None, cache_bytes="lots", item_sizes=[1, 1])
 
 
 def test_bad_batch_and_sizes_are_refused() -> None:

@@ -313,9 +313,10 @@ int opt4_plan_load_buffer(const void *buf, size_t len, opt4_plan **out);
 /* ------------------------------------------------------------------------ */
 
 /* One OPT cache over the memory of several nodes (docs/cluster.md). The
- * input is an item-capacity plan of the global timeline (every rank's reads,
- * step by step, rank by rank), built with opt4_plan_build at a capacity no
- * larger than the nodes' total, and the node that reads each position. The
+ * input is a plan of the global timeline (every rank's reads, step by step,
+ * rank by rank), built with opt4_plan_build at a capacity no larger than the
+ * nodes' total (in items; or in bytes, see below), and the node that reads
+ * each position. The
  * plan fixes which accesses hit and which miss (exact OPT for the aggregate
  * cache when every item has the same size); opt4_cluster_place decides where
  * each admitted generation lives and so which hits are local and which are

@@ -67,6 +67,17 @@ def test_aggregate_below_the_dataset() -> None:
         r["cluster OPT"]["hit_rate"])
 
 
+@pytest.mark.parametrize("items, nodes, ranks", [(1000, 4, 1), (1001, 3, 2), (50, 8, 1)])
+def test_rank_orders_are_distributed_samplers(items: int, nodes: int, ranks: int) -> None:
+    from opt4torch.lab import traces
+
+    setup = ClusterSetup(nodes=nodes, items=items, epochs=3, ranks_per_node=ranks, seed=9)
+    orders = rank_orders(setup)
+    for r in range(setup.world):
+        want = traces.distributed(items, 3, world=setup.world, rank=r, seed=9)
+        assert np.array_equal(np.concatenate(orders[r]), want)
+
+
 def test_link_load_adds_up_to_the_transfers() -> None:
     setup = ClusterSetup(nodes=4, items=1000, epochs=2, batch_size=5, item_bytes=7)
     orders = rank_orders(setup)

@@ -85,11 +85,22 @@ def per_node_capacity(spec: str | float | int, items: int, nodes: int) -> tuple[
 
 
 def rank_orders(setup: ClusterSetup) -> list[list[np.ndarray]]:
-    """Each rank's DistributedSampler order, one array per epoch."""
-    out = []
-    for r in range(setup.world):
-        seq = traces.distributed(setup.items, setup.epochs, world=setup.world, rank=r, seed=setup.seed)
-        out.append(np.split(seq, setup.epochs))
+    """Each rank's DistributedSampler order, one array per epoch: the orders
+    of :func:`opt4torch.lab.traces.distributed` for every rank, with each
+    epoch's permutation drawn once for all ranks rather than once a rank."""
+    world, items = setup.world, setup.items
+    if world > items:
+        return [np.split(traces.distributed(items, setup.epochs, world=world, rank=r, seed=setup.seed),
+                         setup.epochs) for r in range(world)]
+    total = -(-items // world) * world
+    rng = np.random.default_rng(setup.seed)
+    out: list[list[np.ndarray]] = [[] for _ in range(world)]
+    for _ in range(setup.epochs):
+        order = rng.permutation(items)
+        if total > items:
+            order = np.resize(order, total)  # repeats the start, as torch pads
+        for r in range(world):
+            out[r].append(order[r:total:world].astype(np.int64))
     return out
 
 

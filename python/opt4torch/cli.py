@@ -551,6 +551,10 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     if args.item_bytes < 0:
         raise UsageError("--item-bytes cannot be negative")
+    if not 0 <= args.size_sigma <= 5:
+        raise UsageError("--size-sigma must be between 0 and 5")
+    if args.size_sigma > 0 and args.item_bytes < 1:
+        raise UsageError("--size-sigma needs --item-bytes of at least 1 (the mean size)")
     capacities = [c.strip() for c in args.capacity.split(",") if c.strip()]
     if not capacities:
         raise UsageError("no capacity given")
@@ -566,7 +570,7 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
     rows = sweep_cluster(nodes, capacities, items=args.items, epochs=args.epochs,
                          ranks_per_node=args.ranks_per_node, batch_size=args.batch_size,
                          item_bytes=args.item_bytes, seed=args.seed, window=args.window,
-                         progress=False if args.quiet else None)
+                         size_sigma=args.size_sigma, progress=False if args.quiet else None)
     if args.format == "json":
         json.dump([{k: r[k] for k in FIELDS} for r in rows], sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -575,10 +579,11 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         w.writeheader()
         w.writerows(rows)
     else:
-        print(f"{'nodes':>5}  {'cache (items a node)':<30}{'policy':<14}{'storage GB':>11}{'peer GB':>9}"
+        print(f"{'nodes':>5}  {'cache a node':<34}{'policy':<14}{'storage GB':>11}{'peer GB':>9}"
               f"{'local':>8}{'peer':>8}{'hits':>8}{'in/node/step MB':>17}")
         for r in rows:
-            print(f"{r['nodes']:>5}  {r['config'] + ' (' + format(r['capacity'], ',') + ')':<30}{r['policy']:<14}"
+            amount = format(r["capacity"], ",") if not r["size_sigma"] else f"{r['capacity'] / 1e9:.2f} GB"
+            print(f"{r['nodes']:>5}  {r['config'] + ' (' + amount + ')':<34}{r['policy']:<14}"
                   f"{r['storage_bytes'] / 1e9:>11.2f}{r['peer_bytes'] / 1e9:>9.2f}{r['local_hit_rate']:>8.1%}"
                   f"{r['peer_hit_rate']:>8.1%}{r['hit_rate']:>8.1%}{r['ingress_mean_per_step'] / 1e6:>17.2f}")
     if args.out is not None:
@@ -866,6 +871,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default: %(default)s)")
     p.add_argument("--item-bytes", type=int, default=110_000,
                    help="bytes per item, for the byte counts (default: %(default)s, an ImageNet JPEG)")
+    p.add_argument("--size-sigma", type=float, default=0.0, metavar="S",
+                   help="items of lognormal sizes (mean --item-bytes, S the sigma of the log), caches in "
+                        "bytes (default: %(default)s: one size, caches in items)")
     p.add_argument("--window", type=int, default=8, metavar="STEPS",
                    help="steps per all_to_all window for the busiest-link column (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)

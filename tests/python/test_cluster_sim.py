@@ -67,6 +67,33 @@ def test_aggregate_below_the_dataset() -> None:
         r["cluster OPT"]["hit_rate"])
 
 
+def test_sizes_and_caches_in_bytes() -> None:
+    """Lognormal sizes, caches in bytes: the same order of the three, byte
+    counts that are sums of the sizes read, and the cluster reads about the
+    dataset once when its nodes hold it with room to spare."""
+    from opt4torch.lab.cluster import item_sizes
+
+    setup = ClusterSetup(nodes=4, items=3000, epochs=3, batch_size=8, item_bytes=5000, size_sigma=0.5, seed=1)
+    sizes = item_sizes(setup)
+    assert sizes is not None and sizes.shape == (3000,) and abs(sizes.mean() / 5000 - 1) < 0.05
+    r = rows_by_policy(simulate_cluster(setup, "40%"))
+    orders = rank_orders(setup)
+    everything = int(sum(sizes[np.concatenate(o)].sum() for o in orders))
+    assert r["no cache"]["storage_bytes"] == everything
+    assert r["cluster OPT"]["storage_bytes"] < r["per-node OPT"]["storage_bytes"] < everything
+    assert r["cluster OPT"]["capacity"] == round(0.4 * int(sizes.sum()))
+    assert r["cluster OPT"]["storage_bytes"] <= int(sizes.sum()) * 1.01 + r["cluster OPT"]["unplaced_hits"] * sizes.max()
+    assert r["cluster OPT"]["unplaced_hits"] <= 0.001 * r["cluster OPT"]["accesses"]
+
+
+def test_command_in_bytes(capsys) -> None:
+    assert main(["cluster", "--nodes", "2", "--items", "500", "--epochs", "2", "--size-sigma", "0.4",
+                 "--item-bytes", "1000", "--format", "json", "--quiet"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["size_sigma"] for r in rows} == {0.4} and all("bytes a node" not in r["config"] for r in rows)
+    assert rows[0]["storage_bytes"] != rows[0]["accesses"] * 1000  # sizes differ
+
+
 @pytest.mark.parametrize("items, nodes, ranks", [(1000, 4, 1), (1001, 3, 2), (50, 8, 1)])
 def test_rank_orders_are_distributed_samplers(items: int, nodes: int, ranks: int) -> None:
     from opt4torch.lab import traces
@@ -120,7 +147,7 @@ def test_command_table_and_errors() -> None:
     assert r.returncode == 0, r.stderr
     assert "cluster OPT" in r.stdout and "per-node OPT" in r.stdout and "no cache" in r.stdout
     for args, message in ((["--nodes", "0"], "positive integers"), (["--capacity", "lots"], "capacity"),
-                          (["--epochs", "0"], "--epochs")):
+                          (["--epochs", "0"], "--epochs"), (["--size-sigma", "-1"], "--size-sigma")):
         r = subprocess.run([script("opt4torch"), "cluster", "--items", "100", *args], capture_output=True,
                            text=True, timeout=120)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)

@@ -31,19 +31,21 @@ import numpy as np
 
 from .. import _engine
 from .._progress import progress_bar
-from ..cluster import ClusterPlan, cluster_plan, global_timeline
+from ..cluster import ClusterPlan, _choose_page, cluster_plan, global_timeline
 from . import traces
 
-__all__ = ["ClusterSetup", "FIELDS", "expected", "link_load", "per_node_capacity", "plot_cluster", "rank_orders",
-           "simulate_cluster", "sweep_cluster"]
+__all__ = ["ClusterSetup", "FIELDS", "expected", "item_sizes", "link_load", "per_node_capacity", "plot_cluster",
+           "rank_orders", "simulate_cluster", "sweep_cluster"]
 
 #: The columns of a row, in order.
 FIELDS: tuple[str, ...] = (
-    "nodes", "ranks_per_node", "items", "epochs", "batch_size", "item_bytes", "seed", "config", "capacity",
+    "nodes", "ranks_per_node", "items", "epochs", "batch_size", "item_bytes", "size_sigma", "seed", "config",
+    "capacity",
     "capacity_fraction", "aggregate_fraction", "policy",
     "accesses", "steps", "storage_reads", "storage_bytes", "storage_bytes_after_first_epoch", "peer_bytes",
     "local_hit_rate", "peer_hit_rate", "hit_rate", "ingress_mean_per_step", "ingress_max_per_step",
     "window", "pair_max_per_window", "storage_max_per_step", "storage_mean_per_step_after_first_epoch",
+    "unplaced_hits",
 )
 
 
@@ -51,7 +53,9 @@ FIELDS: tuple[str, ...] = (
 class ClusterSetup:
     """One simulated cluster: ``nodes`` nodes of ``ranks_per_node`` ranks
     each, reading ``items`` items of ``item_bytes`` bytes for ``epochs``
-    epochs, ``batch_size`` samples per rank per step."""
+    epochs, ``batch_size`` samples per rank per step. With ``size_sigma``
+    > 0 items have lognormal sizes of mean ``item_bytes`` (sigma of the
+    log) and caches are in bytes (:func:`item_sizes`)."""
 
     nodes: int
     items: int
@@ -61,16 +65,29 @@ class ClusterSetup:
     item_bytes: int = 110_000
     seed: int = 0
     window: int = 8
+    size_sigma: float = 0.0
 
     @property
     def world(self) -> int:
         return self.nodes * self.ranks_per_node
 
 
-def per_node_capacity(spec: str | float | int, items: int, nodes: int) -> tuple[int, str]:
-    """A capacity per node, in items, and its label. ``"25%"``: a share of
-    the dataset per node; ``"agg50%"``: a share of the dataset for the whole
-    cluster, split evenly over the nodes; an integer: items per node."""
+def item_sizes(setup: ClusterSetup) -> np.ndarray | None:
+    """Each item's bytes when ``setup.size_sigma`` > 0 (lognormal, mean
+    ``item_bytes``, drawn from ``seed + 1``), else None: one size for all."""
+    if setup.size_sigma <= 0:
+        return None
+    rng = np.random.default_rng(setup.seed + 1)
+    mu = math.log(setup.item_bytes) - setup.size_sigma ** 2 / 2
+    return np.maximum(1, np.rint(rng.lognormal(mu, setup.size_sigma, setup.items))).astype(np.int64)
+
+
+def per_node_capacity(spec: str | float | int, items: int, nodes: int, unit: str = "items") -> tuple[int, str]:
+    """A capacity per node, in items (or bytes: ``items`` is then the
+    dataset's bytes and ``unit`` "bytes"), and its label. ``"25%"``: a share
+    of the dataset per node; ``"agg50%"``: a share of the dataset for the
+    whole cluster, split evenly over the nodes; an integer: items (bytes) per
+    node."""
     text = str(spec).strip()
     if text.startswith("agg") and text.endswith("%"):
         share = float(text[3:-1]) / 100.0
@@ -81,7 +98,7 @@ def per_node_capacity(spec: str | float | int, items: int, nodes: int) -> tuple[
     value = int(text)
     if value < 1:
         raise ValueError(f"capacity {spec!r}: a node must hold at least one item")
-    return value, f"{value} items a node"
+    return value, f"{value} {unit} a node"
 
 
 def rank_orders(setup: ClusterSetup) -> list[list[np.ndarray]]:
@@ -135,23 +152,27 @@ def _storage_per_step(step: np.ndarray, miss: np.ndarray, sizes: np.ndarray, ste
 def simulate_cluster(setup: ClusterSetup, capacity: str | int = "25%") -> list[dict[str, Any]]:
     """No cache, per-node OPT and cluster OPT on one simulated cluster: three
     rows of :data:`FIELDS`."""
-    cap, label = per_node_capacity(capacity, setup.items, setup.nodes)
+    sizes = item_sizes(setup)
+    D, B = setup.items, setup.item_bytes
+    whole = D if sizes is None else int(sizes.sum())  # the dataset, in the capacity's unit
+    cap, label = per_node_capacity(capacity, whole, setup.nodes, "items" if sizes is None else "bytes")
+    page = 0 if sizes is None else _choose_page(sizes)
     orders = rank_orders(setup)
     node_of_rank = np.arange(setup.world) // setup.ranks_per_node
     tl = global_timeline(orders, setup.batch_size)
-    T, steps, D, B = tl.seq.size, tl.steps, setup.items, setup.item_bytes
+    T, steps = tl.seq.size, tl.steps
     first_steps = tl.steps // setup.epochs  # every epoch has the same steps (DistributedSampler pads)
     first_epoch_end = int(np.searchsorted(tl.step, first_steps))
     reader = node_of_rank[tl.rank]
-    all_bytes = np.full(T, B, dtype=np.int64)
+    all_bytes = np.full(T, B, dtype=np.int64) if sizes is None else sizes[tl.seq]
     base = {**asdict(setup),
-            "config": label, "capacity": cap, "capacity_fraction": cap / D,
-            "aggregate_fraction": cap * setup.nodes / D, "accesses": T, "steps": steps}
+            "config": label, "capacity": cap, "capacity_fraction": cap / whole,
+            "aggregate_fraction": cap * setup.nodes / whole, "accesses": T, "steps": steps, "unplaced_hits": 0}
     rows = []
 
     # No cache: every access from storage.
-    rows.append({**base, "policy": "no cache", "storage_reads": T, "storage_bytes": T * B,
-                 "storage_bytes_after_first_epoch": (T - first_epoch_end) * B, "peer_bytes": 0,
+    rows.append({**base, "policy": "no cache", "storage_reads": T, "storage_bytes": int(all_bytes.sum()),
+                 "storage_bytes_after_first_epoch": int(all_bytes[first_epoch_end:].sum()), "peer_bytes": 0,
                  "local_hit_rate": 0.0, "peer_hit_rate": 0.0, "hit_rate": 0.0, "ingress_mean_per_step": 0.0,
                  "ingress_max_per_step": 0.0, "pair_max_per_window": 0.0,
                  **_storage_per_step(tl.step, np.ones(T, bool), all_bytes, steps, first_steps)})
@@ -161,24 +182,35 @@ def simulate_cluster(setup: ClusterSetup, capacity: str | int = "25%") -> list[d
     miss = np.zeros(T, dtype=bool)
     hits = 0
     for p in node_pos:
-        plan = _engine.build_plan(np.ascontiguousarray(tl.seq[p]), D, cap)
+        node_seq = np.ascontiguousarray(tl.seq[p])
+        if sizes is None:
+            plan = _engine.build_plan(node_seq, D, cap)
+        else:
+            plan = _engine.build_plan(node_seq, D, 0, True, item_sizes=sizes.astype(np.uint64),
+                                      capacity_bytes=cap // page * page, page_size=page)
         kinds = np.frombuffer(plan.ops_buffer(), dtype=np.uint32) >> 30
         miss[p] = kinds != 0
         hits += int((kinds == 0).sum())
         plan.close()
     reads = int(miss.sum())
-    rows.append({**base, "policy": "per-node OPT", "storage_reads": reads, "storage_bytes": reads * B,
-                 "storage_bytes_after_first_epoch": int(miss[first_epoch_end:].sum()) * B, "peer_bytes": 0,
+    rows.append({**base, "policy": "per-node OPT", "storage_reads": reads,
+                 "storage_bytes": int(all_bytes[miss].sum()),
+                 "storage_bytes_after_first_epoch": int(all_bytes[first_epoch_end:][miss[first_epoch_end:]].sum()),
+                 "peer_bytes": 0,
                  "local_hit_rate": hits / T, "peer_hit_rate": 0.0, "hit_rate": hits / T,
                  "ingress_mean_per_step": 0.0, "ingress_max_per_step": 0.0, "pair_max_per_window": 0.0,
                  **_storage_per_step(tl.step, miss, all_bytes, steps, first_steps)})
 
     # Cluster OPT: one plan over the aggregate memory.
-    cp = cluster_plan(orders, node_of_rank.tolist(), cap, items=D, batch_size=setup.batch_size, item_bytes=B)
+    if sizes is None:
+        cp = cluster_plan(orders, node_of_rank.tolist(), cap, items=D, batch_size=setup.batch_size, item_bytes=B)
+    else:
+        cp = cluster_plan(orders, node_of_rank.tolist(), cache_bytes=cap, page_size=page, item_sizes=sizes,
+                          items=D, batch_size=setup.batch_size)
     cmiss = cp.kinds >= 2  # ADMIT or BYPASS: read from storage
     rows.append({**base, "policy": "cluster OPT", "storage_reads": cp.storage_reads,
-                 "storage_bytes": cp.storage_bytes,
-                 "storage_bytes_after_first_epoch": int(cmiss[first_epoch_end:].sum()) * B,
+                 "storage_bytes": cp.storage_bytes, "unplaced_hits": cp.unplaced_hits,
+                 "storage_bytes_after_first_epoch": int(all_bytes[first_epoch_end:][cmiss[first_epoch_end:]].sum()),
                  "peer_bytes": cp.peer_bytes, "local_hit_rate": cp.local_hits / T,
                  "peer_hit_rate": cp.peer_hits / T, "hit_rate": cp.hits / T, **link_load(cp, setup.window),
                  **_storage_per_step(tl.step, cmiss, all_bytes, steps, first_steps)})
@@ -187,14 +219,15 @@ def simulate_cluster(setup: ClusterSetup, capacity: str | int = "25%") -> list[d
 
 def sweep_cluster(nodes: Sequence[int], capacities: Sequence[str | int], *, items: int, epochs: int = 3,
                   ranks_per_node: int = 1, batch_size: int = 32, item_bytes: int = 110_000, seed: int = 0,
-                  window: int = 8, progress: bool | None = None) -> list[dict[str, Any]]:
+                  window: int = 8, size_sigma: float = 0.0, progress: bool | None = None) -> list[dict[str, Any]]:
     """:func:`simulate_cluster` for every node count and capacity, with a
     progress bar (shown on a terminal unless ``progress=False``)."""
     rows: list[dict[str, Any]] = []
     with progress_bar(total=len(nodes) * len(capacities), desc="cluster", unit="cluster", show=progress) as bar:
         for n in nodes:
             setup = ClusterSetup(nodes=int(n), items=items, epochs=epochs, ranks_per_node=ranks_per_node,
-                                 batch_size=batch_size, item_bytes=item_bytes, seed=seed, window=window)
+                                 batch_size=batch_size, item_bytes=item_bytes, seed=seed, window=window,
+                                 size_sigma=size_sigma)
             for cap in capacities:
                 rows += simulate_cluster(setup, cap)
                 bar.update(1)

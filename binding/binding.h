@@ -65,4 +65,8 @@ int opt4py_outfile_init(PyObject *module);
 int opt4py_ranges_init(PyObject *module);
 int opt4py_prefetcher_init(PyObject *module);
 
+/* cluster.c: cluster_place, the generations of an aggregate plan placed
+ * over nodes (opt4_cluster_place), and its CLUSTER_* constants. */
+int opt4py_cluster_init(PyObject *module);
+
 #endif

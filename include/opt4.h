@@ -309,6 +309,134 @@ int opt4_plan_open(const char *path, opt4_plan **out);
 int opt4_plan_load_buffer(const void *buf, size_t len, opt4_plan **out);
 
 /* ------------------------------------------------------------------------ */
+/* Cluster plans                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* One OPT cache over the memory of several nodes (docs/cluster.md). The
+ * input is a plan of the global timeline (every rank's reads, step by step,
+ * rank by rank), built with opt4_plan_build at a capacity no larger than the
+ * nodes' total (in items; or in bytes, see below), and the node that reads
+ * each position. The
+ * plan fixes which accesses hit and which miss (exact OPT for the aggregate
+ * cache when every item has the same size); opt4_cluster_place decides where
+ * each admitted generation lives and so which hits are local and which are
+ * peer hits.
+ *
+ * A generation is an ADMIT and the HITs that read it after it. It occupies
+ * one item of its home node's capacity from its ADMIT to its last read (the
+ * node may drop it right after: nothing reads it again), not until the
+ * aggregate plan's eviction, which always comes later. Its home is chosen at
+ * its ADMIT, among the nodes with room (fewer live generations than their
+ * capacity):
+ *   1. the node that reads it next (its first HIT), if it has room;
+ *   2. else the node that reads it now (it read the item from storage, so
+ *      keeping it needs no transfer), if it has room;
+ *   3. else the node with the most room, the lowest node id on ties.
+ * Some node always has room: the live generations just before an ADMIT at t
+ * are a subset of the aggregate plan's residents at t without the one it
+ * evicts, so fewer than the plan's slots <= the nodes' total. So no node
+ * ever holds more than its capacity (checked as it runs: a plan that would
+ * break it fails with OPT4_ECORRUPT).
+ *
+ * A plan in bytes (a sized plan) works the same in pages: capacity[] is
+ * each node's pages (of the plan's page_size), a generation needs its
+ * item's pages on one node, and "room" is free pages. There the argument
+ * above gives enough free pages in total but not on one node, so a
+ * generation may find no home: it is then read from storage at each of its
+ * accesses (BYPASS), counted in info->unplaced and unplaced_hits. With
+ * sizes the aggregate plan is itself a heuristic (docs/algorithm.md).
+ *
+ * Each position gets a kind and a node:
+ *   LOCAL_HIT  the reader's node holds the generation (node: the reader's);
+ *   PEER_HIT   another node holds it and sends a copy into the reader's
+ *              staging ahead of time; the item stays where it is (node: the
+ *              source);
+ *   ADMIT      read from storage by the reader and kept at its home (node:
+ *              the home; a home other than the reader's node costs one
+ *              transfer, reader to home);
+ *   BYPASS     read from storage by the reader and not kept (node:
+ *              OPT4_CLUSTER_NONE). An aggregate ADMIT that no HIT ever reads
+ *              (the aggregate plan evicts it before its next use) is a
+ *              BYPASS here: keeping it anywhere would serve nothing. */
+#define OPT4_CLUSTER_LOCAL_HIT 0u
+#define OPT4_CLUSTER_PEER_HIT 1u
+#define OPT4_CLUSTER_ADMIT 2u
+#define OPT4_CLUSTER_BYPASS 3u
+#define OPT4_CLUSTER_NONE UINT32_MAX
+/* Node ids are below this. */
+#define OPT4_MAX_NODES ((uint64_t)1 << 20)
+
+typedef struct opt4_cluster_opts {
+  /* The node that reads each position: T entries, each < n_nodes. */
+  const uint32_t *node_of;
+  uint32_t n_nodes;
+  uint32_t reserved0;
+  /* Items each node holds at most (pages, for a plan in bytes): n_nodes
+   * entries (0 is allowed for a node that only reads; the total must be at
+   * least 1). */
+  const uint64_t *capacity;
+  /* For the byte counts only: each item's size in bytes (items entries), or
+   * NULL for item_bytes per item (for a plan in bytes, item_bytes 0 means
+   * the plan's own item sizes). */
+  const uint64_t *item_sizes;
+  uint64_t item_bytes;
+} opt4_cluster_opts;
+
+/* One node's share of a cluster plan. */
+typedef struct opt4_cluster_node {
+  uint64_t accesses;       /* positions this node reads */
+  uint64_t local_hits;
+  uint64_t peer_hits;      /* its reads served by a peer */
+  uint64_t admits;         /* its storage reads that are kept (here or at a peer) */
+  uint64_t bypasses;       /* its storage reads that are not kept */
+  uint64_t storage_bytes;  /* bytes it reads from storage (admits + bypasses) */
+  uint64_t homed;          /* generations kept here */
+  uint64_t peer_items_sent, peer_items_received;
+  uint64_t peer_bytes_sent, peer_bytes_received;
+  uint64_t peak_resident;  /* most generations (pages) held here at once, <= capacity */
+} opt4_cluster_node;
+
+/* The cluster's totals. */
+typedef struct opt4_cluster_info {
+  uint64_t accesses;
+  uint64_t hits;           /* local_hits + peer_hits: the aggregate plan's hits,
+                            * less unplaced_hits */
+  uint64_t local_hits, peer_hits;
+  uint64_t admits, bypasses;
+  uint64_t remote_admits;  /* admits kept away from the node that read them */
+  uint64_t storage_bytes;  /* all nodes' storage reads */
+  uint64_t peer_bytes;     /* all transfers between nodes (each counted once) */
+  uint64_t capacity;       /* the nodes' total */
+  /* Plans in bytes only: generations for which no node had enough free
+   * pages (free pages spread over nodes), and the aggregate plan's hits of
+   * them; those reads are BYPASSes. 0 for plans in items. */
+  uint64_t unplaced, unplaced_hits;
+  /* XXH3-64 of the plan's fingerprint and capacity, the node count and
+   * capacities, and every position's reader, kind and node (native byte
+   * order): equal on every rank that planned the same cluster. */
+  uint64_t checksum;
+} opt4_cluster_info;
+
+/* Place the generations of plan over the nodes (the rule above) and write
+ * each position's kind (kinds, OPT4_CLUSTER_*) and node (nodes); dst_len is
+ * their length, at least T. stats gets n_nodes entries; info the totals.
+ * O(T log n_nodes + items) time, O(items + n_nodes) memory beyond
+ * the caller's buffers (nodes holds the next uses during the pass).
+ *
+ * Errors: OPT4_EINVAL (a NULL argument, dst_len < T, n_nodes 0),
+ * OPT4_ETOOBIG (n_nodes >= OPT4_MAX_NODES), OPT4_ENOPLAN (a plan without
+ * decisions), OPT4_ECAPACITY (the nodes' total is 0 or smaller than the
+ * plan's slots, or pages; the detail gives both),
+ * OPT4_ERANGE (a node id >= n_nodes; the detail names the position),
+ * OPT4_ECORRUPT (a plan whose residents would not fit: not one the engine
+ * built or validated), OPT4_ENOMEM. On failure the buffers hold nothing
+ * meaningful. Thread safety: reads the plan only; any number of threads may
+ * place over one plan at once. */
+int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts,
+                       uint8_t *kinds, uint32_t *nodes, uint64_t dst_len,
+                       opt4_cluster_node *stats, opt4_cluster_info *info);
+
+/* ------------------------------------------------------------------------ */
 /* Simulation                                                                */
 /* ------------------------------------------------------------------------ */
 

@@ -18,7 +18,7 @@ from ._engine import (
     PlanFileError,
 )
 from ._plan import ADMIT, BYPASS, HIT, Plan, fingerprint, load_plan, plan, sequence_plan
-from .capture import CaptureWarning, capture
+from .capture import CaptureWarning, capture, capture_ranks
 
 __version__ = "0.1.0"
 
@@ -45,6 +45,8 @@ _LAZY = {
     "image_folder_to_records": "opt4torch.records",
     "ImageFolder": "opt4torch.sources",
     "TarShards": "opt4torch.sources",
+    "ClusterPlan": "opt4torch.cluster",
+    "cluster_plan": "opt4torch.cluster",
 }
 
 
@@ -100,6 +102,9 @@ __all__ = [
     "POLICIES",
     "RecordFile",
     "capture",
+    "capture_ranks",
+    "ClusterPlan",
+    "cluster_plan",
     "fingerprint",
     "generate_precomputed_file",
     "get_opt_cache",

@@ -30,6 +30,12 @@ PREFETCH_END: int
 STORE_GIVEN_UP: int
 STORE_DONE: int
 STORE_NOT_YET: int
+# a cluster plan's kinds (cluster_place), and the node of a BYPASS
+CLUSTER_LOCAL_HIT: int
+CLUSTER_PEER_HIT: int
+CLUSTER_ADMIT: int
+CLUSTER_BYPASS: int
+CLUSTER_NONE: int
 
 class Opt4Error(Exception):
     code: int
@@ -84,6 +90,11 @@ def simulate(policy: str, seq: Buffer, items: int, capacity: int, seed: int = 0)
 def fingerprint(seq: Buffer, items: int, /) -> int: ...
 def policy_names() -> list[str]: ...
 def mem_stats() -> dict[str, int]: ...
+# binding/cluster.c: fills kinds (uint8) and nodes (uint32), one per position;
+# returns the totals and one dict of counts per node.
+def cluster_place(plan: Plan, node_of: Buffer, capacities: Buffer, kinds: Buffer, nodes: Buffer,
+                  item_sizes: Buffer | None = None, item_bytes: int = 0
+                  ) -> tuple[dict[str, int], list[dict[str, int]]]: ...
 def mem_peak_reset() -> None: ...
 
 # (tag, dtype, shape, offset, flags, count, stride, perm): arrays of one header

@@ -15,6 +15,7 @@ RNG (used by an unseeded RandomSampler) and its epoch are restored afterwards.
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import math
 import operator
@@ -26,7 +27,7 @@ import numpy as np
 
 from ._progress import progress_bar
 
-__all__ = ["capture", "capture_epochs", "CaptureWarning"]
+__all__ = ["capture", "capture_epochs", "capture_ranks", "CaptureWarning"]
 
 # Indices compared with the real sampler before a fast path is trusted.
 _CHECK = 64
@@ -264,3 +265,32 @@ def capture_epochs(
                 chunk = _iterate(sampler, bar)
             parts.append(chunk)
     return parts
+
+
+def capture_ranks(
+    sampler: Any,
+    epochs: int = 1,
+    *,
+    start_epoch: int = 0,
+    progress: bool | None = None,
+    fast: bool = True,
+) -> list[list[np.ndarray]]:
+    """:func:`capture_epochs` for every rank of a distributed sampler: one
+    list of per-epoch int64 arrays per rank, ``0 .. num_replicas - 1``.
+
+    ``sampler`` is any sampler with ``num_replicas`` and ``rank`` (a
+    ``DistributedSampler``): each rank's order is captured from a shallow copy
+    with its ``rank`` set, so the sampler itself is left as it was. Given the
+    seed and the world size, every process computes the same orders, which
+    is what a cluster plan (:func:`opt4torch.cluster_plan`) is made from.
+    """
+    world = getattr(sampler, "num_replicas", None)
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1 or not hasattr(sampler, "rank"):
+        raise ValueError(f"capture_ranks needs a distributed sampler (with num_replicas and rank), "
+                         f"got {type(sampler).__name__}")
+    out = []
+    for r in range(world):
+        twin = copy.copy(sampler)
+        twin.rank = r
+        out.append(capture_epochs(twin, epochs, start_epoch=start_epoch, progress=progress, fast=fast))
+    return out

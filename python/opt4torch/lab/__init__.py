@@ -5,6 +5,10 @@
 * :mod:`~opt4torch.lab.traces`: access sequences on disk and seeded generators.
 * :mod:`~opt4torch.lab.reference`: the pure-Python reference backend, the
   oracle the C engine is tested against.
+* :mod:`~opt4torch.lab.reference_cluster`: the reference of cluster plans
+  (where each generation lives across nodes).
+* :mod:`~opt4torch.lab.cluster`: the simulator's cluster mode: N virtual
+  nodes under no cache, per-node OPT and cluster OPT (docs/cluster.md).
 * :mod:`~opt4torch.lab.theory`: closed forms, bounds and approximations.
 * :mod:`~opt4torch.lab.science`: theory beside simulation, the figures of
   docs/why-opt.md (``python -m opt4torch.lab.science``).
@@ -16,4 +20,4 @@
 The submodules are imported when asked for, not by ``import opt4torch.lab``.
 """
 
-__all__ = ["e2e", "plots", "reference", "science", "sim", "theory", "traces"]
+__all__ = ["cluster", "e2e", "plots", "reference", "reference_cluster", "science", "sim", "theory", "traces"]

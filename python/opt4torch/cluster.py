@@ -1,0 +1,440 @@
+"""Cluster plans: one OPT cache over the memory of several nodes.
+
+Every rank's order is known in advance, so the cluster's reads form one
+global timeline: at step ``s`` each rank reads its batch ``s``, rank 0's
+first, then rank 1's, ... (the order ``share_across_ranks`` uses for the
+ranks of one node). :func:`cluster_plan` plans Belady's OPT over that timeline
+at the nodes' total capacity (which accesses hit, exactly OPT for the
+aggregate cache when items are the same size), then places each admitted
+generation on a node (``opt4_cluster_place`` in the C engine; the rule and
+why no node ever holds more than its capacity: docs/cluster.md). Each access
+is then
+
+* ``LOCAL_HIT``: the reader's node holds the item;
+* ``PEER_HIT``: another node holds it and sends a copy (the item stays);
+* ``ADMIT``: read from storage by the reader and kept at its home node;
+* ``BYPASS``: read from storage and not kept.
+
+This is the planning side of issue 18; the transfers between nodes at run
+time (torch.distributed, gloo) are not built yet (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _engine
+from ._engine import InvalidInputError
+from ._plan import Plan, as_sequence
+from ._plan import plan as build_plan
+
+__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "NODE_KEYS", "ClusterPlan", "Timeline",
+           "cluster_plan", "global_timeline"]
+
+LOCAL_HIT: int = _engine.CLUSTER_LOCAL_HIT
+PEER_HIT: int = _engine.CLUSTER_PEER_HIT
+ADMIT: int = _engine.CLUSTER_ADMIT
+BYPASS: int = _engine.CLUSTER_BYPASS
+_NONE = _engine.CLUSTER_NONE
+
+#: The per-node counts :meth:`ClusterPlan.node_stats` gives. ``local_hits``,
+#: ``peer_hits``, ``peer_bytes_sent``, ``peer_bytes_received`` and
+#: ``plan_storage_bytes`` are the names the DataLoader's ``stats()`` will use
+#: (issue 18).
+NODE_KEYS: tuple[str, ...] = (
+    "capacity", "accesses", "local_hits", "peer_hits", "storage_reads", "admits", "bypasses",
+    "plan_storage_bytes", "homed", "peer_items_sent", "peer_items_received", "peer_bytes_sent",
+    "peer_bytes_received", "peak_resident",
+)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The global timeline: per position, the item, the rank that reads it
+    and the step (global over epochs)."""
+
+    seq: npt.NDArray[np.int64]
+    rank: npt.NDArray[np.int32]
+    step: npt.NDArray[np.int64]
+
+    @property
+    def steps(self) -> int:
+        return int(self.step[-1]) + 1 if self.step.size else 0
+
+
+def _epochs_of(obj: Any, r: int) -> list[np.ndarray]:
+    """A rank's order: one 1-D array (one epoch), or a list of them."""
+    if isinstance(obj, (list, tuple)) and obj and all(np.ndim(e) == 1 and not isinstance(e, (int, np.integer))
+                                                       for e in obj):
+        parts = [np.asarray(e) for e in obj]
+    elif isinstance(obj, np.ndarray) and obj.ndim == 2:
+        parts = list(obj)
+    else:
+        parts = [np.asarray(obj)]
+    out = []
+    for e, a in enumerate(parts):
+        if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
+            raise InvalidInputError(f"rank {r}, epoch {e}: a rank's order must be 1-D integer ids "
+                                    f"(got shape {a.shape}, dtype {a.dtype})")
+        out.append(a.astype(np.int64, copy=False))
+    return out
+
+
+def global_timeline(seqs_by_rank: Sequence[Any], batch_size: int = 1) -> Timeline:
+    """Interleave every rank's order as data-parallel training reads it:
+    epoch by epoch, step by step, rank 0's batch, then rank 1's, ...
+
+    ``seqs_by_rank[r]`` is rank r's order: one array, or a list of arrays,
+    one per epoch (batches restart at each epoch, as a DataLoader's do). A
+    rank with fewer batches in an epoch simply has none at the later steps.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise InvalidInputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if len(seqs_by_rank) == 0:
+        raise InvalidInputError("seqs_by_rank is empty: give one order per rank")
+    world = len(seqs_by_rank)
+    ranks = [_epochs_of(s, r) for r, s in enumerate(seqs_by_rank)]
+    seq_parts, rank_parts, step_parts = [], [], []
+    step0 = 0
+    for e in range(max(len(p) for p in ranks)):
+        arrays = [p[e] if e < len(p) else np.empty(0, np.int64) for p in ranks]
+        lengths = np.array([a.size for a in arrays], dtype=np.int64)
+        if lengths.sum() == 0:
+            continue
+        idx = np.concatenate(arrays)
+        rank = np.repeat(np.arange(world, dtype=np.int32), lengths)
+        within = np.arange(idx.size, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        step = within // batch_size
+        order = np.argsort(step * world + rank, kind="stable")
+        seq_parts.append(idx[order])
+        rank_parts.append(rank[order])
+        step_parts.append(step[order] + step0)
+        step0 += int(step.max()) + 1
+    if not seq_parts:
+        raise InvalidInputError("every rank's order is empty: nothing to plan")
+    return Timeline(np.concatenate(seq_parts), np.concatenate(rank_parts), np.concatenate(step_parts))
+
+
+class ClusterPlan:
+    """One OPT plan over several nodes: per position of the global timeline
+    its kind (:data:`LOCAL_HIT`, :data:`PEER_HIT`, :data:`ADMIT`,
+    :data:`BYPASS`) and its node (an ADMIT's home, the node a hit reads), per
+    node its counts, and a checksum that every rank planning the same cluster
+    gets. Build one with :func:`cluster_plan`."""
+
+    __slots__ = ("plan", "timeline", "reader", "capacities", "kinds", "page_size", "_nodes", "_info",
+                 "_per_node", "_sizes", "_item_bytes")
+
+    def __init__(self, plan: Plan, timeline: Timeline, reader: np.ndarray, capacities: np.ndarray,
+                 kinds: np.ndarray, nodes: np.ndarray, info: dict[str, int], per_node: list[dict[str, int]],
+                 sizes: np.ndarray | None, item_bytes: int, page_size: int = 0) -> None:
+        #: The aggregate plan (Belady over the timeline at the total capacity).
+        self.plan = plan
+        self.timeline = timeline
+        #: The node that reads each position.
+        self.reader = reader
+        #: What each node holds: items, or pages of ``page_size`` bytes
+        #: for a plan in bytes.
+        self.capacities = capacities
+        #: 0 for a plan in items.
+        self.page_size = page_size
+        #: LOCAL_HIT, PEER_HIT, ADMIT or BYPASS per position (uint8).
+        self.kinds = kinds
+        self._nodes = nodes
+        self._info = info
+        self._per_node = per_node
+        self._sizes = sizes
+        self._item_bytes = item_bytes
+
+    @property
+    def seq(self) -> npt.NDArray[np.int64]:
+        return self.timeline.seq
+
+    @property
+    def nodes(self) -> npt.NDArray[np.int64]:
+        """Per position: an ADMIT's home, the node a hit reads, -1 for a BYPASS."""
+        out = self._nodes.astype(np.int64)
+        out[self._nodes == _NONE] = -1
+        return out
+
+    @property
+    def sized(self) -> bool:
+        """Whether capacities are in bytes (pages) rather than items."""
+        return self.page_size > 0
+
+    @property
+    def unplaced(self) -> int:
+        """Plans in bytes: generations no node had enough free pages for
+        (read from storage at each of their accesses instead)."""
+        return int(self._info["unplaced"])
+
+    @property
+    def unplaced_hits(self) -> int:
+        """The aggregate plan's hits lost to :attr:`unplaced` generations."""
+        return int(self._info["unplaced_hits"])
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.capacities.size)
+
+    @property
+    def accesses(self) -> int:
+        return int(self._info["accesses"])
+
+    def __len__(self) -> int:
+        return self.accesses
+
+    @property
+    def hits(self) -> int:
+        """Local and peer hits: the aggregate plan's hits."""
+        return int(self._info["hits"])
+
+    @property
+    def local_hits(self) -> int:
+        return int(self._info["local_hits"])
+
+    @property
+    def peer_hits(self) -> int:
+        return int(self._info["peer_hits"])
+
+    @property
+    def admits(self) -> int:
+        return int(self._info["admits"])
+
+    @property
+    def bypasses(self) -> int:
+        return int(self._info["bypasses"])
+
+    @property
+    def storage_reads(self) -> int:
+        return self.admits + self.bypasses
+
+    @property
+    def remote_admits(self) -> int:
+        """Admits kept at a node other than the one that read them (one
+        transfer each)."""
+        return int(self._info["remote_admits"])
+
+    @property
+    def storage_bytes(self) -> int:
+        return int(self._info["storage_bytes"])
+
+    @property
+    def peer_bytes(self) -> int:
+        """Every transfer between nodes, counted once (peer hits and admits
+        kept away from their reader)."""
+        return int(self._info["peer_bytes"])
+
+    @property
+    def checksum(self) -> int:
+        """XXH3-64 of the plan's fingerprint, the capacities and every
+        position's reader, kind and node."""
+        return int(self._info["checksum"])
+
+    def item_size(self, items: Any) -> npt.NDArray[np.int64]:
+        """The bytes counted for these item ids."""
+        items = np.asarray(items, dtype=np.int64)
+        if self._sizes is not None:
+            return self._sizes[items].astype(np.int64)
+        return np.full(items.shape, self._item_bytes, dtype=np.int64)
+
+    def node_stats(self) -> list[dict[str, int]]:
+        """Per node, the counts of :data:`NODE_KEYS`."""
+        out = []
+        for n, d in enumerate(self._per_node):
+            out.append({
+                "capacity": int(self.capacities[n]),
+                "accesses": d["accesses"],
+                "local_hits": d["local_hits"],
+                "peer_hits": d["peer_hits"],
+                "storage_reads": d["admits"] + d["bypasses"],
+                "admits": d["admits"],
+                "bypasses": d["bypasses"],
+                "plan_storage_bytes": d["storage_bytes"],
+                "homed": d["homed"],
+                "peer_items_sent": d["peer_items_sent"],
+                "peer_items_received": d["peer_items_received"],
+                "peer_bytes_sent": d["peer_bytes_sent"],
+                "peer_bytes_received": d["peer_bytes_received"],
+                "peak_resident": d["peak_resident"],
+            })
+        return out
+
+    def transfers(self) -> dict[str, np.ndarray]:
+        """Every transfer between nodes, in timeline order: ``position``,
+        ``step``, ``src``, ``dst``, ``item``, ``bytes`` and ``kind`` (PEER_HIT:
+        the holder sends a copy to the reader; ADMIT: the reader sends what
+        it read from storage to the item's home)."""
+        kinds, raw, reader = self.kinds, self._nodes, self.reader
+        peer = kinds == PEER_HIT
+        away = (kinds == ADMIT) & (raw != reader)
+        pos = np.flatnonzero(peer | away)
+        is_peer = peer[pos]
+        src = np.where(is_peer, raw[pos], reader[pos]).astype(np.int64)
+        dst = np.where(is_peer, reader[pos], raw[pos]).astype(np.int64)
+        item = self.seq[pos]
+        return {"position": pos, "step": self.timeline.step[pos], "src": src, "dst": dst, "item": item,
+                "bytes": self.item_size(item), "kind": kinds[pos]}
+
+    def for_node(self, node: int) -> dict[str, Any]:
+        """The part of the plan that concerns one node: the positions it
+        reads with their kinds and nodes (``reads``), what it sends and what
+        it receives (``sends``, ``receives``: :meth:`transfers` rows), the
+        positions whose generation it keeps (``homes``), and its counts."""
+        node = int(node)
+        if not 0 <= node < self.n_nodes:
+            raise InvalidInputError(f"node {node} is outside [0, {self.n_nodes})")
+        mine = np.flatnonzero(self.reader == node)
+        tr = self.transfers()
+        sends, receives = tr["src"] == node, tr["dst"] == node
+        return {
+            "node": node,
+            "reads": {"position": mine, "item": self.seq[mine], "kind": self.kinds[mine],
+                      "node": self.nodes[mine]},
+            "homes": np.flatnonzero((self.kinds == ADMIT) & (self._nodes == node)),
+            "sends": {k: v[sends] for k, v in tr.items()},
+            "receives": {k: v[receives] for k, v in tr.items()},
+            "stats": self.node_stats()[node],
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Totals and per-node counts as plain JSON-ready values."""
+        T = self.accesses
+        return {
+            "accesses": T,
+            "nodes": self.n_nodes,
+            "capacity": int(self._info["capacity"]),
+            "hits": self.hits,
+            "local_hits": self.local_hits,
+            "peer_hits": self.peer_hits,
+            "admits": self.admits,
+            "bypasses": self.bypasses,
+            "remote_admits": self.remote_admits,
+            "page_size": self.page_size,
+            "unplaced": self.unplaced,
+            "unplaced_hits": self.unplaced_hits,
+            "hit_rate": self.hits / T if T else 0.0,
+            "local_hit_rate": self.local_hits / T if T else 0.0,
+            "peer_hit_rate": self.peer_hits / T if T else 0.0,
+            "storage_bytes": self.storage_bytes,
+            "peer_bytes": self.peer_bytes,
+            "checksum": f"{self.checksum:016x}",
+            "per_node": self.node_stats(),
+        }
+
+    def __repr__(self) -> str:
+        T = max(self.accesses, 1)
+        return (f"<ClusterPlan {self.accesses} accesses over {self.n_nodes} nodes, capacity "
+                f"{int(self._info['capacity'])}: local {self.local_hits / T:.4f}, peer {self.peer_hits / T:.4f}, "
+                f"storage {self.storage_reads / T:.4f}>")
+
+
+def _capacities(capacity_per_node: Any, n_nodes: int) -> np.ndarray:
+    if isinstance(capacity_per_node, (int, np.integer)) and not isinstance(capacity_per_node, bool):
+        caps = np.full(n_nodes, int(capacity_per_node), dtype=np.int64)
+    else:
+        try:
+            caps = np.asarray(capacity_per_node)
+        except (TypeError, ValueError):
+            caps = np.asarray([None])
+        if caps.ndim != 1 or caps.size == 0 or not np.issubdtype(caps.dtype, np.integer):
+            raise InvalidInputError("a node's capacity must be an integer (items, or bytes for cache_bytes), "
+                                    f"or one per node, got {capacity_per_node!r}")
+    if (caps < 0).any():
+        raise InvalidInputError(f"a node's capacity cannot be negative: {caps.tolist()}")
+    if caps.sum() < 1:
+        raise InvalidInputError("the nodes' capacities add up to 0: a cluster cache must hold at least one item")
+    return caps.astype(np.uint64)
+
+
+def _choose_page(sizes: np.ndarray) -> int:
+    """A page about a quarter of the median item (the DataLoader's rule)."""
+    median = float(np.median(sizes)) if sizes.size else 4096.0
+    return int(min(1 << max(6, int(np.log2(max(median / 4, 64)))), 1 << 20))
+
+
+def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None, capacity_per_node: Any = None,
+                 *, cache_bytes: Any = None, page_size: int | None = None, items: int | None = None,
+                 batch_size: int = 1, item_bytes: int = 1, item_sizes: Any = None,
+                 progress: bool | None = None) -> ClusterPlan:
+    """Plan one OPT cache over several nodes.
+
+    ``seqs_by_rank[r]`` is rank r's order (an array, or a list of arrays, one
+    per epoch: see :func:`global_timeline`, and :func:`opt4torch.capture_ranks`
+    for a DistributedSampler); ``node_of_rank[r]`` the node rank r runs on
+    (``None``: each rank a node of its own); ``capacity_per_node`` the items
+    each node holds (one number for all, or one per node; the nodes are
+    ``0 .. len(capacity_per_node) - 1`` then, and a node may have no rank).
+    ``batch_size`` is how many samples a rank reads per step.
+
+    The capacity is in items: every item takes one place. ``item_bytes``
+    (equal sizes) or ``item_sizes`` (one per item) only count bytes: storage
+    bytes, peer bytes (by default 1 a item, so bytes count items).
+
+    Or give ``cache_bytes`` (bytes a node, one number or one per node) with
+    ``item_sizes`` instead of ``capacity_per_node``: the plan is then in
+    pages of ``page_size`` bytes (default: about a quarter of the median
+    item), the aggregate plan size-aware Belady (a heuristic with unequal
+    sizes), and a generation needs its pages on one node; one that finds no
+    such node is read from storage instead (:attr:`ClusterPlan.unplaced`).
+    """
+    timeline = global_timeline(seqs_by_rank, batch_size)
+    world = len(seqs_by_rank)
+    if node_of_rank is None:
+        node_of = np.arange(world, dtype=np.int64)
+    else:
+        node_of = np.asarray(node_of_rank)
+        if node_of.shape != (world,) or (node_of.size and not np.issubdtype(node_of.dtype, np.integer)):
+            raise InvalidInputError(f"node_of_rank needs one integer node per rank ({world}), got {node_of_rank!r}")
+        if (node_of < 0).any():
+            raise InvalidInputError(f"node ids cannot be negative: {node_of.tolist()}")
+    if (capacity_per_node is None) == (cache_bytes is None):
+        raise InvalidInputError("give the capacity a node as capacity_per_node= (items) or cache_bytes= "
+                                "(bytes, with item_sizes), not both and not neither")
+    given = capacity_per_node if cache_bytes is None else cache_bytes
+    what = "capacity_per_node" if cache_bytes is None else "cache_bytes"
+    if isinstance(given, (int, np.integer)) and not isinstance(given, bool):
+        n_nodes = int(node_of.max()) + 1
+    else:
+        try:
+            n_nodes = len(given)
+        except TypeError:
+            raise InvalidInputError(f"{what} must be a number, or one per node, got {given!r}") from None
+        if int(node_of.max()) >= n_nodes:
+            raise InvalidInputError(f"rank {int(np.argmax(node_of >= n_nodes))} is on node "
+                                    f"{int(node_of.max())}, but {what} names {n_nodes} nodes")
+    seq, items = as_sequence(timeline.seq, items)
+    sizes = None
+    if item_sizes is not None:
+        sizes = np.ascontiguousarray(item_sizes, dtype=np.uint64)
+        if sizes.shape != (items,):
+            raise InvalidInputError(f"item_sizes has {sizes.size} entries; the dataset has {items} items")
+    if isinstance(item_bytes, bool) or not isinstance(item_bytes, (int, np.integer)) or item_bytes < 0:
+        raise InvalidInputError(f"item_bytes must be a non-negative integer, got {item_bytes!r}")
+    page = 0
+    if cache_bytes is None:
+        caps = _capacities(capacity_per_node, n_nodes)
+        aggregate = build_plan(seq, int(caps.sum()), items=items, progress=progress)
+    else:
+        if sizes is None:
+            raise InvalidInputError("cache_bytes needs item_sizes (the bytes each item takes)")
+        page = int(page_size) if page_size is not None else _choose_page(sizes[np.unique(seq)])
+        if page < 1:
+            raise InvalidInputError(f"page_size must be positive, got {page_size!r}")
+        in_bytes = _capacities(cache_bytes, n_nodes)
+        caps = in_bytes // np.uint64(page)
+        if caps.sum() < 1:
+            raise InvalidInputError(f"cache_bytes {in_bytes.tolist()} hold no page of {page} bytes")
+        aggregate = build_plan(seq, items=items, capacity_bytes=int(caps.sum()) * page, item_sizes=sizes,
+                               page_size=page, progress=progress)
+    reader = np.ascontiguousarray(node_of[timeline.rank], dtype=np.uint32)
+    kinds = np.empty(seq.size, dtype=np.uint8)
+    nodes = np.empty(seq.size, dtype=np.uint32)
+    info, per_node = _engine.cluster_place(aggregate._h, reader, caps, kinds, nodes, sizes, int(item_bytes))
+    return ClusterPlan(aggregate, timeline, reader, caps.astype(np.int64), kinds, nodes, info, per_node,
+                       None if sizes is None else sizes.astype(np.int64), int(item_bytes), page)

@@ -1,0 +1,329 @@
+"""Cluster plans (opt4torch.cluster_plan, the C engine's opt4_cluster_place):
+held to the pure-Python reference position by position, golden counts on
+hand-checked timelines, the capacity invariant on random ones, the global
+timeline against the one share_across_ranks builds, and capture_ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import opt4torch
+from opt4torch import cluster
+from opt4torch.cluster import ADMIT, BYPASS, LOCAL_HIT, PEER_HIT, cluster_plan, global_timeline
+from opt4torch.lab import reference
+from opt4torch.lab.reference_cluster import NODE_KEYS, cluster_place
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[list[list[int]], list[int], list[int], int, int]:
+    """Random ranks' orders, a node per rank, capacities per node, a batch
+    size and the number of items."""
+    items = draw(st.integers(1, 30))
+    world = draw(st.integers(1, 6))
+    length = st.integers(0, 40)
+    seqs = [draw(st.lists(st.integers(0, items - 1), min_size=0, max_size=draw(length))) for _ in range(world)]
+    if not any(seqs):
+        seqs[0] = [0]
+    n_nodes = draw(st.integers(1, world + 1))
+    node_of = [draw(st.integers(0, n_nodes - 1)) for _ in range(world)]
+    caps = [draw(st.integers(0, 6)) for _ in range(n_nodes)]
+    if sum(caps) == 0:
+        caps[draw(st.integers(0, n_nodes - 1))] = 1
+    return seqs, node_of, caps, draw(st.integers(1, 4)), items
+
+
+@given(clusters(), st.booleans())
+def test_engine_equals_reference(case: tuple, sized: bool) -> None:
+    seqs, node_of, caps, batch, items = case
+    sizes = np.arange(1, items + 1, dtype=np.int64) * 7 if sized else None
+    cp = cluster_plan(seqs, node_of, caps, items=items, batch_size=batch, item_bytes=5, item_sizes=sizes)
+    ref = cluster_place(cp.seq, cp.reader, caps, item_sizes=sizes, item_bytes=5, items=items)
+    assert cp.kinds.tolist() == ref.kinds
+    assert cp.nodes.tolist() == ref.nodes
+    assert cp.remote_admits == ref.remote_admits
+    mine = cp._per_node  # the engine's own field names
+    assert [{k: d[k] for k in NODE_KEYS} for d in mine] == ref.per_node
+    # The aggregate plan is Belady at the total capacity: the hits are its.
+    assert cp.hits == reference.belady(cp.seq.tolist(), sum(caps), items=items).hits == cp.plan.hits
+
+
+@given(clusters(), st.integers(1, 16), st.data())
+def test_engine_equals_reference_in_bytes(case: tuple, page: int, data: st.DataObject) -> None:
+    """Capacities in bytes: the aggregate plan is size-aware Belady over the
+    nodes' pages; a generation needs its pages on one node, or is read from
+    storage (unplaced). The engine and the reference agree position by
+    position, unplaced ones included."""
+    seqs, node_of, caps, batch, items = case
+    sizes = data.draw(st.lists(st.integers(1, 40), min_size=items, max_size=items))
+    node_bytes = [c * page * 3 + data.draw(st.integers(0, page - 1)) for c in caps]
+    big = -(-max(sizes[x] for s in seqs for x in s) // page)  # pages of the largest item read
+    if sum(b // page for b in node_bytes) < big:  # the plan refuses an item larger than the pool
+        node_bytes[0] += big * page
+    cp = cluster_plan(seqs, node_of, cache_bytes=node_bytes, page_size=page, items=items, batch_size=batch,
+                      item_sizes=sizes)
+    assert cp.sized and cp.page_size == page
+    assert cp.capacities.tolist() == [b // page for b in node_bytes]
+    ref = cluster_place(cp.seq, cp.reader, cp.capacities.tolist(), item_sizes=sizes, items=items,
+                        page_size=page, plan_sizes=sizes)
+    assert cp.kinds.tolist() == ref.kinds
+    assert cp.nodes.tolist() == ref.nodes
+    assert (cp.unplaced, cp.unplaced_hits, cp.remote_admits) == (ref.unplaced, ref.unplaced_hits, ref.remote_admits)
+    assert [{k: d[k] for k in NODE_KEYS} for d in cp._per_node] == ref.per_node
+    assert cp.hits + cp.unplaced_hits == cp.plan.hits
+    assert all(d["peak_resident"] <= d["capacity"] for d in cp.node_stats())
+
+
+def test_golden_bytes_unplaced() -> None:
+    """Two nodes of 20 bytes in 10-byte pages. B and C (10 bytes) go to
+    their next readers, leaving one page on each node: A (20 bytes) fits the
+    cluster but no node, so both its reads come from storage."""
+    cp = cluster_plan([[1, 0, 1], [2, 2, 0]], None, cache_bytes=20, page_size=10, item_sizes=[20, 10, 10])
+    assert cp.seq.tolist() == [1, 2, 0, 2, 1, 0]
+    assert cp.plan.hits == 3
+    assert cp.kinds.tolist() == [ADMIT, ADMIT, BYPASS, LOCAL_HIT, LOCAL_HIT, BYPASS]
+    assert (cp.unplaced, cp.unplaced_hits, cp.hits) == (1, 1, 2)
+    assert cp.storage_bytes == 10 + 10 + 20 + 20
+
+
+@given(clusters())
+def test_no_node_holds_more_than_its_capacity(case: tuple) -> None:
+    """Replayed here from the kinds alone: a generation lives from its ADMIT
+    to its last read, at its home; every hit reads it there."""
+    seqs, node_of, caps, batch, items = case
+    cp = cluster_plan(seqs, node_of, caps, items=items, batch_size=batch)
+    seq, kinds, nodes, reader = cp.seq.tolist(), cp.kinds.tolist(), cp.nodes.tolist(), cp.reader.tolist()
+    nxt = reference.next_uses(seq)
+    live = [0] * len(caps)
+    holder: dict[int, int] = {}
+    for t, x in enumerate(seq):
+        last = nxt[t] == len(seq) or kinds[nxt[t]] not in (LOCAL_HIT, PEER_HIT)
+        if kinds[t] in (LOCAL_HIT, PEER_HIT):
+            assert holder[x] == nodes[t]
+            assert (kinds[t] == LOCAL_HIT) == (nodes[t] == reader[t])
+            if last:
+                live[holder.pop(x)] -= 1
+        elif kinds[t] == ADMIT:
+            assert x not in holder and not last
+            holder[x] = nodes[t]
+            live[nodes[t]] += 1
+            assert live[nodes[t]] <= caps[nodes[t]]
+        else:
+            assert kinds[t] == BYPASS and nodes[t] == -1 and x not in holder
+    assert not holder
+    per = cp.node_stats()
+    assert all(d["peak_resident"] <= d["capacity"] for d in per)
+    assert sum(d["accesses"] for d in per) == cp.accesses == len(seq)
+    assert sum(d["peer_bytes_sent"] for d in per) == sum(d["peer_bytes_received"] for d in per) == cp.peer_bytes
+    assert cp.peer_bytes == cp.peer_hits + cp.remote_admits  # one byte an item by default
+    assert cp.storage_bytes == cp.storage_reads == cp.plan.misses
+    tr = cp.transfers()
+    assert tr["position"].size == cp.peer_hits + cp.remote_admits
+    assert (tr["src"] != tr["dst"]).all()
+
+
+def test_golden_two_nodes() -> None:
+    """Rank 0 (node 0) reads A B A, rank 1 (node 1) reads B A C, one item a
+    node. Timeline A B | B A | A C. A is read next by node 1: kept there; B
+    by node 0: kept there. B, then A are local hits; node 0's last A is
+    node 1's copy. C is never read again: bypassed."""
+    cp = cluster_plan([[0, 1, 0], [1, 0, 2]], [0, 1], [1, 1], item_bytes=100)
+    assert cp.seq.tolist() == [0, 1, 1, 0, 0, 2]
+    assert cp.kinds.tolist() == [ADMIT, ADMIT, LOCAL_HIT, LOCAL_HIT, PEER_HIT, BYPASS]
+    assert cp.nodes.tolist() == [1, 0, 0, 1, 1, -1]
+    n0, n1 = cp.node_stats()
+    assert (n0["local_hits"], n0["peer_hits"], n0["storage_reads"], n0["plan_storage_bytes"]) == (1, 1, 1, 100)
+    assert (n1["local_hits"], n1["peer_hits"], n1["storage_reads"], n1["plan_storage_bytes"]) == (1, 0, 2, 200)
+    assert (n0["peer_bytes_sent"], n0["peer_bytes_received"]) == (100, 200)
+    assert (n1["peer_bytes_sent"], n1["peer_bytes_received"]) == (200, 100)
+    tr = cp.transfers()
+    assert list(zip(tr["position"].tolist(), tr["src"].tolist(), tr["dst"].tolist())) == [(0, 0, 1), (1, 1, 0),
+                                                                                          (4, 1, 0)]
+
+
+def test_golden_tie_break() -> None:
+    """Node 1 holds nothing; X and Y go to the node with most room (node 2,
+    two places), then to the lower id of two with one place each (node 0)."""
+    cp = cluster_plan([[0, 1, 0, 1]], [1], [1, 0, 2])
+    assert cp.kinds.tolist() == [ADMIT, ADMIT, PEER_HIT, PEER_HIT]
+    assert cp.nodes.tolist() == [2, 0, 2, 0]
+    assert [d["homed"] for d in cp.node_stats()] == [1, 0, 1]
+
+
+def test_one_node_is_the_plan() -> None:
+    seq = opt4torch.traces.epoch_shuffle(200, 4, seed=3)
+    cp = cluster_plan([seq], None, 50)
+    p = opt4torch.plan(seq, 50)
+    assert cp.local_hits == p.hits and cp.peer_hits == 0 and cp.peer_bytes == 0
+    assert cp.storage_reads == p.misses
+    assert cp.admits <= p.admits  # admits nothing reads become bypasses
+    assert np.array_equal(cp.kinds == LOCAL_HIT, p.kinds == opt4torch.HIT)
+
+
+def test_aggregate_holding_the_dataset_reads_each_item_once() -> None:
+    """4 nodes of 25 % each, DistributedSampler-style shuffles for 3 epochs:
+    the cluster reads the dataset from storage once; a node alone would not."""
+    n, world, epochs = 400, 4, 3
+    rng = np.random.default_rng(1)
+    perms = [rng.permutation(n) for _ in range(epochs)]
+    seqs = [[p[r::world] for p in perms] for r in range(world)]
+    sizes = rng.integers(1000, 5000, size=n)
+    cp = cluster_plan(seqs, None, n // 4, batch_size=8, item_sizes=sizes)
+    assert cp.storage_reads == n
+    assert cp.storage_bytes == int(sizes.sum())
+    alone = sum(opt4torch.plan(np.concatenate(s), n // 4, items=n).misses for s in seqs)
+    assert alone > 2 * n
+
+
+def test_checksum_names_the_cluster() -> None:
+    seqs = [[0, 1, 2, 3, 1], [3, 2, 1, 0, 2]]
+    a = cluster_plan(seqs, [0, 1], [2, 2])
+    assert a.checksum == cluster_plan(seqs, [0, 1], [2, 2]).checksum
+    assert a.checksum != cluster_plan(seqs, [0, 1], [3, 1]).checksum
+    assert a.checksum != cluster_plan(seqs, [1, 0], [2, 2]).checksum
+    assert a.checksum != cluster_plan(seqs, [0, 1], [2, 2], batch_size=2).checksum
+
+
+def test_each_nodes_part() -> None:
+    """Every read belongs to one node's part; what one node sends, another
+    receives; a node's homes are the ADMITs placed there."""
+    rng = np.random.default_rng(8)
+    seqs = [rng.integers(0, 60, size=80) for _ in range(6)]
+    cp = cluster_plan(seqs, [0, 0, 1, 1, 2, 2], [10, 5, 0], batch_size=3, item_bytes=9)
+    parts = [cp.for_node(n) for n in range(3)]
+    assert sorted(np.concatenate([p["reads"]["position"] for p in parts]).tolist()) == list(range(cp.accesses))
+    assert sum(p["sends"]["position"].size for p in parts) == sum(p["receives"]["position"].size for p in parts)
+    for p in parts:
+        n = p["node"]
+        assert (p["reads"]["kind"] == LOCAL_HIT).sum() == p["stats"]["local_hits"]
+        assert p["homes"].size == p["stats"]["homed"]
+        assert int(p["sends"]["bytes"].sum()) == p["stats"]["peer_bytes_sent"]
+        assert int(p["receives"]["bytes"].sum()) == p["stats"]["peer_bytes_received"]
+        assert (p["reads"]["node"][p["reads"]["kind"] == LOCAL_HIT] == n).all()
+    assert parts[2]["homes"].size == 0  # no memory, no homes
+    with pytest.raises(opt4torch.InvalidInputError, match="outside"):
+        cp.for_node(3)
+
+
+def test_checksum_is_the_same_in_another_process() -> None:
+    """What ranks will compare through the store: another interpreter
+    planning the same cluster gets the same checksum."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, opt4torch; rng = np.random.default_rng(3); "
+            "seqs = [rng.integers(0, 500, size=2000) for _ in range(4)]; "
+            "print(opt4torch.cluster_plan(seqs, [0, 1, 2, 3], 60, batch_size=16).checksum)")
+    out = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+           .stdout.strip() for _ in range(2)]
+    rng = np.random.default_rng(3)
+    seqs = [rng.integers(0, 500, size=2000) for _ in range(4)]
+    here = cluster_plan(seqs, [0, 1, 2, 3], 60, batch_size=16).checksum
+    assert out == [str(here), str(here)]
+
+
+def test_global_timeline_order() -> None:
+    tl = global_timeline([[0, 1, 2, 3, 4], [10, 11, 12]], batch_size=2)
+    assert tl.seq.tolist() == [0, 1, 10, 11, 2, 3, 12, 4]
+    assert tl.rank.tolist() == [0, 0, 1, 1, 0, 0, 1, 0]
+    assert tl.step.tolist() == [0, 0, 0, 0, 1, 1, 1, 2]
+    # Epochs: batches restart, and steps go on.
+    tl = global_timeline([[[0, 1, 2], [3, 4]], [[5], [6, 7, 8]]], batch_size=2)
+    assert tl.seq.tolist() == [0, 1, 5, 2, 3, 4, 6, 7, 8]
+    assert tl.step.tolist() == [0, 0, 0, 1, 2, 2, 2, 2, 3]
+    assert tl.steps == 4
+
+
+def test_timeline_is_share_across_ranks_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same order the DataLoader's share_across_ranks builds for the
+    ranks of one node (data.py's _interleave_ranks), with its all-gather
+    answered here."""
+    import torch.distributed as dist
+
+    from opt4torch import data
+
+    rng = np.random.default_rng(5)
+    world, epochs, batch = 3, 2, 4
+    orders = [[rng.integers(0, 50, size=int(rng.integers(5, 30))) for _ in range(epochs)] for _ in range(world)]
+    lengths = [[np.array([min(batch, len(o) - i) for i in range(0, len(o), batch)]) for o in rank]
+               for rank in orders]
+
+    def gather(out: list, obj: object, group: object = None) -> None:
+        for r in range(world):
+            out[r] = (orders[r], lengths[r])
+
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    seq, *_ = data._interleave_ranks(orders[0], lengths[0], None, 0, world)
+    assert np.array_equal(global_timeline(orders, batch_size=batch).seq, seq)
+
+
+def test_capture_ranks_is_each_ranks_sampler() -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data.distributed import DistributedSampler
+
+    ds = list(range(103))
+    sampler = DistributedSampler(ds, num_replicas=4, rank=2, shuffle=True, seed=7)
+    sampler.set_epoch(5)
+    got = opt4torch.capture_ranks(sampler, 3)
+    assert sampler.rank == 2 and sampler.epoch == 5  # left as it was
+    assert len(got) == 4 and all(len(r) == 3 for r in got)
+    for r in range(4):
+        s = DistributedSampler(ds, num_replicas=4, rank=r, shuffle=True, seed=7)
+        for e in range(3):
+            s.set_epoch(e)
+            assert got[r][e].tolist() == list(iter(s))
+    # Every rank's shard together is the dataset (with DistributedSampler's padding).
+    assert set(np.concatenate([got[r][0] for r in range(4)]).tolist()) == set(ds)
+    cp = cluster_plan(got, [0, 0, 1, 1], 30, batch_size=8)
+    assert cp.accesses == 3 * 4 * sampler.num_samples
+    with pytest.raises(ValueError, match="distributed sampler"):
+        opt4torch.capture_ranks(torch.utils.data.RandomSampler(ds), 1)
+
+
+@pytest.mark.parametrize("args, match", [
+    (([[0, 1]], [0, 0], 1), "one integer node per rank"),
+    (([[0, 1]], [-1], 1), "negative"),
+    (([[0, 1]], [0], 0), "add up to 0"),
+    (([[0, 1]], [0], [1, -1]), "negative"),
+    (([[0, 1]], [2], [1, 1]), "names 2 nodes"),
+    (([[0, 1.5]], None, 1), "integer"),
+    (([], None, 1), "empty"),
+    (([[], []], None, 1), "nothing to plan"),
+])
+def test_bad_input_is_refused(args: tuple, match: str) -> None:
+    with pytest.raises(opt4torch.InvalidInputError, match=match):
+        cluster_plan(*args)
+
+
+def test_bad_capacities_are_refused() -> None:
+    with pytest.raises(opt4torch.InvalidInputError, match="not both"):
+        cluster_plan([[0, 1]], None, 1, cache_bytes=100, item_sizes=[1, 1])
+    with pytest.raises(opt4torch.InvalidInputError, match="not both and not neither"):
+        cluster_plan([[0, 1]], None)
+    with pytest.raises(opt4torch.InvalidInputError, match="needs item_sizes"):
+        cluster_plan([[0, 1]], None, cache_bytes=100)
+    with pytest.raises(opt4torch.InvalidInputError, match="hold no page"):
+        cluster_plan([[0, 1]], None, cache_bytes=10, page_size=64, item_sizes=[1, 1])
+    with pytest.raises(opt4torch.InvalidInputError, match="one per node"):
+        cluster_plan([[0, 1]], None, cache_bytes="lots", item_sizes=[1, 1])
+
+
+def test_bad_batch_and_sizes_are_refused() -> None:
+    with pytest.raises(opt4torch.InvalidInputError, match="batch_size"):
+        cluster_plan([[0, 1]], None, 1, batch_size=0)
+    with pytest.raises(opt4torch.InvalidInputError, match="item_sizes"):
+        cluster_plan([[0, 1]], None, 1, item_sizes=[1])
+    with pytest.raises(opt4torch.InvalidInputError, match="item_bytes"):
+        cluster_plan([[0, 1]], None, 1, item_bytes=-1)
+
+
+def test_names() -> None:
+    assert opt4torch.cluster_plan is cluster.cluster_plan
+    assert opt4torch.ClusterPlan is cluster.ClusterPlan
+    assert set(cluster.NODE_KEYS) >= {"local_hits", "peer_hits", "peer_bytes_sent", "peer_bytes_received",
+                                      "plan_storage_bytes"}
+    assert "ClusterPlan" in repr(cluster_plan([[0, 1, 0]], None, 1))

@@ -33,8 +33,8 @@ from ._engine import InvalidInputError
 from ._plan import Plan, as_sequence
 from ._plan import plan as build_plan
 
-__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "NODE_KEYS", "ClusterPlan", "Timeline",
-           "cluster_plan", "global_timeline"]
+__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "NODE_ENV", "NODE_KEYS", "ClusterPlan", "Timeline",
+           "cluster_plan", "global_timeline", "job_plan", "node_of_this_rank"]
 
 LOCAL_HIT: int = _engine.CLUSTER_LOCAL_HIT
 PEER_HIT: int = _engine.CLUSTER_PEER_HIT
@@ -438,3 +438,123 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
     info, per_node = _engine.cluster_place(aggregate._h, reader, caps, kinds, nodes, sizes, int(item_bytes))
     return ClusterPlan(aggregate, timeline, reader, caps.astype(np.int64), kinds, nodes, info, per_node,
                        None if sizes is None else sizes.astype(np.int64), int(item_bytes), page)
+
+
+# ---- a job under torch.distributed (torchrun) ----
+
+#: The environment variable that says which node a rank belongs to: a node
+#: id (a non-negative integer), or ``rank`` (each rank a node of its own, so
+#: that several ranks on one machine act as separate nodes, each with its own
+#: pool). Unset: torchrun's ``GROUP_RANK`` (the node's rank), else 0.
+NODE_ENV = "OPT4TORCH_NODE"
+
+
+def node_of_this_rank(rank: int, environ: Any = None) -> int:
+    """The node this rank belongs to (see :data:`NODE_ENV`)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    raw = env.get(NODE_ENV)
+    if raw is not None:
+        text = raw.strip().lower()
+        if text == "rank":
+            return int(rank)
+        if text.isdigit():
+            return int(text)
+        raise InvalidInputError(f"{NODE_ENV}={raw!r}: give a node id (a non-negative integer), or 'rank' "
+                                "for each rank a node of its own")
+    group_rank = env.get("GROUP_RANK")
+    return int(group_rank) if group_rank is not None and group_rank.isdigit() else 0
+
+
+def _sampler_facts(sampler: Any) -> dict[str, Any]:
+    """What every rank's copy of the sampler must agree on."""
+    facts: dict[str, Any] = {"sampler": f"{type(sampler).__module__}.{type(sampler).__qualname__}"}
+    for key in ("num_replicas", "seed", "shuffle", "drop_last"):
+        if hasattr(sampler, key):
+            facts[key] = getattr(sampler, key)
+    dataset = getattr(sampler, "dataset", None)
+    if dataset is not None and hasattr(dataset, "__len__"):
+        facts["dataset_len"] = len(dataset)
+    return facts
+
+
+def _disagreement(everyone: Sequence[dict[str, Any]]) -> str | None:
+    """The first fact the ranks do not agree on, said with each rank's value."""
+    for key in everyone[0]:
+        values = [f.get(key) for f in everyone]
+        if any(v != values[0] for v in values[1:]):
+            shown = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values[:16]))
+            more = f", ... ({len(values)} ranks)" if len(values) > 16 else ""
+            return f"{key} ({shown}{more})"
+    return None
+
+
+def job_plan(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any = None,
+             cache_bytes: Any = None, item_sizes: Any = None, item_bytes: int = 1,
+             page_size: int | None = None, progress: bool | None = None,
+             group: Any = None) -> tuple[ClusterPlan, int]:
+    """The cluster plan of a job under torch.distributed, the same on every
+    rank, and this rank's node (an index into the plan's nodes).
+
+    Every rank calls it with its own ``sampler`` (a ``DistributedSampler``
+    with this rank's ``rank``): each captures every rank's order (given the
+    seed and the world size they are known everywhere) and plans the whole
+    cluster, so no plan is sent anywhere. Before planning, the ranks compare
+    what must agree (the sampler's class, seed, shuffle, drop_last and
+    replica count, the dataset's length, ``epochs``, ``batch_size``, the
+    capacity, how many item sizes): a difference raises ``ValueError`` on
+    every rank, naming the fact and each rank's value. After, they compare
+    the plans' checksums, which catches what the facts cannot see (item sizes
+    that differ between nodes, a sampler whose order depends on the rank's
+    own state). Node ids (:func:`node_of_this_rank`) are numbered densely in
+    the plan, in increasing order. The exchanges run on ``group`` (default: a
+    gloo group of its own, made here: a collective, as is every call).
+    """
+    import torch.distributed as dist
+
+    from .capture import capture_ranks
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("job_plan runs under torch.distributed (torchrun): call "
+                           "torch.distributed.init_process_group first")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if getattr(sampler, "num_replicas", None) != world or getattr(sampler, "rank", None) != rank:
+        raise InvalidInputError(
+            f"job_plan needs this rank's DistributedSampler (num_replicas={world}, rank={rank}); got "
+            f"{type(sampler).__name__} with num_replicas={getattr(sampler, 'num_replicas', None)!r}, "
+            f"rank={getattr(sampler, 'rank', None)!r}")
+    if group is None:
+        group = dist.new_group(backend="gloo")
+    node = node_of_this_rank(rank)
+    sizes = None if item_sizes is None else np.asarray(item_sizes)
+    facts = {**_sampler_facts(sampler), "epochs": epochs, "batch_size": batch_size,
+             "capacity_per_node": None if capacity_per_node is None else np.asarray(capacity_per_node).tolist(),
+             "cache_bytes": None if cache_bytes is None else np.asarray(cache_bytes).tolist(),
+             "page_size": page_size, "item_bytes": item_bytes,
+             "item_sizes": None if sizes is None else int(sizes.size)}
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, {"node": node, "facts": facts}, group=group)
+    differs = _disagreement([e["facts"] for e in everyone])
+    if differs is not None:
+        raise ValueError(
+            f"the ranks of this job disagree on {differs}: one cluster plan needs the same sampler, "
+            "seed, dataset, epochs, batch size and cache on every rank (a rank started with other "
+            "arguments, or another version of the data?)")
+    node_ids = sorted({int(e["node"]) for e in everyone})
+    node_of_rank = [node_ids.index(int(e["node"])) for e in everyone]
+    seqs = capture_ranks(sampler, epochs, progress=progress)
+    plan = cluster_plan(seqs, node_of_rank, capacity_per_node, cache_bytes=cache_bytes, page_size=page_size,
+                        batch_size=batch_size, item_bytes=item_bytes, item_sizes=sizes, progress=progress)
+    sums: list[Any] = [None] * world
+    dist.all_gather_object(sums, plan.checksum, group=group)
+    if any(s != sums[0] for s in sums):
+        groups: dict[int, list[int]] = {}
+        for r, s in enumerate(sums):
+            groups.setdefault(int(s), []).append(r)
+        said = "; ".join(f"ranks {rs} planned {s:016x}" for s, rs in groups.items())
+        raise ValueError(
+            f"the ranks of this job planned different clusters ({said}) from the same arguments: "
+            "their orders or item sizes differ (files that differ between nodes, or a sampler whose "
+            "order depends on more than its seed and epoch)")
+    return plan, node_of_rank[rank]

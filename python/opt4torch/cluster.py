@@ -34,7 +34,7 @@ from ._plan import Plan, as_sequence
 from ._plan import plan as build_plan
 
 __all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "NODE_ENV", "NODE_KEYS", "ClusterPlan", "Timeline",
-           "cluster_plan", "global_timeline", "job_plan", "node_of_this_rank"]
+           "cluster_plan", "global_timeline", "interleave", "job_plan", "node_of_this_rank"]
 
 LOCAL_HIT: int = _engine.CLUSTER_LOCAL_HIT
 PEER_HIT: int = _engine.CLUSTER_PEER_HIT
@@ -85,6 +85,65 @@ def _epochs_of(obj: Any, r: int) -> list[np.ndarray]:
     return out
 
 
+def interleave(orders: Sequence[Sequence[Any]], lengths: Sequence[Sequence[Any]]
+               ) -> tuple[Timeline, list[list[npt.NDArray[np.int64]]], list[int]]:
+    """The global timeline of data-parallel training, from every rank's
+    batches: epoch by epoch, step by step, rank 0's batch, then rank 1's, ...
+    ``orders[r][e]`` is rank r's order in epoch e and ``lengths[r][e]`` its
+    batch lengths (summing to that order's length); a rank with fewer batches
+    in an epoch has none at the later steps.
+
+    Returns the timeline, each rank's batch starts per epoch (positions in
+    the timeline), and each epoch's first position. The one place this order
+    is made: :func:`global_timeline` and the DataLoader's
+    ``share_across_ranks`` both use it.
+    """
+    world = len(orders)
+    n_epochs = max((len(o) for o in orders), default=0)
+    seq_parts, rank_parts, step_parts = [], [], []
+    starts: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(world)]
+    floors: list[int] = []
+    pos = step0 = 0
+    for e in range(n_epochs):
+        floors.append(pos)
+        arrays, batch_lens = [], []
+        for r in range(world):
+            a = np.asarray(orders[r][e] if e < len(orders[r]) else np.empty(0), dtype=np.int64)
+            lens = np.asarray(lengths[r][e] if e < len(lengths[r]) else np.empty(0), dtype=np.int64)
+            if int(lens.sum()) != a.size or (lens < 0).any():
+                raise InvalidInputError(f"rank {r}, epoch {e}: batch lengths {lens.tolist()[:8]} do not "
+                                        f"add up to its {a.size} samples")
+            arrays.append(a)
+            batch_lens.append(lens)
+        # Batches in timeline order: by step, then rank. Each batch's first
+        # position follows from the lengths of the batches before it (an
+        # empty batch starts where the next one does).
+        keys = np.concatenate([np.arange(l.size, dtype=np.int64) * world + r for r, l in enumerate(batch_lens)])
+        lens_all = np.concatenate(batch_lens) if batch_lens else np.empty(0, dtype=np.int64)
+        order_b = np.argsort(keys, kind="stable")
+        begin = np.empty(keys.size, dtype=np.int64)
+        begin[order_b] = np.cumsum(lens_all[order_b]) - lens_all[order_b]
+        k = 0
+        for r in range(world):
+            starts[r].append(pos + begin[k:k + batch_lens[r].size])
+            k += batch_lens[r].size
+        idx = np.concatenate(arrays)
+        if idx.size == 0:
+            continue
+        rank = np.repeat(np.arange(world, dtype=np.int32), [a.size for a in arrays])
+        step = np.concatenate([np.repeat(np.arange(l.size, dtype=np.int64), l) for l in batch_lens])
+        order = np.argsort(step * world + rank, kind="stable")
+        seq_parts.append(idx[order])
+        rank_parts.append(rank[order])
+        step_parts.append(step[order] + step0)
+        pos += idx.size
+        step0 += int(step.max()) + 1
+    if not seq_parts:
+        raise InvalidInputError("every rank's order is empty: nothing to plan")
+    timeline = Timeline(np.concatenate(seq_parts), np.concatenate(rank_parts), np.concatenate(step_parts))
+    return timeline, starts, floors
+
+
 def global_timeline(seqs_by_rank: Sequence[Any], batch_size: int = 1) -> Timeline:
     """Interleave every rank's order as data-parallel training reads it:
     epoch by epoch, step by step, rank 0's batch, then rank 1's, ...
@@ -97,27 +156,10 @@ def global_timeline(seqs_by_rank: Sequence[Any], batch_size: int = 1) -> Timelin
         raise InvalidInputError(f"batch_size must be a positive integer, got {batch_size!r}")
     if len(seqs_by_rank) == 0:
         raise InvalidInputError("seqs_by_rank is empty: give one order per rank")
-    world = len(seqs_by_rank)
-    ranks = [_epochs_of(s, r) for r, s in enumerate(seqs_by_rank)]
-    seq_parts, rank_parts, step_parts = [], [], []
-    step0 = 0
-    for e in range(max(len(p) for p in ranks)):
-        arrays = [p[e] if e < len(p) else np.empty(0, np.int64) for p in ranks]
-        lengths = np.array([a.size for a in arrays], dtype=np.int64)
-        if lengths.sum() == 0:
-            continue
-        idx = np.concatenate(arrays)
-        rank = np.repeat(np.arange(world, dtype=np.int32), lengths)
-        within = np.arange(idx.size, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        step = within // batch_size
-        order = np.argsort(step * world + rank, kind="stable")
-        seq_parts.append(idx[order])
-        rank_parts.append(rank[order])
-        step_parts.append(step[order] + step0)
-        step0 += int(step.max()) + 1
-    if not seq_parts:
-        raise InvalidInputError("every rank's order is empty: nothing to plan")
-    return Timeline(np.concatenate(seq_parts), np.concatenate(rank_parts), np.concatenate(step_parts))
+    orders = [_epochs_of(s, r) for r, s in enumerate(seqs_by_rank)]
+    lengths = [[np.minimum(batch_size, a.size - np.arange(0, a.size, batch_size)) for a in rank]
+               for rank in orders]
+    return interleave(orders, lengths)[0]
 
 
 class ClusterPlan:

@@ -852,33 +852,18 @@ def _node_group() -> tuple[Any, int, int]:
 def _interleave_ranks(per_epoch_idx: list[np.ndarray], per_epoch_lengths: list[np.ndarray], group: Any,
                       rank: int, world: int) -> tuple[np.ndarray, list[np.ndarray], list[int], list[np.ndarray]]:
     """One sequence for a node's ranks, as data-parallel training reads it:
-    epoch by epoch, step by step, rank 0's batch, then rank 1's, ... Returns
-    the sequence, this rank's batch starts per epoch (global positions), the
-    epochs' first positions, and this rank's batch lengths."""
+    epoch by epoch, step by step, rank 0's batch, then rank 1's, ...
+    (:func:`opt4torch.cluster.interleave`, the order cluster plans use too).
+    Returns the sequence, this rank's batch starts per epoch (global
+    positions), the epochs' first positions, and this rank's batch lengths."""
     import torch.distributed as dist
+
+    from .cluster import interleave
 
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, (per_epoch_idx, per_epoch_lengths), group=group)
-    pieces: list[np.ndarray] = []
-    starts: list[np.ndarray] = []
-    floors: list[int] = []
-    pos = 0
-    for e in range(len(per_epoch_lengths)):
-        floors.append(pos)
-        offsets = [np.concatenate(([0], np.cumsum(everyone[r][1][e]))) for r in range(world)]
-        mine: list[int] = []
-        for step in range(max(len(everyone[r][1][e]) for r in range(world))):
-            for r in range(world):
-                lengths = everyone[r][1][e]
-                if step >= len(lengths):
-                    continue
-                n = int(lengths[step])
-                pieces.append(everyone[r][0][e][offsets[r][step]:offsets[r][step] + n])
-                if r == rank:
-                    mine.append(pos)
-                pos += n
-        starts.append(np.array(mine, dtype=np.int64))
-    return np.concatenate(pieces), starts, floors, per_epoch_lengths
+    timeline, starts, floors = interleave([e[0] for e in everyone], [e[1] for e in everyone])
+    return timeline.seq, starts[rank], floors, per_epoch_lengths
 
 
 def _probe_item_bytes(dataset: Any, seq: np.ndarray, allow_pickle: bool, probes: int = 16) -> tuple[int, int]:

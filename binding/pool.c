@@ -127,14 +127,14 @@ static void pool_dealloc(PoolObject *self) {
 
 static PyObject *py_pool_create(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"plan", "page_size", "wait_timeout_ms", "max_procs", "occurrences",
-                           "owner_pid", "staging_slots", "staging_slot_bytes", NULL};
+                           "owner_pid", "staging_slots", "staging_slot_bytes", "spare_pages", NULL};
   PyObject *plan_obj;
-  unsigned long long page_size, timeout_ms = 0, slot_bytes = 0;
+  unsigned long long page_size, timeout_ms = 0, slot_bytes = 0, spare = 0;
   unsigned int max_procs = 0, owner_pid = 0, staging = 0;
   int occurrences = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|KIpIIK", kwlist, &plan_obj, &page_size,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|KIpIIKK", kwlist, &plan_obj, &page_size,
                                    &timeout_ms, &max_procs, &occurrences, &owner_pid, &staging,
-                                   &slot_bytes))
+                                   &slot_bytes, &spare))
     return NULL;
   opt4_plan *plan = opt4py_plan_enter(plan_obj);
   if (plan == NULL) return NULL;
@@ -147,6 +147,7 @@ static PyObject *py_pool_create(PyObject *Py_UNUSED(m), PyObject *args, PyObject
   opts.owner_pid = owner_pid;
   opts.staging_slots = staging;
   opts.staging_slot_bytes = slot_bytes;
+  opts.spare_pages = spare;
   opt4_pool *pool = NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS rc = opt4_pool_create(plan, &opts, &pool);

@@ -536,6 +536,15 @@ typedef struct opt4_pool_opts {
    * plans, the largest item for sized plans. A larger BYPASS item is left to
    * its consumer. */
   uint64_t staging_slot_bytes;
+  /* Pages beyond the plan's (0: none). The plan decides which items are
+   * resident; the pool assigns their pages, each ADMIT taking the pages
+   * freed longest ago (after their last planned read). A prefetched ADMIT is
+   * handed over only after those reads, so pages read just before its
+   * position make its reader wait; spare pages keep that distance when the
+   * plan evicts an item just read (docs/prefetch.md, "Handover"). They cost
+   * spare_pages * page_size bytes and change no decision. At most as many
+   * as the plan's pages (or 1024). */
+  uint64_t spare_pages;
 } opt4_pool_opts;
 
 /* Also build the occurrence index (4 bytes per access and 12 per item more),

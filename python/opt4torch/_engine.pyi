@@ -135,7 +135,7 @@ class Pool:
 
 def pool_create(plan: Plan, page_size: int, wait_timeout_ms: int = 0, max_procs: int = 0,
                 occurrences: bool = False, owner_pid: int = 0, staging_slots: int = 0,
-                staging_slot_bytes: int = 0) -> Pool: ...
+                staging_slot_bytes: int = 0, spare_pages: int = 0) -> Pool: ...
 
 class Records:
     path: str

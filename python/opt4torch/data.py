@@ -37,7 +37,7 @@ import torch.utils.data as tud
 
 from . import _engine, _live, _messages
 from ._codec import decode, decode_at, encode, encoded_size, make_arrays
-from ._plan import Plan, plan as build_plan
+from ._plan import ADMIT, Plan, plan as build_plan
 from .capture import capture_epochs
 
 __all__ = [
@@ -168,7 +168,7 @@ class OPTCache:
     """
 
     def __init__(self, plan: Plan, page_size: int, *, wait_timeout: float = 10.0,
-                 max_procs: int = 0, staging_slots: int = 0) -> None:
+                 max_procs: int = 0, staging_slots: int = 0, spare_pages: int = 0) -> None:
         if not plan.has_decisions:
             raise ValueError("the cache needs a plan with a capacity")
         remove_stale_pools()
@@ -178,7 +178,8 @@ class OPTCache:
         # engine lists the pool as this process's before pool_create returns).
         _install_handlers()
         self._pool = _engine.pool_create(plan._h, self.page_size, int(wait_timeout * 1000), max_procs,
-                                         staging_slots=int(staging_slots))
+                                         staging_slots=int(staging_slots), spare_pages=int(spare_pages))
+        self.spare_pages = int(spare_pages)
         self.name: str = self._pool.name
         self._owner_pid = os.getpid()
         self._lock = threading.Lock()
@@ -198,6 +199,7 @@ class OPTCache:
         self = cls.__new__(cls)
         self.plan = plan
         self.page_size = int(page_size)
+        self.spare_pages = 0  # the creator's; info()["pages"] counts them
         self._pool = _engine.pool_attach(name)
         self.name = name
         self._owner_pid = -1  # never the owner
@@ -354,6 +356,7 @@ class OPTCache:
             "capacity_items": None if self.plan.sized else self.plan.capacity,
             "capacity_bytes": self.plan.capacity_bytes if self.plan.sized else self.plan.capacity * self.page_size,
             "page_size": self.page_size,
+            "spare_pages": self.spare_pages,
             "shm_bytes": self._pool.info()["shm_bytes"],
             **extra,
         }
@@ -785,6 +788,29 @@ class _Reporter:
         return fig
 
 
+def handover_spare(plan: Plan, window: int) -> int:
+    """Spare pages for a prefetching pool (``opt4_pool_opts.spare_pages``):
+    enough that an ADMIT's pages were last read about ``window`` positions
+    before it, twice over. Each ADMIT takes the pages freed longest ago, so
+    the distance is the spare pages over the pages admitted per position
+    (docs/prefetch.md, "Handover"). It depends on how fast the plan admits,
+    not on the cache's size: about ``2 * window`` admitted items' pages,
+    and never more than an eighth of the plan's pages (a small cache pays at
+    most 12.5 % more memory; a large one a few items' worth)."""
+    if plan.accesses == 0 or plan.admits == 0:
+        return 0
+    kinds = plan.kinds
+    if plan.sized:
+        sizes = plan.item_sizes
+        assert sizes is not None
+        page = max(int(plan.page_size), 1)
+        admitted = np.maximum(1, -(-sizes[plan.seq[kinds == ADMIT]].astype(np.int64) // page)).sum()
+    else:
+        admitted = int(plan.admits)
+    spare = math.ceil(2 * window * int(admitted) / plan.accesses)
+    return int(min(spare, int(plan._info["slots"]) // 8))
+
+
 #: Bytes the staging ring takes by default (64 slots at most, 8 at least):
 #: memory beyond the cache that prefetching needs for the items it loads
 #: ahead that the cache does not keep (BYPASSes).
@@ -1015,7 +1041,11 @@ class DataLoader(tud.DataLoader):
         ``prefetch_threads`` for a fixed count). ``lookahead`` bounds how far
         ahead, in positions, and
         ``staging_slots`` how many items that bypass the cache may wait in
-        its staging ring (each takes one cached item's space).
+        its staging ring (each takes one cached item's space). ``spare_pages``
+        (default with prefetch: about two batches per worker of admitted
+        items' pages; 0 without) are pool pages beyond the plan's, so that a
+        prefetched item is never stored into pages read just before it,
+        where its reader would wait for the handover (docs/prefetch.md).
     ``log_every``
         every this many batches, live figures of the cache: position in the
         plan, hit rate, stall rate, how full the pool is, accesses and
@@ -1045,7 +1075,8 @@ class DataLoader(tud.DataLoader):
                  share_across_ranks: bool = False, page_size: int | None = None,
                  prefetch: bool | None = None, prefetch_threads: int = 8,
                  prefetch_max_threads: int | None = None, lookahead: int = 4096,
-                 staging_slots: int | None = None, log_every: int | None = None,
+                 staging_slots: int | None = None, spare_pages: int | None = None,
+                 log_every: int | None = None,
                  on_stats: Callable[[dict[str, Any]], Any] | None = None, tensorboard: Any = None,
                  **kwargs: Any) -> None:
         if isinstance(dataset, tud.IterableDataset):
@@ -1164,15 +1195,24 @@ class DataLoader(tud.DataLoader):
             slot = int(sizes.max()) if sizes is not None and len(sizes) else int(pool_page or plan.page_size or 1)
             staging_slots = max(8, min(64, STAGING_BUDGET // max(slot, 1))) if prefetch else 0
 
+        # Spare pages keep a prefetched ADMIT's pages read long before it
+        # (handover_spare); without prefetch nobody hands over.
+        if spare_pages is None:
+            per_batch = int(batch_size or 1) if batch_sampler is None else int(own[0][:1].sum() or 1)
+            spare_pages = handover_spare(plan, (max(num_workers, 1) + 1) * per_batch) if prefetch else 0
+        elif isinstance(spare_pages, bool) or not isinstance(spare_pages, int) or spare_pages < 0:
+            raise ValueError(f"spare_pages must be a non-negative integer, got {spare_pages!r}")
+
         # 3. The plan and the pool (one per node when shared across ranks:
         # local rank 0 creates it, the others attach by name).
         if group is None:
-            self.cache = OPTCache(plan, pool_page, wait_timeout=wait_timeout, staging_slots=staging_slots)
+            self.cache = OPTCache(plan, pool_page, wait_timeout=wait_timeout, staging_slots=staging_slots,
+                                  spare_pages=spare_pages)
         else:
             name = [None]
             if rank == 0:
                 self.cache = OPTCache(plan, pool_page, wait_timeout=wait_timeout,
-                                      staging_slots=staging_slots)
+                                      staging_slots=staging_slots, spare_pages=spare_pages)
                 name = [self.cache.name]
             torch.distributed.broadcast_object_list(name, src=torch.distributed.get_global_rank(group, 0),
                                                     group=group)
@@ -1219,7 +1259,7 @@ class DataLoader(tud.DataLoader):
         if group is None and batched and not (persistent_workers and num_workers > 0):
             self._replan_from = dict(seq=seq, starts=list(starts), lengths=list(own), make_plan=make_plan,
                                      pool_page=pool_page, wait_timeout=wait_timeout,
-                                     staging_slots=staging_slots, cut=None,
+                                     staging_slots=staging_slots, spare_pages=spare_pages, cut=None,
                                      prefetch=(dataset, prefetch_opts) if prefetch else None)
         #: Re-plans so far: (epoch, batches per epoch the new plan expects, or None for whole epochs).
         self.replans: list[tuple[int, int | None]] = []
@@ -1378,7 +1418,7 @@ class DataLoader(tud.DataLoader):
         if new_seq.size:
             plan = ctx["make_plan"](new_seq)
             cache = OPTCache(plan, ctx["pool_page"], wait_timeout=ctx["wait_timeout"],
-                             staging_slots=ctx["staging_slots"])
+                             staging_slots=ctx["staging_slots"], spare_pages=ctx["spare_pages"])
             cache._storage = old._storage
             if ctx["prefetch"] is not None:
                 ds, opts = ctx["prefetch"]

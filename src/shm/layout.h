@@ -305,8 +305,10 @@ int opt4__claimer_dead(opt4_pool *pool, uint32_t c);
 /* Sizes of the meta segment and the generation count for a plan. */
 int opt4__meta_size(const opt4_plan *plan, int occurrences, uint64_t *size,
                     uint64_t *gens, uint64_t *list_len);
+/* pages: the pool's pages, at least the plan's slots; the generations'
+ * pages are assigned here (meta.c, pass 2), not taken from the plan. */
 int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta,
-                     uint64_t size, uint64_t gens, uint64_t list_len);
+                     uint64_t size, uint64_t gens, uint64_t list_len, uint64_t pages);
 
 /* ---- runtime.c (what only prefetch.c uses of it is in runtime.h) ---- */
 /* A page seen WRITING (word w) whose writer may have died: if no live

@@ -42,13 +42,23 @@ int opt4__meta_size(const opt4_plan *plan, int occurrences, uint64_t *size, uint
 }
 
 int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta, uint64_t size,
-                     uint64_t gens, uint64_t list_len) {
+                     uint64_t gens, uint64_t list_len, uint64_t pages) {
   const opt4_plan_info *in = &plan->info;
   const uint64_t slots = in->slots;
-  /* The generation currently in each slot, while walking the plan. */
+  if (pages < slots)
+    return opt4__fail(OPT4_EINVAL, "a pool of %llu pages for a plan that uses %llu",
+                      (unsigned long long)pages, (unsigned long long)slots);
+  /* The generation in each of the plan's slots while walking it (to find a
+   * HIT's generation in an item plan); each physical page's generation, and
+   * the free pages, oldest first (a ring), for the page assignment below. */
   uint32_t *slot_gen = opt4__malloc((size_t)(slots ? slots : 1) * sizeof(uint32_t));
-  if (slot_gen == NULL)
-    return opt4__fail(OPT4_ENOMEM, "no memory to lay out %llu slots", (unsigned long long)slots);
+  uint32_t *page_gen = opt4__malloc((size_t)(pages ? pages : 1) * sizeof(uint32_t));
+  uint32_t *ring = opt4__malloc((size_t)(pages ? pages : 1) * sizeof(uint32_t));
+  int rc = 0;
+  if (slot_gen == NULL || page_gen == NULL || ring == NULL) {
+    rc = opt4__fail(OPT4_ENOMEM, "no memory to lay out %llu pages", (unsigned long long)pages);
+    goto leave;
+  }
   for (uint64_t s = 0; s < slots; s++) slot_gen[s] = NO_GEN;
   meta_header *mh = (meta_header *)(void *)meta;
   mh->layout = POOL_LAYOUT;
@@ -86,10 +96,10 @@ int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta, uint
   uint32_t *bpos = (uint32_t *)(void *)(meta + mh->bpos_off);
   uint32_t next_bypass = 0;
   memcpy(seq, plan->seq, in->accesses * 4);
-  /* A sized plan already numbers its generations (an op's low bits) and
-   * lists their pages; an item plan's op names a slot, its ADMITs are the
-   * generations in order, each of one page, and a HIT reads the generation
-   * in its slot. Either way, the slot map tracks each page's owner. */
+  /* Pass 1: the generations. A sized plan already numbers them (an op's low
+   * bits) and lists their pages; an item plan's op names a slot, its ADMITs
+   * are the generations in order, each of one page, and a HIT reads the
+   * generation in its slot. */
   const int sized = (in->flags & OPT4_PLAN_SIZED) != 0;
   uint32_t next_gen = 0;
   for (uint64_t t = 0; t < in->accesses; t++) {
@@ -110,16 +120,56 @@ int opt4__meta_build(const opt4_plan *plan, int occurrences, uint8_t *meta, uint
       gr[g].last_read = (uint32_t)t;
       gr[g].npages = (uint32_t)n;
       gr[g].list_off = off;
-      for (uint64_t i = 0; i < n; i++) {
-        uint32_t page = sized ? plan->pages[off + i] : bits;
-        le[off + i].page = page;
-        le[off + i].prev_gen = slot_gen[page];
-        slot_gen[page] = g;
-      }
+      if (!sized) slot_gen[bits] = g;
       rt[t] = (OPT4_OP_ADMIT << 30) | g;
     }
   }
-  opt4__free(slot_gen, (size_t)(slots ? slots : 1) * sizeof(uint32_t));
+  /* Pass 2: the pages. The plan decides which generations are resident;
+   * which pages they take is the pool's. A generation's pages are free
+   * again after its last planned read (its ADMIT's, or its last HIT's), and
+   * an ADMIT takes the pages freed longest ago: a prefetcher may store an
+   * ADMIT only after the planned reads of its pages' previous generations,
+   * so the longer ago those were, the less its reader waits for the
+   * handover (docs/prefetch.md, "Handover"). Beyond the plan's pages, the
+   * spare ones (pages - slots) keep that distance when the plan evicts an
+   * item just read. The live generations at an ADMIT are residents of the
+   * plan there, so they never take more than the plan's pages, and the ring
+   * always has enough. */
+  uint64_t head = 0, n_free = pages;
+  for (uint64_t p = 0; p < pages; p++) {
+    ring[p] = (uint32_t)p;
+    page_gen[p] = NO_GEN;
+  }
+  for (uint64_t t = 0; t < in->accesses; t++) {
+    uint32_t v = rt[t], kind = RT_KIND(v), g = RT_GEN(v);
+    if (kind == OPT4_OP_BYPASS) continue;
+    if (kind == OPT4_OP_ADMIT) {
+      if (gr[g].npages > n_free) {
+        rc = opt4__fail(OPT4_ECORRUPT, "the plan keeps more pages than it has at position %llu",
+                        (unsigned long long)t);
+        goto leave;
+      }
+      for (uint32_t i = 0; i < gr[g].npages; i++) {
+        uint32_t page = ring[head];
+        head = head + 1 == pages ? 0 : head + 1;
+        n_free--;
+        le[gr[g].list_off + i].page = page;
+        le[gr[g].list_off + i].prev_gen = page_gen[page];
+        page_gen[page] = g;
+      }
+    }
+    if (gr[g].last_read == t) {
+      for (uint32_t i = 0; i < gr[g].npages; i++) {
+        uint64_t tail = head + n_free;
+        ring[tail >= pages ? tail - pages : tail] = le[gr[g].list_off + i].page;
+        n_free++;
+      }
+    }
+  }
   memcpy(mh->magic, META_MAGIC, 8);
-  return 0;
+leave:
+  opt4__free(slot_gen, (size_t)(slots ? slots : 1) * sizeof(uint32_t));
+  opt4__free(page_gen, (size_t)(pages ? pages : 1) * sizeof(uint32_t));
+  opt4__free(ring, (size_t)(pages ? pages : 1) * sizeof(uint32_t));
+  return rc;
 }

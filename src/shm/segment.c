@@ -339,7 +339,11 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   const char *ns;
   if ((rc = pool_namespace(&ns)) != 0) return rc;
   uint32_t max_procs = opts->max_procs ? opts->max_procs : DEFAULT_PROCS;
-  uint64_t pages = plan->info.slots;
+  if (opts->spare_pages > 1024 && opts->spare_pages > plan->info.slots)
+    return opt4__fail(OPT4_EINVAL, "%llu spare pages for a plan of %llu pages: at most as many "
+                      "as the plan's (or 1024)", (unsigned long long)opts->spare_pages,
+                      (unsigned long long)plan->info.slots);
+  uint64_t pages = plan->info.slots + opts->spare_pages;
   /* Item-capacity plans: one page per item, rounded up to a cache line.
    * Sized plans: the plan's page size exactly (items span pages). */
   uint64_t page_size = sized ? want_page : align_up(want_page, 64);
@@ -436,7 +440,7 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   pool->meta_size = (size_t)meta_size;
   pool->owner = 1;
 
-  rc = opt4__meta_build(plan, occurrences, pool->meta, meta_size, gens, list_len);
+  rc = opt4__meta_build(plan, occurrences, pool->meta, meta_size, gens, list_len, pages);
   if (rc != 0) {
     shm_unlink(pool->name);
     shm_unlink(meta_name);

@@ -59,7 +59,7 @@ static void test_fork_rounds(void) {
   opt4_plan *plan = random_plan(ROUNDS * 96, N, 100, 77);
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
-  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 16, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 16};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   opt4_prefetcher_opts po = {4, 0, 512, NULL, NULL, 0};
@@ -133,7 +133,7 @@ static void test_stop_in_child(void) {
   opt4_plan *plan = random_plan(2000, 50, 10, 5);
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
-  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 8, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 8};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   opt4_prefetcher_opts po = {2, 0, 256, NULL, NULL, 0};

@@ -232,7 +232,7 @@ static void test_stale_cleanup(void) {
   pid_t child = fork();
   if (child == 0) {
     opt4_pool *p = NULL;
-    if (opt4_pool_create(plan, &(opt4_pool_opts){PAGE, 500, 0, 0, 0, 0, 0}, &p) != 0) _exit(1);
+    if (opt4_pool_create(plan, &(opt4_pool_opts){.page_size = PAGE, .wait_timeout_ms = 500}, &p) != 0) _exit(1);
     char name[128];
     snprintf(name, sizeof name, "%s", opt4_pool_name(p));
     if (write(fds[1], name, sizeof name) != (ssize_t)sizeof name) _exit(1);
@@ -285,7 +285,7 @@ static void test_namespaces(void) {
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     setenv("OPT4TORCH_POOL_NAMESPACE", bad[i], 1);
     opt4_pool *p = NULL;
-    opt4_pool_opts o = {PAGE, 500, 0, 0, 0, 0, 0};
+    opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 500};
     ASSERT_ERR(opt4_pool_create(plan, &o, &p), OPT4_EINVAL);
     ASSERT(strstr(opt4_errdetail(), "OPT4TORCH_POOL_NAMESPACE") != NULL);
     ASSERT_ERR(opt4_pool_list(visit, &c), OPT4_EINVAL);
@@ -377,7 +377,7 @@ static void test_occurrences_and_skip(void) {
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
   const uint32_t *seq = opt4_plan_seq(plan), *ops = opt4_plan_ops(plan);
-  opt4_pool_opts o = {PAGE, 2000, 0, OPT4_POOL_OCCURRENCES, 0, 0, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 2000, .flags = OPT4_POOL_OCCURRENCES};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   uint64_t t;
@@ -422,7 +422,7 @@ static void test_sized_pool(void) {
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
   ASSERT(in.flags & OPT4_PLAN_SIZED);
-  opt4_pool_opts o = {0, 2000, 0, 0, 0, 0, 0}; /* page size from the plan */
+  opt4_pool_opts o = {.wait_timeout_ms = 2000}; /* page size from the plan */
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   opt4_pool_info info;
@@ -442,6 +442,85 @@ static void test_sized_pool(void) {
   /* A page_size that contradicts the plan is refused. */
   o.page_size = 128;
   ASSERT_ERR(opt4_pool_create(plan, &o, &pool), OPT4_EINVAL);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+/* The ADMITs of a pool whose pages were last read within `window`
+ * positions before them (the handover distance, docs/prefetch.md), and the
+ * smallest such distance; every previous generation's last read comes
+ * before the ADMIT (the protocol's "waits point back"). */
+static uint64_t close_handovers(const opt4_pool *pool, uint64_t window, uint64_t *min_gap) {
+  uint64_t close = 0;
+  *min_gap = UINT64_MAX;
+  for (uint64_t g = 0; g < pool->mh->generations; g++) {
+    const gen_rec *r = &pool->gens[g];
+    uint64_t latest = 0;
+    int any = 0;
+    for (uint32_t i = 0; i < r->npages; i++) {
+      uint32_t prev = pool->list[r->list_off + i].prev_gen;
+      if (prev == NO_GEN) continue;
+      ASSERT(pool->gens[prev].last_read < r->admit);
+      if (!any || pool->gens[prev].last_read > latest) latest = pool->gens[prev].last_read;
+      any = 1;
+    }
+    if (!any) continue;
+    uint64_t gap = r->admit - latest;
+    if (gap < *min_gap) *min_gap = gap;
+    close += gap <= window;
+  }
+  return close;
+}
+
+/* Spare pages: the pool assigns pages itself, each ADMIT taking the pages
+ * freed longest ago, so with spare pages no ADMIT takes pages read just
+ * before it; the plan's hits and bytes are unchanged, and the pool is
+ * larger by exactly the spare pages. */
+static void test_spare_pages(void) {
+  opt4_plan *plan = random_sized_plan(20000, 300, 64 * 200, 64, 21);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  opt4_pool_opts o = {.wait_timeout_ms = 2000};
+  opt4_pool *pool = NULL;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  uint64_t gap0 = 0, close0 = close_handovers(pool, 32, &gap0);
+  finish(pool);
+  o.spare_pages = 150;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  opt4_pool_info info;
+  ASSERT_OK(opt4_pool_info_get(pool, &info));
+  ASSERT_U64_EQ(info.pages, in.slots + 150);
+  uint64_t gap1 = 0, close1 = close_handovers(pool, 32, &gap1);
+  if (!(close0 > 50 && close1 == 0 && gap1 > 32))
+    FAIL_AT("ADMITs within 32 positions of their pages' last read: %llu without spare pages "
+            "(closest %llu), %llu with 150 (closest %llu)", (unsigned long long)close0,
+            (unsigned long long)gap0, (unsigned long long)close1, (unsigned long long)gap1);
+  follow_counts fc = {0, 0, 0, 0};
+  for (uint64_t t = 0; t < in.accesses; t += 16)
+    follow_batch(pool, t, t + 16 < in.accesses ? t + 16 : in.accesses, &fc);
+  ASSERT_U64_EQ(fc.hits + fc.deferred, in.hits);
+  ASSERT_U64_EQ(fc.wrong, 0);
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(st.fallbacks + st.timeouts + st.store_failed, 0);
+  finish(pool);
+  /* The same for an item plan: one page per item. */
+  opt4_plan *items = random_plan(20000, 400, 100, 22);
+  opt4_pool_opts oi = {.page_size = PAGE, .wait_timeout_ms = 2000, .spare_pages = 40};
+  ASSERT_OK(opt4_pool_create(items, &oi, &pool));
+  ASSERT_U64_EQ(close_handovers(pool, 16, &gap1), 0);
+  fc = (follow_counts){0, 0, 0, 0};
+  opt4_plan_info ii;
+  ASSERT_OK(opt4_plan_info_get(items, &ii));
+  for (uint64_t t = 0; t < ii.accesses; t += 16)
+    follow_batch(pool, t, t + 16 < ii.accesses ? t + 16 : ii.accesses, &fc);
+  ASSERT_U64_EQ(fc.hits + fc.deferred, ii.hits);
+  ASSERT_U64_EQ(fc.wrong, 0);
+  finish(pool);
+  /* More than the plan's pages again (and over 1024) is refused. */
+  oi.spare_pages = 5000;
+  ASSERT_ERR(opt4_pool_create(items, &oi, &pool), OPT4_EINVAL);
+  opt4_plan_close(items);
   opt4_plan_close(plan);
   ASSERT_NO_ENGINE_MEMORY();
 }
@@ -573,5 +652,6 @@ int main(void) {
   RUN(test_clock);
   RUN(test_finished_writer_is_not_dead);
   RUN(test_view_and_peek);
+  RUN(test_spare_pages);
   return 0;
 }

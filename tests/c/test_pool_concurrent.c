@@ -40,7 +40,7 @@ static void *thread_main(void *p) {
 }
 
 static opt4_pool *make_pool(const opt4_plan *plan, uint64_t timeout_ms) {
-  opt4_pool_opts o = {PAGE, timeout_ms, 0, 0, 0, 0, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = timeout_ms};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   return pool;
@@ -97,7 +97,7 @@ static void test_threads_sized(void) {
   opt4_plan *plan = random_sized_plan(30000, 500, 64 * 400, 64, 40);
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
-  opt4_pool_opts o = {0, 20000, 0, 0, 0, 0, 0};
+  opt4_pool_opts o = {.wait_timeout_ms = 20000};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   pthread_t th[4];

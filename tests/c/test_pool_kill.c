@@ -317,7 +317,7 @@ static void test_kill_at_random_points(uint64_t want_reads) {
   free(seq);
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
-  opt4_pool_opts o = {PAGE_BYTES, TIMEOUT_MS, 0, 0, 0, 0, 0};
+  opt4_pool_opts o = {.page_size = PAGE_BYTES, .wait_timeout_ms = TIMEOUT_MS};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
 
@@ -461,7 +461,7 @@ static void test_owner_killed(void) {
   memset(&po, 0, sizeof po);
   po.capacity = 4;
   ASSERT_OK(opt4_plan_build(&s, &po, &plan));
-  opt4_pool_opts o = {PAGE_BYTES, TIMEOUT_MS, 0, 0, 0, 0, 0};
+  opt4_pool_opts o = {.page_size = PAGE_BYTES, .wait_timeout_ms = TIMEOUT_MS};
   opt4_pool *live = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &live));
   int fds[2];

@@ -19,7 +19,7 @@
 #define OTHER_UID 65534u /* nobody */
 
 static opt4_pool *make_pool(const opt4_plan *plan) {
-  opt4_pool_opts o = {PAGE, 500, 0, 0, 0, 0, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 500};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   return pool;
@@ -193,7 +193,7 @@ static void test_foreign_file_not_listed_nor_removed(void) {
  * segments: each refused by the check, which names what is wrong. */
 static void test_damaged_headers_refused(void) {
   opt4_plan *plan = random_plan(400, 30, 6, 3);
-  opt4_pool_opts o = {PAGE, 500, 0, OPT4_POOL_OCCURRENCES, 0, 2, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 500, .flags = OPT4_POOL_OCCURRENCES, .staging_slots = 2};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   size_t size = pool->size, msize = pool->meta_size;

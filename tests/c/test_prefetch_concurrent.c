@@ -88,7 +88,7 @@ static void run(const opt4_plan *plan, uint32_t staging, int prefetchers, int co
                 uint64_t lookahead, long delay_ns) {
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
-  opt4_pool_opts o = {(in.flags & OPT4_PLAN_SIZED) ? 0 : PAGE, 20000, 0, 0, 0, staging, 0};
+  opt4_pool_opts o = {.page_size = (in.flags & OPT4_PLAN_SIZED) ? 0 : PAGE, .wait_timeout_ms = 20000, .staging_slots = staging};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   atomic_store(&source_loads, 0);
@@ -158,7 +158,7 @@ static void test_claims_step_by_step(void) {
   opt4_plan *plan = NULL;
   ASSERT_OK(opt4_plan_build(&s, &po, &plan));
   const uint32_t *ops = opt4_plan_ops(plan);
-  opt4_pool_opts o = {PAGE, 200, 0, 0, 0, 2, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 200, .staging_slots = 2};
   opt4_pool *pool = NULL, *other = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   ASSERT_OK(opt4_pool_attach(opt4_pool_name(pool), &other));
@@ -253,7 +253,7 @@ static void test_two_pass_batch_does_not_wait_for_itself(void) {
   ASSERT_EQ(OPT4_OP_KIND(ops[1]), OPT4_OP_HIT);
   ASSERT_EQ(OPT4_OP_KIND(ops[2]), OPT4_OP_ADMIT);
   ASSERT_EQ(OPT4_OP_KIND(ops[3]), OPT4_OP_HIT);
-  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 0, 0}; /* a 20 s wait would show */
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000}; /* a 20 s wait would show */
   opt4_pool *pool = NULL, *pf = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   ASSERT_OK(opt4_pool_attach(opt4_pool_name(pool), &pf));
@@ -311,7 +311,7 @@ static void test_two_pass_batch_does_not_wait_for_itself(void) {
  * position stops waiting well before the timeout and loads it itself. */
 static void test_dead_prefetcher(void) {
   opt4_plan *plan = random_plan(2000, 100, 30, 5);
-  opt4_pool_opts o = {PAGE, 60000, 0, 0, 0, 8, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 60000, .staging_slots = 8};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   int fds[2];

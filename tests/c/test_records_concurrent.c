@@ -281,7 +281,7 @@ static void run_prefetcher(uint32_t threads, uint32_t staging, uint64_t latency_
   opt4_plan *plan = random_plan(8000, N, 100, 99 + threads);
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
-  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, staging, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = staging};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   opt4_prefetcher_opts po = {threads, 0, 256, NULL, NULL, 0};
@@ -357,7 +357,7 @@ static void test_prefetcher_stop_early(void) {
   opt4_plan *plan = random_plan(3000, 200, 50, 3);
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
-  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 8, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 8};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   opt4_prefetcher_opts po = {4, 0, 1 << 20, NULL, NULL, 0};

@@ -275,7 +275,7 @@ static void test_prefetch_from_queued_source(void) {
   opt4_plan *plan = random_plan(6000, N, 80, 17);
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
-  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 8, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 8};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   opt4_prefetcher_opts po = {THREADS, 0, 256, NULL, NULL, 0};
@@ -338,7 +338,7 @@ static void test_stop_wakes_sleepers(void) {
   opt4_records *r = NULL;
   ASSERT_OK(opt4_records_open(path, 0, &r));
   opt4_plan *plan = random_plan(2000, 100, 30, 5);
-  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 4, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 4};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   opt4_prefetcher_opts po = {4, 0, 64, NULL, NULL, 0};
@@ -436,7 +436,7 @@ static void test_early_park(void) {
   opt4_plan *plan = random_plan(3000, N, 60, 23);
   opt4_plan_info in;
   ASSERT_OK(opt4_plan_info_get(plan, &in));
-  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 8, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 8};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   ASSERT_U64_EQ(opt4_prefetchers_park(), 0); /* no prefetcher: nothing to wait for */
@@ -535,7 +535,7 @@ static void test_depth_grows(void) {
     opt4_plan *plan = random_plan(3000, N, 90, 31 + (uint64_t)fixed);
     opt4_plan_info in;
     ASSERT_OK(opt4_plan_info_get(plan, &in));
-    opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 16, 0};
+    opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 16};
     opt4_pool *pool = NULL;
     ASSERT_OK(opt4_pool_create(plan, &o, &pool));
     opt4_prefetcher_opts po = {fixed ? 2 : 1, fixed ? 0 : 24, 256, NULL, NULL, 0};
@@ -591,7 +591,7 @@ static void test_dormant_threads(void) {
   opt4_source *src = NULL;
   ASSERT_OK(opt4_source_create(&slow_ops, &items, &src));
   opt4_plan *plan = random_plan(1000, N, 30, 37);
-  opt4_pool_opts o = {PAGE, 20000, 0, 0, 0, 8, 0};
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 8};
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_create(plan, &o, &pool));
   opt4_pool_info before;

@@ -133,8 +133,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (memcmp(opt4_plan_ops(back), opt4_plan_ops(plan), T * 4) != 0) abort();
   opt4_plan_close(back);
 
-  opt4_pool_opts po = {sized ? 0 : PAGE, 1, 0, (mode & 4) ? OPT4_POOL_OCCURRENCES : 0, 0,
-                       (mode >> 3) & 3 /* staging slots */, 0};
+  opt4_pool_opts po = {.page_size = sized ? 0 : PAGE,
+                       .wait_timeout_ms = 1,
+                       .flags = (mode & 4) ? OPT4_POOL_OCCURRENCES : 0,
+                       .staging_slots = (mode >> 3) & 3,
+                       .spare_pages = (mode >> 5) & 3};
   opt4_pool *pool = NULL;
   if (opt4_pool_create(plan, &po, &pool) != 0) abort();
 

@@ -45,6 +45,7 @@ _LAZY = {
     "image_folder_to_records": "opt4torch.records",
     "ImageFolder": "opt4torch.sources",
     "TarShards": "opt4torch.sources",
+    "S3ImageFolder": "opt4torch.objstore",
 }
 
 
@@ -110,6 +111,7 @@ __all__ = [
     "sequence_plan",
     "simulate",
     "TarShards",
+    "S3ImageFolder",
     "reference",
     "traces",
     "write_records",

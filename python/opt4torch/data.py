@@ -331,6 +331,8 @@ class OPTCache:
             info = self._storage.info()
             extra["storage_reads"] = info["reads"]
             extra["storage_bytes"] = info["bytes_read"]
+            if "requests" in info:  # an object store: GETs and LIST pages
+                extra["storage_requests"] = info["requests"]
         return {
             "hits": hits,
             "misses": misses,
@@ -988,7 +990,8 @@ class DataLoader(tud.DataLoader):
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
         _check_arguments(batch_size, cache_bytes, cache_items, wait_timeout, lookahead)
         if prefetch is None:  # on for record files (C threads); opt-in for other datasets
-            prefetch = hasattr(dataset, "_prefetch_source")
+            # (on for those that ask for it: an object store, whose reads wait without the GIL)
+            prefetch = hasattr(dataset, "_prefetch_source") or bool(getattr(dataset, "_prefetch_by_callback", False))
         if prefetch and (isinstance(prefetch_threads, bool) or not 1 <= int(prefetch_threads) <= 256):
             raise ValueError(f"prefetch_threads must be between 1 and 256, got {prefetch_threads!r}")
         if prefetch_max_threads is None:

@@ -1,0 +1,348 @@
+"""opt4torch.S3ImageFolder against a real S3-compatible server on 127.0.0.1:
+moto's server (bench/s3server.py, a subprocess started and stopped here, on
+a free port), with latency added at the server and only one access key
+accepted.
+
+The objects are an image-folder tree with what torchvision's rules decide on;
+the dataset is compared with opt4torch.ImageFolder over the same tree on
+disk (itself checked against torchvision's numbering in test_sources.py),
+byte for byte. Then it runs through opt4torch.DataLoader (0 and 2 workers,
+fork and spawn, prefetch on through the callback source): every sample is
+the object's bytes, hits equal the plan's, and the bytes read from the store
+equal the plan's miss bytes. Then the errors: a missing bucket, a prefix
+with nothing under it, wrong credentials, a server that is down, an object
+deleted or shortened after the listing, no client installed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import opt4torch
+
+pytest.importorskip("s3torchconnector", reason="the object-store tests need s3torchconnector (requirements-dev.txt)")
+boto3 = pytest.importorskip("boto3", reason="the object-store tests upload with boto3 (requirements-dev.txt)")
+pytest.importorskip("moto", reason="the object-store tests need moto[server] (requirements-dev.txt)")
+
+from opt4torch.objstore import ObjectStoreError, S3ImageFolder  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("no_leaked_pools")
+
+SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "s3server.py")
+KEY, SECRET, REGION, BUCKET = "opt4-test-key", "opt4-test-secret", "us-east-1", "images"
+LATENCY = 0.002  # seconds a request, at the server
+
+
+def _blob(i: int) -> bytes:
+    rng = np.random.default_rng(900 + i)
+    return rng.integers(0, 256, size=50 + (i * 97) % 5000, dtype=np.uint8).tobytes()
+
+
+#: The tree under s3://images/train/: classes out of order, a nested folder
+#: and one whose name sorts after a file's, upper-case extensions, files that
+#: are not images, an empty image, a hidden class (torchvision keeps it).
+LAYOUT = {
+    "zebra": ["b.jpg", "a.PNG", "sub/c.jpeg", "sub0.jpg", "notes.txt"],
+    "ant": [f"{k:02d}.jpg" for k in range(24)] + ["x.webp", "y.TIFF", "empty.jpg"],
+    ".hidden": ["h.bmp"],
+    "moth": [f"m{k}.png" for k in range(18)],
+}
+
+
+class Server:
+    """bench/s3server.py in a subprocess of its own session (no terminal,
+    default signal dispositions), on a free port."""
+
+    def __init__(self, latency: float, access_key: str | None) -> None:
+        args = [sys.executable, SERVER, "--port", "0", "--latency", str(latency)]
+        if access_key is not None:
+            args += ["--access-key", access_key]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     text=True, start_new_session=True, restore_signals=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # bounded by the test's timeout
+        if not line.startswith("PORT "):
+            self.stop()
+            raise RuntimeError(f"the S3 server did not start: {line!r} {self.proc.stderr.read() if self.proc.stderr else ''}")
+        self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def stats(self) -> dict[str, Any]:
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(self.endpoint + "/_opt4/stats", timeout=10) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    s = Server(LATENCY, KEY)
+    try:
+        client = boto3.client("s3", endpoint_url=s.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                              aws_secret_access_key=SECRET)
+        client.create_bucket(Bucket=BUCKET)
+        client.create_bucket(Bucket="emptybucket")
+        i = 0
+        for cls, files in LAYOUT.items():
+            for name in files:
+                body = b"" if name == "empty.jpg" else _blob(i)
+                client.put_object(Bucket=BUCKET, Key=f"train/{cls}/{name}", Body=body)
+                i += 1
+        client.put_object(Bucket=BUCKET, Key="train/top.jpg", Body=b"beside the classes")
+        client.put_object(Bucket=BUCKET, Key="train/zebra/", Body=b"")  # a folder marker
+        client.put_object(Bucket=BUCKET, Key="other/c/1.jpg", Body=b"another prefix")
+        client.put_object(Bucket=BUCKET, Key="notimages/c/readme.txt", Body=b"no image")
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(autouse=True)
+def aws_env(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """Credentials and region as boto3 takes them, set by every test (and
+    inherited by spawned workers); nothing from the machine's own."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
+                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-role lookups on this machine
+
+
+@pytest.fixture(scope="module")
+def local_tree(server: Server, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The same objects written out as a folder, for opt4torch.ImageFolder."""
+    root = tmp_path_factory.mktemp("s3tree")
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET)
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="train/"):
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len("train/"):]
+            if rel.endswith("/"):
+                continue
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(client.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read())
+    return os.fspath(root)
+
+
+def _open(server: Server, **kw: Any) -> S3ImageFolder:
+    return S3ImageFolder(f"s3://{BUCKET}/train/", endpoint_url=server.endpoint, **kw)
+
+
+def test_numbers_and_bytes_as_image_folder(server: Server, local_tree: str) -> None:
+    ds = _open(server)
+    ref = opt4torch.ImageFolder(local_tree)
+    assert ds.classes == ref.classes and ds.class_to_idx == ref.class_to_idx
+    assert [k[len("train/"):] for k, _ in ds.samples] == [os.path.relpath(p, local_tree) for p, _ in ref.samples]
+    assert ds.targets == ref.targets
+    assert len(ds) == len(ref) == sum(1 for fs in LAYOUT.values() for f in fs if not f.endswith(".txt"))
+    for i in range(len(ds)):
+        assert ds[i] == ref[i], ds.samples[i]
+    assert ds[-1] == ref[-1]
+    assert list(ds.item_sizes()) == [os.path.getsize(p) for p, _ in ref.samples]
+    assert [ds.opt4_item_bytes(i) for i in range(len(ds))] == list(ref.item_sizes())
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+    info = ds.info()
+    # Every item read once, the last twice; one LIST page, and a GET a read
+    # but for the empty object's (a range of nothing is not asked for).
+    assert info["reads"] == len(ds) + 1 and info["bytes_read"] == int(ds.item_sizes().sum()) + ds.item_sizes()[-1]
+    assert info["requests"] == 1 + (len(ds) + 1) - 1, info
+    ref.close()
+
+
+def test_one_list_no_head(server: Server) -> None:
+    before = server.stats()
+    ds = _open(server)
+    after = server.stats()
+    assert after["lists"] - before["lists"] == 1 and after["requests"] - before["requests"] == 1, (before, after)
+    assert ds.info()["requests"] == 1
+    before = server.stats()
+    data, label = ds[3]
+    after = server.stats()
+    assert after["ranged_gets"] - before["ranged_gets"] == 1 and after["get_bytes"] - before["get_bytes"] == len(data)
+
+
+def test_endpoint_and_region_from_the_environment(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # AWS_ENDPOINT_URL_S3 comes first
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.endpoint)
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    ds = S3ImageFolder(f"s3://{BUCKET}/train")
+    assert ds.endpoint_url == server.endpoint and ds.region == "eu-west-1" and ds.path_style
+    assert len(ds) > 0 and ds[0][0] == _open(server)[0][0]
+    assert "s3://images/train/" in repr(ds)
+
+
+def test_pickles_without_its_client(server: Server) -> None:
+    ds = _open(server)
+    ds[0]
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy._client is None and copy[5] == ds[5]
+    assert copy.info()["reads"] == 1  # counters of its own (not pickled for a worker)
+
+
+# ---- through opt4torch.DataLoader ----
+
+
+def plan_miss_bytes(loader: opt4torch.DataLoader, sizes: np.ndarray) -> int:
+    plan = loader.cache.plan
+    return int(sizes[plan.seq[plan.kinds != opt4torch.HIT]].sum())
+
+
+def run_epochs(ds: S3ImageFolder, ref: list[tuple[bytes, int]], workers: int, context: str | None,
+               epochs: int = 2, persistent: bool = False) -> dict[str, Any]:
+    sizes = ds.item_sizes()
+    loader = opt4torch.DataLoader(ds, batch_size=4, shuffle=True, seed=5, num_workers=workers,
+                                  multiprocessing_context=context, persistent_workers=persistent,
+                                  cache_bytes=int(0.4 * sizes.sum()) + 4096, epochs=epochs, prefetch_threads=4,
+                                  collate_fn=list)
+    try:
+        seq = loader.cache.plan.seq
+        t = 0
+        for _ in range(epochs):
+            for batch in loader:
+                for got in batch:
+                    assert got == ref[int(seq[t])], f"position {t}"
+                    t += 1
+        assert t == len(seq)
+        st = loader.cache.stats()
+        assert st["fallbacks"] == 0 and st["timeouts"] == 0, st
+        assert st["hits"] == st["plan_hits"], st
+        assert st["prefetcher"]["kind"] == "callback", st  # on by default for this dataset
+        assert st["storage_bytes"] == plan_miss_bytes(loader, sizes), st
+        assert st["storage_reads"] == st["plan_misses"], st
+        plan = loader.cache.plan
+        empty_reads = int((sizes[plan.seq[plan.kinds != opt4torch.HIT]] == 0).sum())
+        assert st["storage_requests"] == 1 + st["storage_reads"] - empty_reads, st  # the LIST, and the GETs
+        return st
+    finally:
+        loader.cache.close()
+
+
+@pytest.fixture(scope="module")
+def reference(server: Server, local_tree: str) -> list[tuple[bytes, int]]:
+    ref = opt4torch.ImageFolder(local_tree)
+    out = [ref[i] for i in range(len(ref))]
+    ref.close()
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("workers,context", [(0, None), (2, "fork")], ids=["0-workers", "2-fork"])
+def test_loader_prefetch_is_exact(server: Server, reference: list, workers: int, context: str | None) -> None:
+    ds = _open(server)
+    st = run_epochs(ds, reference, workers, context)
+    assert st["prefetched"] > 0, st
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("context,persistent", [("spawn", False), ("forkserver", True), ("fork", True)])
+def test_loader_workers_start_methods(server: Server, reference: list, context: str, persistent: bool) -> None:
+    """Spawned and forkserver workers get the dataset pickled (the client
+    made anew there, the counters shared); forked ones, non-persistent in
+    the fast test, here persistent over three epochs."""
+    ds = _open(server)
+    run_epochs(ds, reference, 2, context, epochs=3 if context == "fork" else 2, persistent=persistent)
+
+
+# ---- bad input ----
+
+
+def test_missing_bucket(server: Server) -> None:
+    with pytest.raises(ObjectStoreError, match="bucket 'nosuchbucket' does not exist"):
+        S3ImageFolder("s3://nosuchbucket/train/", endpoint_url=server.endpoint)
+
+
+def test_nothing_under_the_prefix(server: Server) -> None:
+    with pytest.raises(FileNotFoundError, match="no object under s3://images/nothing/here/"):
+        S3ImageFolder(f"s3://{BUCKET}/nothing/here", endpoint_url=server.endpoint)
+    with pytest.raises(FileNotFoundError, match="no object under s3://emptybucket/"):
+        S3ImageFolder("s3://emptybucket", endpoint_url=server.endpoint)
+    with pytest.raises(FileNotFoundError, match="Found no valid file for the classes c"):
+        S3ImageFolder(f"s3://{BUCKET}/notimages/", endpoint_url=server.endpoint)
+    with pytest.raises(FileNotFoundError, match="Couldn't find any class folder"):
+        S3ImageFolder(f"s3://{BUCKET}/train/zebra/sub", endpoint_url=server.endpoint)
+
+
+@pytest.mark.parametrize("url", ["images/train", "s3:///train", "", "gs://images/train"])
+def test_bad_url(url: str) -> None:
+    with pytest.raises(ValueError, match="s3://bucket"):
+        S3ImageFolder(url, endpoint_url="http://127.0.0.1:9")
+
+
+def test_bad_arguments(server: Server) -> None:
+    with pytest.raises(ValueError, match="max_attempts"):
+        _open(server, max_attempts=0)
+    with pytest.raises(ValueError, match="latency"):
+        _open(server, latency=-1)
+
+
+def test_wrong_credentials(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "not-the-key")
+    with pytest.raises(ObjectStoreError, match="refused the credentials"):
+        _open(server)
+
+
+def test_server_down_fails_fast() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(ObjectStoreError, match="did not answer"):
+        S3ImageFolder(f"s3://{BUCKET}/train/", endpoint_url=f"http://127.0.0.1:{port}", max_attempts=2)
+    assert time.monotonic() - t0 < 30
+
+
+def test_object_changed_after_listing(server: Server) -> None:
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET)
+    for k in range(2):
+        client.put_object(Bucket=BUCKET, Key=f"changing/c/{k}.jpg", Body=b"x" * 100)
+    ds = S3ImageFolder(f"s3://{BUCKET}/changing/", endpoint_url=server.endpoint)
+    client.put_object(Bucket=BUCKET, Key="changing/c/0.jpg", Body=b"x" * 10)
+    with pytest.raises(ObjectStoreError, match=r"changing/c/0.jpg .* returned 10 bytes where the listing said 100"):
+        ds[0]
+    client.delete_object(Bucket=BUCKET, Key="changing/c/1.jpg")
+    with pytest.raises(ObjectStoreError, match=r"GET s3://images/changing/c/1.jpg .*the object is gone"):
+        ds[1]
+
+
+def test_without_the_client_the_error_says_what_to_install() -> None:
+    code = ("import sys; sys.modules['s3torchconnector'] = None\n"
+            "import opt4torch\n"
+            "cls = opt4torch.S3ImageFolder\n"
+            "try:\n"
+            "    cls('s3://images/train/', endpoint_url='http://127.0.0.1:9')\n"
+            "except ImportError as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    assert "pip install" in out.stdout and "s3torchconnector" in out.stdout, out.stdout

@@ -256,7 +256,7 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump({"machine": machine(("obstore", "boto3", "botocore", "s3torchconnector", "moto")),
                    "args": vars(args), "summary": summary, "fork": forks, "runs": rows}, f, indent=1)
-    print("| client | threads | requests/s | CPU per request | GIL left to Python |")
+    print("| client | threads | requests/s | CPU per request | a Python thread's progress beside them |")
     print("|---|---|---|---|---|")
     for s in summary:
         print(f"| {s['client']} | {s['threads']} | {s['requests_per_s']:,.0f} | {s['cpu_us_per_request']:,.0f} µs "

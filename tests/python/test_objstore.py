@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import signal
 import socket
 import subprocess
 import sys
@@ -36,10 +35,10 @@ boto3 = pytest.importorskip("boto3", reason="the object-store tests upload with 
 pytest.importorskip("moto", reason="the object-store tests need moto[server] (requirements-dev.txt)")
 
 from opt4torch.objstore import ObjectStoreError, S3ImageFolder  # noqa: E402
+from s3store import Server  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_leaked_pools")
 
-SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "s3server.py")
 KEY, SECRET, REGION, BUCKET = "opt4-test-key", "opt4-test-secret", "us-east-1", "images"
 LATENCY = 0.002  # seconds a request, at the server
 
@@ -58,43 +57,6 @@ LAYOUT = {
     ".hidden": ["h.bmp"],
     "moth": [f"m{k}.png" for k in range(18)],
 }
-
-
-class Server:
-    """bench/s3server.py in a subprocess of its own session (no terminal,
-    default signal dispositions), on a free port."""
-
-    def __init__(self, latency: float, access_key: str | None) -> None:
-        args = [sys.executable, SERVER, "--port", "0", "--latency", str(latency)]
-        if access_key is not None:
-            args += ["--access-key", access_key]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                     text=True, start_new_session=True, restore_signals=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # bounded by the test's timeout
-        if not line.startswith("PORT "):
-            self.stop()
-            raise RuntimeError(f"the S3 server did not start: {line!r} {self.proc.stderr.read() if self.proc.stderr else ''}")
-        self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
-
-    def stats(self) -> dict[str, Any]:
-        import json
-        import urllib.request
-
-        with urllib.request.urlopen(self.endpoint + "/_opt4/stats", timeout=10) as r:
-            return json.loads(r.read())
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        for f in (self.proc.stdout, self.proc.stderr):
-            if f is not None:
-                f.close()
 
 
 @pytest.fixture(scope="module")

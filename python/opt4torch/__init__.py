@@ -46,6 +46,7 @@ _LAZY = {
     "ImageFolder": "opt4torch.sources",
     "TarShards": "opt4torch.sources",
     "S3ImageFolder": "opt4torch.objstore",
+    "S3TarShards": "opt4torch.objstore",
 }
 
 
@@ -112,6 +113,7 @@ __all__ = [
     "simulate",
     "TarShards",
     "S3ImageFolder",
+    "S3TarShards",
     "reference",
     "traces",
     "write_records",

@@ -1,4 +1,6 @@
-"""Images in an S3-compatible object store, read in place by byte-range GETs.
+"""Datasets kept in an S3-compatible object store, read in place by
+byte-range GETs: an image folder (:class:`S3ImageFolder`) and WebDataset
+tar shards (:class:`S3TarShards`).
 
 :class:`S3ImageFolder` is :class:`opt4torch.ImageFolder` for objects: the
 objects under ``s3://bucket/prefix/`` laid out as an image folder
@@ -15,15 +17,23 @@ in flight while training runs. It is an optional dependency
 (``pip install opt4torchdataset[s3]``); docs/dependencies.md has the
 measurements that chose it (obstore and boto3 were measured too).
 
+:class:`S3TarShards` is :class:`opt4torch.TarShards` for shards kept as
+objects: each shard is indexed once by the same C indexer (one GET of the
+whole shard into a temporary file), the index cached in the same JSON format
+(checked against the object's size and ETag), and each sample is then one
+ranged GET.
+
 docs/sources.md, "The object store", has the details.
 """
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import multiprocessing.context
 import os
 import posixpath
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -31,9 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from .sources import IMG_EXTENSIONS
+from .sources import IMG_EXTENSIONS, _read_index, _record_size, _write_index
 
-__all__ = ["S3ImageFolder", "ObjectStoreError"]
+__all__ = ["S3ImageFolder", "S3TarShards", "ObjectStoreError"]
 
 #: What to install when the client is missing.
 _INSTALL = "pip install 's3torchconnector>=1.5'  (or: pip install 'opt4torchdataset[s3]')"
@@ -99,52 +109,19 @@ def _split_url(url: str) -> tuple[str, str]:
     return bucket, prefix + "/" if prefix else ""
 
 
-class S3ImageFolder:
-    """An image folder kept as objects: ``s3://bucket/prefix/<class>/**/<file>``.
-
-    ``classes``, ``class_to_idx``, ``samples`` (``(key, label)`` pairs),
-    ``targets`` and the order of items are what ``torchvision.datasets.ImageFolder``
-    gives for the same tree on disk: classes are the first path component
-    below the prefix, sorted; files sorted by folder, then name; kept when
-    their name ends with one of :data:`opt4torch.sources.IMG_EXTENSIONS`,
-    case-insensitively; objects directly under the prefix are not items; a
-    class with no image is refused. ``ds[i]`` is ``(bytes, label)``, the
-    object's bytes. The objects are listed and sized once, here; an object
-    that is shorter when read fails that read, naming it.
-
-    Where the store is, and who asks, as boto3 finds them, each overridable
-    here: ``endpoint_url`` (else ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``,
-    else AWS), ``region`` (else ``AWS_REGION``, ``AWS_DEFAULT_REGION``, else
-    ``us-east-1``), credentials from the client's chain (``AWS_ACCESS_KEY_ID``,
-    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``; then the shared
-    credentials and config files, with ``profile`` or ``AWS_PROFILE``; then
-    the instance's role), or none with ``unsigned=True`` (a public bucket).
-    ``path_style`` addresses the bucket in the path (default: with an
-    ``endpoint_url``, as MinIO, Ceph or moto expect). ``max_attempts`` bounds
-    the tries of a request (connection errors and 5xx are retried).
-
-    ``latency`` (seconds) sleeps before every GET: an emulated slower store.
-    ``info()`` counts ``reads``, ``bytes_read`` and ``requests`` (GETs and
-    LIST pages) in shared memory, so DataLoader workers and the prefetch
-    threads count into one place (``stats()["storage_bytes"]``).
-
-    Given to :class:`opt4torch.DataLoader`, its misses are prefetched by the
-    C threads through the callback source (``prefetch`` is on by default for
-    it): a thread calls ``ds[i]``, whose wait for the GET releases the GIL.
-    It pickles to spawned and forkserver workers; each process makes its own
-    client on first use, never a forked one.
-    """
+class _ObjectDataset:
+    """What the object-store datasets share: where the store is, one client
+    per process, the shared counters, errors that name the request, ranged
+    GETs, pickling to worker processes."""
 
     #: opt4torch.DataLoader reports info()["reads"] and ["bytes_read"] as storage reads.
     _counts_storage = True
     #: opt4torch.DataLoader prefetches it by default (through the callback source).
     _prefetch_by_callback = True
 
-    def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
-                 profile: str | None = None, unsigned: bool = False, path_style: bool | None = None,
-                 max_attempts: int = 3, latency: float = 0.0) -> None:
-        self.url = url
-        self.bucket, self.prefix = _split_url(url)
+    def _setup(self, bucket: str, endpoint_url: str | None, region: str | None, profile: str | None,
+               unsigned: bool, path_style: bool | None, max_attempts: int, latency: float) -> None:
+        self.bucket = bucket
         self.endpoint_url = _endpoint(endpoint_url)
         self.region = _region(region)
         self.profile = profile
@@ -160,13 +137,6 @@ class S3ImageFolder:
         self._client: Any = None
         self._client_pid = -1
         self._client_lock = threading.Lock()
-        listing = self._list()
-        self.classes, self.class_to_idx, self.samples = _image_folder(listing, self.prefix, self.url)
-        self.imgs = self.samples
-        self.targets = [label for _, label in self.samples]
-        self._labels = np.asarray(self.targets, dtype=np.int64)
-        self._sizes = np.asarray([listing[key] for key, _ in self.samples], dtype=np.int64)
-        self._keys = [key for key, _ in self.samples]
 
     # ---- the client, one per process ----
 
@@ -202,29 +172,45 @@ class S3ImageFolder:
             hint = ": the object is gone (deleted since the listing?)"
         return ObjectStoreError(f"{what} {self._where()} failed{hint} [{type(exc).__name__}: {text}]")
 
-    def _list(self) -> dict[str, int]:
-        """Every object under the prefix, key -> size: one LIST (its pages)."""
+    def _list(self, prefix: str) -> dict[str, tuple[int, str]]:
+        """Every object under ``prefix``, key -> (size, ETag): one LIST (its pages)."""
         client, S3Exception = self._s3()
-        out: dict[str, int] = {}
+        out: dict[str, tuple[int, str]] = {}
         pages = 0
         try:
-            for page in client.list_objects(self.bucket, self.prefix):
+            for page in client.list_objects(self.bucket, prefix):
                 pages += 1
                 for obj in page.object_info:
-                    out[obj.key] = int(obj.size)
+                    out[obj.key] = (int(obj.size), str(obj.etag))
         except S3Exception as exc:
-            raise self._error(f"listing s3://{self.bucket}/{self.prefix}", exc) from None
+            raise self._error(f"listing s3://{self.bucket}/{prefix}", exc) from None
         finally:
-            _add(self._counts, 0, 0, max(pages, 1))
-        if not out:
-            raise FileNotFoundError(f"no object under s3://{self.bucket}/{self.prefix} {self._where()}: "
-                                    "expected s3://bucket/prefix/<class>/<image files>")
+            _counts_add(self._counts, 0, 0, max(pages, 1))
         return out
 
-    # ---- map-style dataset ----
+    def _get(self, key: str, start: int, length: int, *, count: bool = True) -> bytes:
+        """Bytes [start, start + length) of an object: one ranged GET."""
+        if self.latency:
+            time.sleep(self.latency)
+        if length == 0:  # a range of nothing is not a request S3 answers (416)
+            if count:
+                _counts_add(self._counts, 1, 0, 0)
+            return b""
+        client, S3Exception = self._s3()
+        try:
+            data = b"".join(client._client.get_object(self.bucket, key, start, start + length))
+        except S3Exception as exc:
+            _counts_add(self._counts, 0, 0, 1)
+            raise self._error(f"GET s3://{self.bucket}/{key} bytes {start}-{start + length - 1}", exc) from None
+        _counts_add(self._counts, 1 if count else 0, len(data) if count else 0, 1)
+        if len(data) != length:
+            raise ObjectStoreError(f"s3://{self.bucket}/{key} {self._where()} returned {len(data)} bytes where the "
+                                   f"listing said {length} (from byte {start}): the object changed since the "
+                                   "dataset was made")
+        return data
 
     def __len__(self) -> int:
-        return len(self._keys)
+        raise NotImplementedError
 
     def _index(self, index: int) -> int:
         i = int(index)
@@ -235,49 +221,12 @@ class S3ImageFolder:
             raise IndexError(f"index {index} is out of range for {n} items")
         return i
 
-    def read(self, index: int) -> bytes:
-        """Item ``index``'s bytes: one ranged GET of its object."""
-        i = self._index(index)
-        key, size = self._keys[i], int(self._sizes[i])
-        if self.latency:
-            time.sleep(self.latency)
-        if size == 0:  # a range of nothing is not a request S3 answers (416)
-            _add(self._counts, 1, 0, 0)
-            return b""
-        client, S3Exception = self._s3()
-        try:
-            data = b"".join(client._client.get_object(self.bucket, key, 0, size))
-        except S3Exception as exc:
-            _add(self._counts, 0, 0, 1)
-            raise self._error(f"GET s3://{self.bucket}/{key} bytes 0-{size - 1}", exc) from None
-        _add(self._counts, 1, len(data), 1)
-        if len(data) != size:
-            raise ObjectStoreError(f"s3://{self.bucket}/{key} {self._where()} returned {len(data)} bytes where the "
-                                   f"listing said {size}: the object changed since the dataset was made")
-        return data
-
-    def __getitem__(self, index: int) -> tuple[bytes, int]:
-        i = self._index(index)
-        return self.read(i), int(self._labels[i])
-
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[bytes, int]]:
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         return [self[i] for i in indices]
 
-    def opt4_item_bytes(self, index: int) -> int:
-        """Bytes item ``index`` takes as read (opt4torch.DataLoader plans in bytes with these)."""
-        return int(self._sizes[int(index)])
-
-    def item_sizes(self) -> np.ndarray:
-        """Every item's length in bytes, as an int64 array (from the listing)."""
-        return self._sizes.copy()
-
-    def info(self) -> dict[str, Any]:
-        """Items, the bytes they hold, where they are, and the counters shared
-        with the workers: ``reads`` and ``bytes_read`` (items read), and
-        ``requests`` (GETs, failed ones too, and LIST pages)."""
-        reads, bytes_read, requests = _get(self._counts)
-        return {"count": len(self), "total_bytes": int(self._sizes.sum()), "bucket": self.bucket,
-                "prefix": self.prefix, "endpoint": self.endpoint_url, "region": self.region,
+    def _info(self) -> dict[str, Any]:
+        reads, bytes_read, requests = _counts_get(self._counts)
+        return {"bucket": self.bucket, "endpoint": self.endpoint_url, "region": self.region,
                 "client": "s3torchconnector", "latency": self.latency,
                 "reads": reads, "bytes_read": bytes_read, "requests": requests}
 
@@ -305,9 +254,212 @@ class S3ImageFolder:
         if self._counts is None:
             self._counts = _new_counts()
 
+
+class S3ImageFolder(_ObjectDataset):
+    """An image folder kept as objects: ``s3://bucket/prefix/<class>/**/<file>``.
+
+    ``classes``, ``class_to_idx``, ``samples`` (``(key, label)`` pairs),
+    ``targets`` and the order of items are what ``torchvision.datasets.ImageFolder``
+    gives for the same tree on disk: classes are the first path component
+    below the prefix, sorted; files sorted by folder, then name; kept when
+    their name ends with one of :data:`opt4torch.sources.IMG_EXTENSIONS`,
+    case-insensitively; objects directly under the prefix are not items; a
+    class with no image is refused. ``ds[i]`` is ``(bytes, label)``, the
+    object's bytes. The objects are listed and sized once, here; an object
+    that is shorter when read fails that read, naming it.
+
+    Where the store is, and who asks, as boto3 finds them, each overridable
+    here: ``endpoint_url`` (else ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``,
+    else AWS), ``region`` (else ``AWS_REGION``, ``AWS_DEFAULT_REGION``, else
+    ``us-east-1``), credentials from the client's chain (``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``; then the shared
+    credentials and config files, with ``profile`` or ``AWS_PROFILE``; then
+    the instance's role), or none with ``unsigned=True`` (a public bucket).
+    ``path_style`` addresses the bucket in the path (default: with an
+    ``endpoint_url``, as MinIO, Ceph or moto expect). ``max_attempts`` bounds
+    the tries of a request (connection errors and 5xx are retried).
+
+    ``latency`` (seconds) sleeps before every GET: an emulated slower store.
+    ``info()`` counts ``reads``, ``bytes_read`` and ``requests`` (GETs and
+    LIST pages) in shared memory, so DataLoader workers and the prefetch
+    threads count into one place (``stats()["storage_bytes"]``).
+
+    Given to :class:`opt4torch.DataLoader`, its misses are prefetched by the
+    C threads through the callback source (``prefetch`` is on by default for
+    it): a thread calls ``ds[i]``, whose wait for the GET releases the GIL.
+    It pickles to spawned and forkserver workers; each process makes its own
+    client on first use, never a forked one.
+    """
+
+    def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
+                 profile: str | None = None, unsigned: bool = False, path_style: bool | None = None,
+                 max_attempts: int = 3, latency: float = 0.0) -> None:
+        self.url = url
+        bucket, self.prefix = _split_url(url)
+        self._setup(bucket, endpoint_url, region, profile, unsigned, path_style, max_attempts, latency)
+        listing = {k: size for k, (size, _) in self._list(self.prefix).items()}
+        if not listing:
+            raise FileNotFoundError(f"no object under s3://{self.bucket}/{self.prefix} {self._where()}: "
+                                    "expected s3://bucket/prefix/<class>/<image files>")
+        self.classes, self.class_to_idx, self.samples = _image_folder(listing, self.prefix, self.url)
+        self.imgs = self.samples
+        self.targets = [label for _, label in self.samples]
+        self._labels = np.asarray(self.targets, dtype=np.int64)
+        self._sizes = np.asarray([listing[key] for key, _ in self.samples], dtype=np.int64)
+        self._keys = [key for key, _ in self.samples]
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def read(self, index: int) -> bytes:
+        """Item ``index``'s bytes: one ranged GET of its object."""
+        i = self._index(index)
+        return self._get(self._keys[i], 0, int(self._sizes[i]))
+
+    def __getitem__(self, index: int) -> tuple[bytes, int]:
+        i = self._index(index)
+        return self.read(i), int(self._labels[i])
+
+    def opt4_item_bytes(self, index: int) -> int:
+        """Bytes item ``index`` takes as read (opt4torch.DataLoader plans in bytes with these)."""
+        return int(self._sizes[int(index)])
+
+    def item_sizes(self) -> np.ndarray:
+        """Every item's length in bytes, as an int64 array (from the listing)."""
+        return self._sizes.copy()
+
+    def info(self) -> dict[str, Any]:
+        """Items, the bytes they hold, where they are, and the counters shared
+        with the workers: ``reads`` and ``bytes_read`` (items read), and
+        ``requests`` (GETs, failed ones too, and LIST pages)."""
+        return {"count": len(self), "total_bytes": int(self._sizes.sum()), "prefix": self.prefix, **self._info()}
+
     def __repr__(self) -> str:
         return (f"S3ImageFolder('s3://{self.bucket}/{self.prefix}', {len(self)} images, {len(self.classes)} classes, "
                 f"{self._where()})")
+
+
+class S3TarShards(_ObjectDataset):
+    """WebDataset tar shards kept as objects (``s3://bucket/.../shard-000.tar``),
+    read in place: ``ds[i]`` is sample ``i``, ``{"__key__": key, "<field>":
+    bytes, ...}``, exactly as :class:`opt4torch.TarShards` gives for the same
+    shards on disk (samples numbered shard after shard in the order of
+    ``urls``; all in one bucket).
+
+    Each shard is indexed once by the same C indexer as ``TarShards`` (the
+    shard is fetched whole, once, into a temporary file in ``cache_dir``, and
+    deleted after), and the index cached in ``cache_dir`` (default
+    ``~/.cache/opt4torch``) in the same format, used only while the object
+    has the size and ETag it was made from. The shards' sizes and ETags come
+    from one LIST per folder of shards. Each sample is then one ranged GET
+    (its members' data and the headers between them), cut into its fields.
+    ``info()["index_bytes"]`` counts what indexing fetched; it is not counted
+    as reads.
+
+    Where the store is and who asks, ``latency`` and the counters: as
+    :class:`S3ImageFolder`.
+    """
+
+    def __init__(self, urls: str | Sequence[str], *, cache_dir: str | os.PathLike[str] | None = None,
+                 endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
+                 unsigned: bool = False, path_style: bool | None = None, max_attempts: int = 3,
+                 latency: float = 0.0) -> None:
+        if isinstance(urls, str):
+            urls = [urls]
+        self.urls = list(urls)
+        if not self.urls:
+            raise ValueError("S3TarShards needs at least one shard")
+        places = [_split_object_url(u) for u in self.urls]
+        buckets = {b for b, _ in places}
+        if len(buckets) != 1:
+            raise ValueError(f"S3TarShards reads shards of one bucket, got {', '.join(sorted(buckets))}")
+        self._setup(places[0][0], endpoint_url, region, profile, unsigned, path_style, max_attempts, latency)
+        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else os.path.join(
+            os.path.expanduser("~"), ".cache", "opt4torch")
+        self._shard_keys = [k for _, k in places]
+        self.index_bytes = 0
+        listings: dict[str, dict[str, tuple[int, str]]] = {}
+        self.keys: list[str] = []
+        self._members: list[tuple[tuple[str, int, int], ...]] = []
+        rows: list[tuple[int, int, int]] = []
+        for k, key in enumerate(self._shard_keys):
+            folder = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
+            if folder not in listings:
+                listings[folder] = self._list(folder)
+            if key not in listings[folder]:
+                raise FileNotFoundError(f"no object s3://{self.bucket}/{key} {self._where()} (a tar shard)")
+            size, etag = listings[folder][key]
+            for skey, off, length, members in self._shard_index(key, size, etag):
+                self.keys.append(skey)
+                self._members.append(tuple((f, o, n) for f, o, n in members))
+                rows.append((k, off, length))
+        self._rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+
+    def _shard_index(self, key: str, size: int, etag: str) -> list[Any]:
+        """The shard's samples from its cached index when that is current,
+        else from the C indexer over the shard fetched once (then cached)."""
+        from . import _engine
+
+        url = f"s3://{self.bucket}/{key}"
+        ident = {"url": url, "endpoint": self.endpoint_url or "", "size": size, "etag": etag}
+        tag = hashlib.sha256(f"{self.endpoint_url}|{self.bucket}|{key}".encode("utf-8", "surrogatepass")).hexdigest()
+        where = os.path.join(self.cache_dir, f"{posixpath.basename(key)}-{tag[:16]}.opt4idx.json")
+        samples = _read_index(where, url, ident)
+        if samples is not None:
+            return samples
+        os.makedirs(self.cache_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=self.cache_dir, prefix=".opt4-shard-", suffix=".tar") as tmp:
+            step = 64 << 20
+            for start in range(0, size, step):
+                tmp.write(self._get(key, start, min(step, size - start), count=False))
+            tmp.flush()
+            self.index_bytes += size
+            try:
+                samples = _engine.tar_index(tmp.name)
+            except Exception as exc:  # the indexer names the temporary file: name the object
+                raise ValueError(f"tar shard {url}: {exc}".replace(tmp.name, url)) from None
+        _write_index(where, url, ident, samples)
+        return samples
+
+    def __len__(self) -> int:
+        return int(self._rows.shape[0])
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        i = self._index(index)
+        shard, off, length = (int(x) for x in self._rows[i])
+        raw = self._get(self._shard_keys[shard], off, length)
+        sample: dict[str, Any] = {"__key__": self.keys[i]}
+        for field, moff, msize in self._members[i]:
+            sample[field] = raw[moff:moff + msize]
+        return sample
+
+    def opt4_item_bytes(self, index: int) -> int:
+        """Bytes sample ``index`` takes in the cache: its record, as the
+        codec stores the dict ``self[index]`` (as TarShards')."""
+        i = self._index(index)
+        return _record_size(self.keys[i], self._members[i])
+
+    def item_sizes(self) -> np.ndarray:
+        """Every sample's read length in bytes (its range of the shard), as an int64 array."""
+        return self._rows[:, 2].copy()
+
+    def info(self) -> dict[str, Any]:
+        """Samples, shards, where they are, what indexing fetched
+        (``index_bytes``, this process), and the counters shared with the
+        workers (as :meth:`S3ImageFolder.info`)."""
+        return {"count": len(self), "shards": len(self.urls), "total_bytes": int(self._rows[:, 2].sum()),
+                "index_bytes": self.index_bytes, **self._info()}
+
+    def __repr__(self) -> str:
+        return f"S3TarShards({len(self.urls)} shards, {len(self)} samples, {self._where()})"
+
+
+def _split_object_url(url: str) -> tuple[str, str]:
+    bucket, prefix = _split_url(url)
+    key = url[len("s3://") + len(bucket) + 1:]
+    if not key or key.endswith("/"):
+        raise ValueError(f"{url!r} names no object (expected s3://bucket/path/shard-000.tar)")
+    return bucket, key
 
 
 # ---- counters shared by the processes (fork: inherited; spawn: sent) ----
@@ -319,14 +471,14 @@ def _new_counts() -> Any:
     return multiprocessing.get_context("spawn").Array("q", 3)
 
 
-def _add(counts: Any, reads: int, nbytes: int, requests: int) -> None:
+def _counts_add(counts: Any, reads: int, nbytes: int, requests: int) -> None:
     with counts.get_lock():
         counts[0] += reads
         counts[1] += nbytes
         counts[2] += requests
 
 
-def _get(counts: Any) -> tuple[int, int, int]:
+def _counts_get(counts: Any) -> tuple[int, int, int]:
     with counts.get_lock():
         return int(counts[0]), int(counts[1]), int(counts[2])
 

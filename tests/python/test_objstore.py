@@ -308,3 +308,135 @@ def test_without_the_client_the_error_says_what_to_install() -> None:
                          stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr
     assert "pip install" in out.stdout and "s3torchconnector" in out.stdout, out.stdout
+
+
+# ---- WebDataset tar shards kept as objects ----
+
+
+def _add_member(tf: Any, name: str, data: bytes) -> None:
+    import io
+    import tarfile
+
+    ti = tarfile.TarInfo(name)
+    ti.size = len(data)
+    ti.mtime = 1700000000
+    tf.addfile(ti, io.BytesIO(data))
+
+
+@pytest.fixture(scope="module")
+def shard_files(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Two shards: GNU format with a long name and WebDataset metadata, and
+    pax with a non-ASCII path and upper-case fields."""
+    import tarfile
+
+    folder = tmp_path_factory.mktemp("shards")
+    paths = [os.fspath(folder / "shard-000.tar"), os.fspath(folder / "shard-001.tar")]
+    n = 0
+    with tarfile.open(paths[0], "w", format=tarfile.GNU_FORMAT) as tf:
+        _add_member(tf, "__meta__", b"{}")
+        for k in range(20):
+            _add_member(tf, f"train/{k:04d}.jpg", _blob(n))
+            _add_member(tf, f"train/{k:04d}.cls", str(k % 5).encode())
+            n += 1
+        _add_member(tf, "train/" + "l" * 150 + ".jpg", _blob(n))
+        n += 1
+    with tarfile.open(paths[1], "w", format=tarfile.PAX_FORMAT) as tf:
+        for k in range(15):
+            _add_member(tf, f"val/é{k:03d}.JPG", _blob(n))
+            _add_member(tf, f"val/é{k:03d}.seg.png", _blob(n + 1000))
+            n += 1
+    return paths
+
+
+@pytest.fixture(scope="module")
+def shard_urls(server: Server, shard_files: list[str]) -> list[str]:
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET)
+    urls = []
+    for path in shard_files:
+        key = f"shards/{os.path.basename(path)}"
+        with open(path, "rb") as f:
+            client.put_object(Bucket=BUCKET, Key=key, Body=f.read())
+        urls.append(f"s3://{BUCKET}/{key}")
+    return urls
+
+
+def test_tar_shards_as_tar_shards_on_disk(server: Server, shard_files: list[str], shard_urls: list[str],
+                                          tmp_path) -> None:
+    ds = opt4torch.S3TarShards(shard_urls, endpoint_url=server.endpoint, cache_dir=tmp_path)
+    ref = opt4torch.TarShards(shard_files, cache_dir=tmp_path / "local")
+    assert len(ds) == len(ref) == 36
+    assert ds.keys == ref.keys
+    for i in range(len(ds)):
+        assert ds[i] == ref[i], i
+        assert ds.opt4_item_bytes(i) == ref.opt4_item_bytes(i)
+    assert list(ds.item_sizes()) == list(ref.item_sizes())
+    info = ds.info()
+    assert info["index_bytes"] == sum(os.path.getsize(p) for p in shard_files), info
+    assert info["reads"] == len(ds) and info["bytes_read"] == int(ds.item_sizes().sum()), info
+    ref.close()
+    # The index is cached: made again, the shards are not fetched; one LIST
+    # for their folder, nothing else.
+    before = server.stats()
+    again = opt4torch.S3TarShards(shard_urls, endpoint_url=server.endpoint, cache_dir=tmp_path)
+    after = server.stats()
+    assert again.info()["index_bytes"] == 0 and after["requests"] - before["requests"] == 1, (before, after)
+    assert again[7] == ds[7]
+    assert "S3TarShards(2 shards, 36 samples" in repr(again)
+
+
+def test_tar_shard_changed_is_indexed_again(server: Server, shard_files: list[str], tmp_path) -> None:
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET)
+    key = "changing-shards/s.tar"
+    with open(shard_files[0], "rb") as f:
+        client.put_object(Bucket=BUCKET, Key=key, Body=f.read())
+    first = opt4torch.S3TarShards(f"s3://{BUCKET}/{key}", endpoint_url=server.endpoint, cache_dir=tmp_path)
+    with open(shard_files[1], "rb") as f:
+        client.put_object(Bucket=BUCKET, Key=key, Body=f.read())
+    second = opt4torch.S3TarShards(f"s3://{BUCKET}/{key}", endpoint_url=server.endpoint, cache_dir=tmp_path)
+    assert second.info()["index_bytes"] > 0 and len(second) == 15 and len(first) == 21
+    assert second[0]["__key__"] == "val/é000"
+
+
+def test_tar_shards_bad_input(server: Server, tmp_path) -> None:
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET)
+    client.put_object(Bucket=BUCKET, Key="bad-shards/junk.tar", Body=b"x" * 1024)
+    with pytest.raises(ValueError, match=r"s3://images/bad-shards/junk.tar"):
+        opt4torch.S3TarShards(f"s3://{BUCKET}/bad-shards/junk.tar", endpoint_url=server.endpoint, cache_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match="no object s3://images/bad-shards/none.tar"):
+        opt4torch.S3TarShards(f"s3://{BUCKET}/bad-shards/none.tar", endpoint_url=server.endpoint, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="one bucket"):
+        opt4torch.S3TarShards(["s3://a-bucket/x.tar", "s3://b-bucket/y.tar"], endpoint_url=server.endpoint)
+    with pytest.raises(ValueError, match="names no object"):
+        opt4torch.S3TarShards(f"s3://{BUCKET}/bad-shards/", endpoint_url=server.endpoint)
+    with pytest.raises(ValueError, match="at least one shard"):
+        opt4torch.S3TarShards([], endpoint_url=server.endpoint)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("workers", [0, 2], ids=["0-workers", "2-fork"])
+def test_tar_shards_loader_is_exact(server: Server, shard_urls: list[str], workers: int, tmp_path) -> None:
+    ds = opt4torch.S3TarShards(shard_urls, endpoint_url=server.endpoint, cache_dir=tmp_path)
+    ref = [ds[i] for i in range(len(ds))]
+    ds = opt4torch.S3TarShards(shard_urls, endpoint_url=server.endpoint, cache_dir=tmp_path)  # counters at 0
+    sizes = ds.item_sizes()
+    loader = opt4torch.DataLoader(ds, batch_size=4, shuffle=True, seed=3, num_workers=workers,
+                                  multiprocessing_context="fork" if workers else None, cache_items=len(ds) // 3,
+                                  epochs=2, prefetch_threads=4, collate_fn=list)
+    try:
+        seq = loader.cache.plan.seq
+        t = 0
+        for _ in range(2):
+            for batch in loader:
+                for got in batch:
+                    assert got == ref[int(seq[t])], f"position {t}"
+                    t += 1
+        st = loader.cache.stats()
+        assert st["fallbacks"] == 0 and st["hits"] == st["plan_hits"], st
+        assert st["prefetcher"]["kind"] == "callback" and st["prefetched"] > 0, st
+        assert st["storage_bytes"] == plan_miss_bytes(loader, sizes), st
+        assert st["storage_reads"] == st["plan_misses"], st
+    finally:
+        loader.cache.close()

@@ -951,7 +951,9 @@ class DataLoader(tud.DataLoader):
         straight into the cache, as they do an :class:`opt4torch.ImageFolder`'s
         files and :class:`opt4torch.TarShards`' samples; ``True`` for any other
         dataset has the same C threads call it, taking the GIL for the call
-        only, worth it when loading waits on I/O). ``prefetch_threads`` read
+        only, worth it when loading waits on I/O; on by default for the
+        object store's :class:`opt4torch.S3ImageFolder` and
+        :class:`opt4torch.S3TarShards`). ``prefetch_threads`` read
         at the start; while the workers load misses themselves (too few reads
         in flight for what they take) more are added, half again each time, up
         to ``prefetch_max_threads`` (default 64; equal to

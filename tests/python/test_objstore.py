@@ -492,3 +492,40 @@ def test_fork_parks_the_threads_before_the_clients_hook(server: Server) -> None:
     parks = int(out.stdout.split("parks ", 1)[1].split()[0])
     assert parks >= 2 and "park_timeouts 0" in out.stdout, out.stdout
     assert "Failed to" not in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_latency_is_paid_at_the_server(server: Server) -> None:
+    import urllib.request
+
+    ds = _open(server)
+    ds.read(0)  # the client is up
+    t0 = time.perf_counter()
+    ds.read(1)
+    fast = time.perf_counter() - t0
+    urllib.request.urlopen(urllib.request.Request(f"{server.endpoint}/_opt4/set?latency=0.15", method="POST"),
+                           timeout=10).close()
+    try:
+        t0 = time.perf_counter()
+        ds.read(1)
+        slow = time.perf_counter() - t0
+    finally:
+        urllib.request.urlopen(urllib.request.Request(f"{server.endpoint}/_opt4/set?latency={LATENCY}",
+                                                      method="POST"), timeout=10).close()
+    assert slow >= 0.15 and slow > fast, (fast, slow)
+    assert ds.info()["latency"] == 0.0  # nothing slept in the client
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_server_that_never_answers_fails_in_bounded_time() -> None:
+    """Connections are taken (by the kernel, into the backlog) and no answer
+    ever comes: the client's throughput check ends each try (about 32 s); the
+    LIST is tried 4 times whatever max_attempts says (measured: 128 s)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        t0 = time.monotonic()
+        with pytest.raises(ObjectStoreError, match="did not answer"):
+            S3ImageFolder(f"s3://{BUCKET}/train/", endpoint_url=f"http://127.0.0.1:{s.getsockname()[1]}",
+                          max_attempts=1)
+        assert time.monotonic() - t0 < 240

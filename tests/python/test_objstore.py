@@ -513,6 +513,17 @@ def test_latency_is_paid_at_the_server(server: Server) -> None:
                                                       method="POST"), timeout=10).close()
     assert slow >= 0.15 and slow > fast, (fast, slow)
     assert ds.info()["latency"] == 0.0  # nothing slept in the client
+    big = int(np.argmax(ds.item_sizes()))
+    urllib.request.urlopen(urllib.request.Request(f"{server.endpoint}/_opt4/set?bandwidth=20000", method="POST"),
+                           timeout=10).close()
+    try:
+        t0 = time.perf_counter()
+        ds.read(big)
+        throttled = time.perf_counter() - t0
+    finally:
+        urllib.request.urlopen(urllib.request.Request(f"{server.endpoint}/_opt4/set?bandwidth=0", method="POST"),
+                               timeout=10).close()
+    assert throttled >= ds.item_sizes()[big] / 20000, (throttled, ds.item_sizes()[big])
 
 
 @pytest.mark.slow

@@ -540,3 +540,28 @@ def test_a_server_that_never_answers_fails_in_bounded_time() -> None:
             S3ImageFolder(f"s3://{BUCKET}/train/", endpoint_url=f"http://127.0.0.1:{s.getsockname()[1]}",
                           max_attempts=1)
         assert time.monotonic() - t0 < 240
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_tar_shards_spawned_workers(server: Server, shard_urls: list[str], tmp_path) -> None:
+    """Spawned workers get the shards' dataset pickled with its index (no
+    second indexing there) and count into the same counters."""
+    ds = opt4torch.S3TarShards(shard_urls, endpoint_url=server.endpoint, cache_dir=tmp_path)
+    ref = [ds[i] for i in range(len(ds))]
+    ds = opt4torch.S3TarShards(shard_urls, endpoint_url=server.endpoint, cache_dir=tmp_path)
+    loader = opt4torch.DataLoader(ds, batch_size=4, shuffle=True, seed=4, num_workers=2,
+                                  multiprocessing_context="spawn", cache_items=len(ds) // 2, epochs=2,
+                                  prefetch=False, collate_fn=list)
+    try:
+        seq = loader.cache.plan.seq
+        got = [x for _ in range(2) for batch in loader for x in batch]
+        assert got == [ref[int(i)] for i in seq]
+        st = loader.cache.stats()
+        assert st["hits"] == st["plan_hits"] and st["fallbacks"] == 0, st
+        # Without prefetch the workers read every miss: all counted here.
+        assert st["storage_bytes"] == plan_miss_bytes(loader, ds.item_sizes()), st
+        assert ds.info()["index_bytes"] == 0
+    finally:
+        loader.cache.close()

@@ -46,7 +46,7 @@ from .sources import IMG_EXTENSIONS, _read_index, _record_size, _write_index
 __all__ = ["S3ImageFolder", "S3TarShards", "ObjectStoreError"]
 
 #: What to install when the client is missing.
-_INSTALL = "pip install 's3torchconnector>=1.5'  (or: pip install 'opt4torchdataset[s3]')"
+_INSTALL = "pip install 's3torchconnector>=1.5,<1.6'  (or: pip install 'opt4torchdataset[s3]')"
 
 
 class ObjectStoreError(OSError):
@@ -198,6 +198,11 @@ class _ObjectDataset:
             return b""
         client, S3Exception = self._s3()
         try:
+            # S3Client._client is the native client of this process (made
+            # anew after a fork); its get_object is the plain ranged GET,
+            # where S3Client.get_object wraps it in a reader object (which
+            # may HEAD the object for its size). A private name: the extra
+            # pins the minor version (pyproject.toml).
             data = b"".join(client._client.get_object(self.bucket, key, start, start + length))
         except S3Exception as exc:
             _counts_add(self._counts, 0, 0, 1)

@@ -47,6 +47,8 @@ _LAZY = {
     "TarShards": "opt4torch.sources",
     "ClusterPlan": "opt4torch.cluster",
     "cluster_plan": "opt4torch.cluster",
+    "S3ImageFolder": "opt4torch.objstore",
+    "S3TarShards": "opt4torch.objstore",
 }
 
 
@@ -115,6 +117,8 @@ __all__ = [
     "sequence_plan",
     "simulate",
     "TarShards",
+    "S3ImageFolder",
+    "S3TarShards",
     "reference",
     "traces",
     "write_records",

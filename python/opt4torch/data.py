@@ -330,6 +330,8 @@ class OPTCache:
             info = self._storage.info()
             extra["storage_reads"] = info["reads"]
             extra["storage_bytes"] = info["bytes_read"]
+            if "requests" in info:  # an object store: GETs and LIST pages
+                extra["storage_requests"] = info["requests"]
         return {
             "hits": r["hits"],
             "misses": r["misses"],
@@ -1034,7 +1036,9 @@ class DataLoader(tud.DataLoader):
         straight into the cache, as they do an :class:`opt4torch.ImageFolder`'s
         files and :class:`opt4torch.TarShards`' samples; ``True`` for any other
         dataset has the same C threads call it, taking the GIL for the call
-        only, worth it when loading waits on I/O). ``prefetch_threads`` read
+        only, worth it when loading waits on I/O; on by default for the
+        object store's :class:`opt4torch.S3ImageFolder` and
+        :class:`opt4torch.S3TarShards`). ``prefetch_threads`` read
         at the start; while the workers load misses themselves (too few reads
         in flight for what they take) more are added, half again each time, up
         to ``prefetch_max_threads`` (default 64; equal to
@@ -1090,7 +1094,8 @@ class DataLoader(tud.DataLoader):
         _check_arguments(batch_size, cache_bytes, cache_items, wait_timeout, lookahead)
         self._reporter = _Reporter.make(log_every, on_stats, tensorboard)
         if prefetch is None:  # on for record files (C threads); opt-in for other datasets
-            prefetch = hasattr(dataset, "_prefetch_source")
+            # (on for those that ask for it: an object store, whose reads wait without the GIL)
+            prefetch = hasattr(dataset, "_prefetch_source") or bool(getattr(dataset, "_prefetch_by_callback", False))
         if prefetch and (isinstance(prefetch_threads, bool) or not 1 <= int(prefetch_threads) <= 256):
             raise ValueError(f"prefetch_threads must be between 1 and 256, got {prefetch_threads!r}")
         if prefetch_max_threads is None:

@@ -303,7 +303,15 @@ def _shard_index(shard: str, cache_dir: str) -> list[Any]:
     samples = _engine.tar_index(shard)
     if _shard_id(os.stat(shard)) != ident:
         raise ValueError(f"tar shard {shard} changed while it was being indexed; try again once it is written")
-    body = {"format": _INDEX_FORMAT, "version": _INDEX_VERSION, "shard": _shard_id(st),
+    _write_index(where, shard, ident, samples)
+    return samples
+
+
+def _write_index(where: str, shard: str, ident: dict[str, Any], samples: list[Any]) -> None:
+    """Cache an index at ``where`` (atomically; a place that cannot be
+    written is warned about). ``ident`` names the shard's version: a later
+    read uses the index only while the shard still has it."""
+    body = {"format": _INDEX_FORMAT, "version": _INDEX_VERSION, "shard": ident,
             "samples": [[k, o, n, [list(m) for m in ms]] for k, o, n, ms in samples]}
     try:
         os.makedirs(os.path.dirname(where) or ".", exist_ok=True)
@@ -313,11 +321,10 @@ def _shard_index(shard: str, cache_dir: str) -> list[Any]:
             json.dump(body, f, separators=(",", ":"), ensure_ascii=True)
     except (OSError, ValueError) as exc:  # a read-only place: index again next time
         warnings.warn(f"could not cache the index of tar shard {shard} at {where}: {exc}; it will be "
-                      "indexed again next time", RuntimeWarning, stacklevel=3)
-    return samples
+                      "indexed again next time", RuntimeWarning, stacklevel=4)
 
 
-def _read_index(where: str, shard: str, ident: dict[str, int]) -> list[Any] | None:
+def _read_index(where: str, shard: str, ident: dict[str, Any]) -> list[Any] | None:
     """A cached index if it is there, well formed and made from this version
     of the shard; None otherwise (a corrupt one with a warning)."""
     try:

@@ -78,6 +78,7 @@ def test_python_block_runs(tmp_path, monkeypatch, line: int, code: str) -> None:
 
     monkeypatch.chdir(tmp_path)
     ns = {"opt4torch": opt4torch, **stand_ins(tmp_path)}
+    store = s3_stand_in(monkeypatch) if "S3ImageFolder" in code else None
     try:
         exec(compile(code, f"README.md:{line}", "exec"), ns)
         if "print(loader.cache.stats())" in code:
@@ -87,6 +88,31 @@ def test_python_block_runs(tmp_path, monkeypatch, line: int, code: str) -> None:
         for value in ns.values():  # close what the block opened, as its process's exit would
             if isinstance(value, opt4torch.DataLoader):
                 value.cache.close()
+        if store is not None:
+            store.stop()
+
+
+def s3_stand_in(monkeypatch):
+    """s3://my-bucket/train/ for the object-store block: the loopback S3
+    server (tests/python/s3store.py) with two classes of images, found
+    through the environment as the README says."""
+    pytest.importorskip("s3torchconnector")
+    boto3 = pytest.importorskip("boto3")
+    from s3store import Server
+
+    store = Server()
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (("AWS_ENDPOINT_URL", store.endpoint), ("AWS_ACCESS_KEY_ID", "readme"),
+                        ("AWS_SECRET_ACCESS_KEY", "readme"), ("AWS_DEFAULT_REGION", "us-east-1"),
+                        ("AWS_EC2_METADATA_DISABLED", "true")):
+        monkeypatch.setenv(name, value)
+    client = boto3.client("s3", endpoint_url=store.endpoint)
+    client.create_bucket(Bucket="my-bucket")
+    for cls in ("cat", "dog"):
+        for k in range(6):
+            client.put_object(Bucket="my-bucket", Key=f"train/{cls}/{k}.jpg", Body=bytes([k]) * (100 + k))
+    return store
 
 
 def cli_lines() -> list[tuple[int, str]]:

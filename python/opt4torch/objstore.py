@@ -1,0 +1,522 @@
+"""Datasets kept in an S3-compatible object store, read in place by
+byte-range GETs: an image folder (:class:`S3ImageFolder`) and WebDataset
+tar shards (:class:`S3TarShards`).
+
+:class:`S3ImageFolder` is :class:`opt4torch.ImageFolder` for objects: the
+objects under ``s3://bucket/prefix/`` laid out as an image folder
+(``prefix/<class>/**/<file>``), classes, labels and order as torchvision
+numbers a folder, ``ds[i] == (bytes, label)``. The objects are listed once,
+at construction (one LIST, paged, never a HEAD per object), which gives
+every item's size, so the cache plans in bytes. Each read is one ranged GET
+of the whole object.
+
+The client is ``s3torchconnector``'s (AWS's connector for PyTorch, on the
+AWS Common Runtime): requests run on its native threads, and a Python thread
+waiting for one releases the GIL, so the C prefetch threads keep many reads
+in flight while training runs. It is an optional dependency
+(``pip install opt4torchdataset[s3]``); docs/dependencies.md has the
+measurements that chose it (obstore and boto3 were measured too).
+
+:class:`S3TarShards` is :class:`opt4torch.TarShards` for shards kept as
+objects: each shard is indexed once by the same C indexer (one GET of the
+whole shard into a temporary file), the index cached in the same JSON format
+(checked against the object's size and ETag), and each sample is then one
+ranged GET.
+
+docs/sources.md, "The object store", has the details.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import multiprocessing.context
+import os
+import posixpath
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .sources import IMG_EXTENSIONS, _read_index, _record_size, _write_index
+
+__all__ = ["S3ImageFolder", "S3TarShards", "ObjectStoreError"]
+
+#: What to install when the client is missing.
+_INSTALL = "pip install 's3torchconnector>=1.5,<1.6'  (or: pip install 'opt4torchdataset[s3]')"
+
+
+class ObjectStoreError(OSError):
+    """A request to the object store failed: the message names the request,
+    the object, the endpoint and what the store or the client said."""
+
+
+_fork_hook_lock = threading.Lock()
+_fork_hook_installed = False
+
+
+def _client_module() -> Any:
+    """s3torchconnector's client, imported on first use, with the fork order
+    fixed (see below)."""
+    global _fork_hook_installed
+    try:
+        from s3torchconnector._s3client import S3Client, S3ClientConfig
+        from s3torchconnectorclient import S3Exception
+    except ImportError as exc:
+        raise ImportError(f"opt4torch.S3ImageFolder needs the S3 client s3torchconnector: {_INSTALL}") from exc
+    with _fork_hook_lock:
+        if not _fork_hook_installed:
+            # s3torchconnector, before every fork, drops its native clients
+            # and joins the runtime's threads. Its hook was registered at its
+            # import, after opt4torch's (_forksafe.py), and before-fork hooks
+            # run newest first: so it would run while our C prefetch threads
+            # may still be inside a GET. This hook, registered after it, runs
+            # before it and parks those threads first (each finishes the call
+            # it is in); opt4torch's own hook then finds them parked.
+            from . import _engine
+
+            os.register_at_fork(before=_engine.prefetchers_park, after_in_parent=_engine.prefetchers_resume)
+            _fork_hook_installed = True
+    return S3Client, S3ClientConfig, S3Exception
+
+
+def _endpoint(explicit: str | None) -> str | None:
+    """As boto3 finds it: the argument, else AWS_ENDPOINT_URL_S3, else
+    AWS_ENDPOINT_URL, else AWS's own."""
+    for value in (explicit, os.environ.get("AWS_ENDPOINT_URL_S3"), os.environ.get("AWS_ENDPOINT_URL")):
+        if value:
+            return value.rstrip("/")
+    return None
+
+
+def _region(explicit: str | None) -> str:
+    for value in (explicit, os.environ.get("AWS_REGION"), os.environ.get("AWS_DEFAULT_REGION")):
+        if value:
+            return value
+    return "us-east-1"
+
+
+def _split_url(url: str) -> tuple[str, str]:
+    if not isinstance(url, str) or not url.startswith("s3://"):
+        raise ValueError(f"S3ImageFolder takes an s3://bucket/prefix URL, got {url!r}")
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    if not bucket:
+        raise ValueError(f"{url!r} names no bucket (expected s3://bucket/prefix)")
+    prefix = prefix.strip("/")
+    return bucket, prefix + "/" if prefix else ""
+
+
+class _ObjectDataset:
+    """What the object-store datasets share: where the store is, one client
+    per process, the shared counters, errors that name the request, ranged
+    GETs, pickling to worker processes."""
+
+    #: opt4torch.DataLoader reports info()["reads"] and ["bytes_read"] as storage reads.
+    _counts_storage = True
+    #: opt4torch.DataLoader prefetches it by default (through the callback source).
+    _prefetch_by_callback = True
+
+    def _setup(self, bucket: str, endpoint_url: str | None, region: str | None, profile: str | None,
+               unsigned: bool, path_style: bool | None, max_attempts: int, latency: float) -> None:
+        self.bucket = bucket
+        self.endpoint_url = _endpoint(endpoint_url)
+        self.region = _region(region)
+        self.profile = profile
+        self.unsigned = bool(unsigned)
+        self.path_style = bool(self.endpoint_url is not None if path_style is None else path_style)
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"max_attempts must be a positive integer, got {max_attempts!r}")
+        self.max_attempts = max_attempts
+        self.latency = float(latency)
+        if not self.latency >= 0:
+            raise ValueError(f"latency must be a number of seconds >= 0, got {latency!r}")
+        self._counts = _new_counts()
+        self._client: Any = None
+        self._client_pid = -1
+        self._client_lock = threading.Lock()
+
+    # ---- the client, one per process ----
+
+    def _s3(self) -> tuple[Any, Any]:
+        """This process's client (made on first use here, never inherited
+        across fork) and the client's exception type."""
+        S3Client, S3ClientConfig, S3Exception = _client_module()
+        pid = os.getpid()
+        if self._client is None or self._client_pid != pid:
+            with self._client_lock:
+                if self._client is None or self._client_pid != pid:
+                    config = S3ClientConfig(force_path_style=self.path_style, max_attempts=self.max_attempts,
+                                            unsigned=self.unsigned, profile=self.profile)
+                    self._client = S3Client(self.region, endpoint=self.endpoint_url, s3client_config=config)
+                    self._client_pid = pid
+        return self._client, S3Exception
+
+    def _where(self) -> str:
+        return f"at {self.endpoint_url or 'AWS S3'} (region {self.region})"
+
+    def _error(self, what: str, exc: BaseException) -> ObjectStoreError:
+        text = str(exc)
+        hint = ""
+        low = text.lower()
+        if "bucket does not exist" in low:
+            hint = f": the bucket {self.bucket!r} does not exist"
+        elif "forbidden" in low or "access denied" in low or "accessdenied" in low or "signature" in low:
+            hint = (": the store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+                    "AWS_PROFILE or profile=, or unsigned=True for a public bucket)")
+        elif "connection refused" in low or "socket" in low or "timed out" in low or "throughput" in low:
+            hint = ": the store did not answer (is the endpoint right, and the server up?)"
+        elif "key does not exist" in low:
+            hint = ": the object is gone (deleted since the listing?)"
+        return ObjectStoreError(f"{what} {self._where()} failed{hint} [{type(exc).__name__}: {text}]")
+
+    def _list(self, prefix: str) -> dict[str, tuple[int, str]]:
+        """Every object under ``prefix``, key -> (size, ETag): one LIST (its pages)."""
+        client, S3Exception = self._s3()
+        out: dict[str, tuple[int, str]] = {}
+        pages = 0
+        try:
+            for page in client.list_objects(self.bucket, prefix):
+                pages += 1
+                for obj in page.object_info:
+                    out[obj.key] = (int(obj.size), str(obj.etag))
+        except S3Exception as exc:
+            raise self._error(f"listing s3://{self.bucket}/{prefix}", exc) from None
+        finally:
+            _counts_add(self._counts, 0, 0, max(pages, 1))
+        return out
+
+    def _get(self, key: str, start: int, length: int, *, count: bool = True) -> bytes:
+        """Bytes [start, start + length) of an object: one ranged GET."""
+        if self.latency:
+            time.sleep(self.latency)
+        if length == 0:  # a range of nothing is not a request S3 answers (416)
+            if count:
+                _counts_add(self._counts, 1, 0, 0)
+            return b""
+        client, S3Exception = self._s3()
+        try:
+            # S3Client._client is the native client of this process (made
+            # anew after a fork); its get_object is the plain ranged GET,
+            # where S3Client.get_object wraps it in a reader object (which
+            # may HEAD the object for its size). A private name: the extra
+            # pins the minor version (pyproject.toml).
+            data = b"".join(client._client.get_object(self.bucket, key, start, start + length))
+        except S3Exception as exc:
+            _counts_add(self._counts, 0, 0, 1)
+            raise self._error(f"GET s3://{self.bucket}/{key} bytes {start}-{start + length - 1}", exc) from None
+        _counts_add(self._counts, 1 if count else 0, len(data) if count else 0, 1)
+        if len(data) != length:
+            raise ObjectStoreError(f"s3://{self.bucket}/{key} {self._where()} returned {len(data)} bytes where the "
+                                   f"listing said {length} (from byte {start}): the object changed since the "
+                                   "dataset was made")
+        return data
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _index(self, index: int) -> int:
+        i = int(index)
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} is out of range for {n} items")
+        return i
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        return [self[i] for i in indices]
+
+    def _info(self) -> dict[str, Any]:
+        reads, bytes_read, requests = _counts_get(self._counts)
+        return {"bucket": self.bucket, "endpoint": self.endpoint_url, "region": self.region,
+                "client": "s3torchconnector", "latency": self.latency,
+                "reads": reads, "bytes_read": bytes_read, "requests": requests}
+
+    def set_latency(self, seconds: float) -> None:
+        """Sleep this long before every GET from now on (0 for none), in this
+        process and in workers started after."""
+        self.latency = float(seconds)
+
+    # ---- pickling (spawned and forkserver workers) ----
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client"] = None
+        state["_client_pid"] = -1
+        del state["_client_lock"]
+        if multiprocessing.context.get_spawning_popen() is None:
+            # Pickled for anything but a worker process (a file, a queue):
+            # shared counters cannot go there; the copy counts on its own.
+            state["_counts"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._client_lock = threading.Lock()
+        if self._counts is None:
+            self._counts = _new_counts()
+
+
+class S3ImageFolder(_ObjectDataset):
+    """An image folder kept as objects: ``s3://bucket/prefix/<class>/**/<file>``.
+
+    ``classes``, ``class_to_idx``, ``samples`` (``(key, label)`` pairs),
+    ``targets`` and the order of items are what ``torchvision.datasets.ImageFolder``
+    gives for the same tree on disk: classes are the first path component
+    below the prefix, sorted; files sorted by folder, then name; kept when
+    their name ends with one of :data:`opt4torch.sources.IMG_EXTENSIONS`,
+    case-insensitively; objects directly under the prefix are not items; a
+    class with no image is refused. ``ds[i]`` is ``(bytes, label)``, the
+    object's bytes. The objects are listed and sized once, here; an object
+    that is shorter when read fails that read, naming it.
+
+    Where the store is, and who asks, as boto3 finds them, each overridable
+    here: ``endpoint_url`` (else ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``,
+    else AWS), ``region`` (else ``AWS_REGION``, ``AWS_DEFAULT_REGION``, else
+    ``us-east-1``), credentials from the client's chain (``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``; then the shared
+    credentials and config files, with ``profile`` or ``AWS_PROFILE``; then
+    the instance's role), or none with ``unsigned=True`` (a public bucket).
+    ``path_style`` addresses the bucket in the path (default: with an
+    ``endpoint_url``, as MinIO, Ceph or moto expect). ``max_attempts`` bounds
+    the tries of a request (connection errors and 5xx are retried).
+
+    ``latency`` (seconds) sleeps before every GET: an emulated slower store.
+    ``info()`` counts ``reads``, ``bytes_read`` and ``requests`` (GETs and
+    LIST pages) in shared memory, so DataLoader workers and the prefetch
+    threads count into one place (``stats()["storage_bytes"]``).
+
+    Given to :class:`opt4torch.DataLoader`, its misses are prefetched by the
+    C threads through the callback source (``prefetch`` is on by default for
+    it): a thread calls ``ds[i]``, whose wait for the GET releases the GIL.
+    It pickles to spawned and forkserver workers; each process makes its own
+    client on first use, never a forked one.
+    """
+
+    def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
+                 profile: str | None = None, unsigned: bool = False, path_style: bool | None = None,
+                 max_attempts: int = 3, latency: float = 0.0) -> None:
+        self.url = url
+        bucket, self.prefix = _split_url(url)
+        self._setup(bucket, endpoint_url, region, profile, unsigned, path_style, max_attempts, latency)
+        listing = {k: size for k, (size, _) in self._list(self.prefix).items()}
+        if not listing:
+            raise FileNotFoundError(f"no object under s3://{self.bucket}/{self.prefix} {self._where()}: "
+                                    "expected s3://bucket/prefix/<class>/<image files>")
+        self.classes, self.class_to_idx, self.samples = _image_folder(listing, self.prefix, self.url)
+        self.imgs = self.samples
+        self.targets = [label for _, label in self.samples]
+        self._labels = np.asarray(self.targets, dtype=np.int64)
+        self._sizes = np.asarray([listing[key] for key, _ in self.samples], dtype=np.int64)
+        self._keys = [key for key, _ in self.samples]
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def read(self, index: int) -> bytes:
+        """Item ``index``'s bytes: one ranged GET of its object."""
+        i = self._index(index)
+        return self._get(self._keys[i], 0, int(self._sizes[i]))
+
+    def __getitem__(self, index: int) -> tuple[bytes, int]:
+        i = self._index(index)
+        return self.read(i), int(self._labels[i])
+
+    def opt4_item_bytes(self, index: int) -> int:
+        """Bytes item ``index`` takes as read (opt4torch.DataLoader plans in bytes with these)."""
+        return int(self._sizes[int(index)])
+
+    def item_sizes(self) -> np.ndarray:
+        """Every item's length in bytes, as an int64 array (from the listing)."""
+        return self._sizes.copy()
+
+    def info(self) -> dict[str, Any]:
+        """Items, the bytes they hold, where they are, and the counters shared
+        with the workers: ``reads`` and ``bytes_read`` (items read), and
+        ``requests`` (GETs, failed ones too, and LIST pages)."""
+        return {"count": len(self), "total_bytes": int(self._sizes.sum()), "prefix": self.prefix, **self._info()}
+
+    def __repr__(self) -> str:
+        return (f"S3ImageFolder('s3://{self.bucket}/{self.prefix}', {len(self)} images, {len(self.classes)} classes, "
+                f"{self._where()})")
+
+
+class S3TarShards(_ObjectDataset):
+    """WebDataset tar shards kept as objects (``s3://bucket/.../shard-000.tar``),
+    read in place: ``ds[i]`` is sample ``i``, ``{"__key__": key, "<field>":
+    bytes, ...}``, exactly as :class:`opt4torch.TarShards` gives for the same
+    shards on disk (samples numbered shard after shard in the order of
+    ``urls``; all in one bucket).
+
+    Each shard is indexed once by the same C indexer as ``TarShards`` (the
+    shard is fetched whole, once, into a temporary file in ``cache_dir``, and
+    deleted after), and the index cached in ``cache_dir`` (default
+    ``~/.cache/opt4torch``) in the same format, used only while the object
+    has the size and ETag it was made from. The shards' sizes and ETags come
+    from one LIST per folder of shards. Each sample is then one ranged GET
+    (its members' data and the headers between them), cut into its fields.
+    ``info()["index_bytes"]`` counts what indexing fetched; it is not counted
+    as reads.
+
+    Where the store is and who asks, ``latency`` and the counters: as
+    :class:`S3ImageFolder`.
+    """
+
+    def __init__(self, urls: str | Sequence[str], *, cache_dir: str | os.PathLike[str] | None = None,
+                 endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
+                 unsigned: bool = False, path_style: bool | None = None, max_attempts: int = 3,
+                 latency: float = 0.0) -> None:
+        if isinstance(urls, str):
+            urls = [urls]
+        self.urls = list(urls)
+        if not self.urls:
+            raise ValueError("S3TarShards needs at least one shard")
+        places = [_split_object_url(u) for u in self.urls]
+        buckets = {b for b, _ in places}
+        if len(buckets) != 1:
+            raise ValueError(f"S3TarShards reads shards of one bucket, got {', '.join(sorted(buckets))}")
+        self._setup(places[0][0], endpoint_url, region, profile, unsigned, path_style, max_attempts, latency)
+        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else os.path.join(
+            os.path.expanduser("~"), ".cache", "opt4torch")
+        self._shard_keys = [k for _, k in places]
+        self.index_bytes = 0
+        listings: dict[str, dict[str, tuple[int, str]]] = {}
+        self.keys: list[str] = []
+        self._members: list[tuple[tuple[str, int, int], ...]] = []
+        rows: list[tuple[int, int, int]] = []
+        for k, key in enumerate(self._shard_keys):
+            folder = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
+            if folder not in listings:
+                listings[folder] = self._list(folder)
+            if key not in listings[folder]:
+                raise FileNotFoundError(f"no object s3://{self.bucket}/{key} {self._where()} (a tar shard)")
+            size, etag = listings[folder][key]
+            for skey, off, length, members in self._shard_index(key, size, etag):
+                self.keys.append(skey)
+                self._members.append(tuple((f, o, n) for f, o, n in members))
+                rows.append((k, off, length))
+        self._rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+
+    def _shard_index(self, key: str, size: int, etag: str) -> list[Any]:
+        """The shard's samples from its cached index when that is current,
+        else from the C indexer over the shard fetched once (then cached)."""
+        from . import _engine
+
+        url = f"s3://{self.bucket}/{key}"
+        ident = {"url": url, "endpoint": self.endpoint_url or "", "size": size, "etag": etag}
+        tag = hashlib.sha256(f"{self.endpoint_url}|{self.bucket}|{key}".encode("utf-8", "surrogatepass")).hexdigest()
+        where = os.path.join(self.cache_dir, f"{posixpath.basename(key)}-{tag[:16]}.opt4idx.json")
+        samples = _read_index(where, url, ident)
+        if samples is not None:
+            return samples
+        os.makedirs(self.cache_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=self.cache_dir, prefix=".opt4-shard-", suffix=".tar") as tmp:
+            step = 64 << 20
+            for start in range(0, size, step):
+                tmp.write(self._get(key, start, min(step, size - start), count=False))
+            tmp.flush()
+            self.index_bytes += size
+            try:
+                samples = _engine.tar_index(tmp.name)
+            except Exception as exc:  # the indexer names the temporary file: name the object
+                raise ValueError(f"tar shard {url}: {exc}".replace(tmp.name, url)) from None
+        _write_index(where, url, ident, samples)
+        return samples
+
+    def __len__(self) -> int:
+        return int(self._rows.shape[0])
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        i = self._index(index)
+        shard, off, length = (int(x) for x in self._rows[i])
+        raw = self._get(self._shard_keys[shard], off, length)
+        sample: dict[str, Any] = {"__key__": self.keys[i]}
+        for field, moff, msize in self._members[i]:
+            sample[field] = raw[moff:moff + msize]
+        return sample
+
+    def opt4_item_bytes(self, index: int) -> int:
+        """Bytes sample ``index`` takes in the cache: its record, as the
+        codec stores the dict ``self[index]`` (as TarShards')."""
+        i = self._index(index)
+        return _record_size(self.keys[i], self._members[i])
+
+    def item_sizes(self) -> np.ndarray:
+        """Every sample's read length in bytes (its range of the shard), as an int64 array."""
+        return self._rows[:, 2].copy()
+
+    def info(self) -> dict[str, Any]:
+        """Samples, shards, where they are, what indexing fetched
+        (``index_bytes``, this process), and the counters shared with the
+        workers (as :meth:`S3ImageFolder.info`)."""
+        return {"count": len(self), "shards": len(self.urls), "total_bytes": int(self._rows[:, 2].sum()),
+                "index_bytes": self.index_bytes, **self._info()}
+
+    def __repr__(self) -> str:
+        return f"S3TarShards({len(self.urls)} shards, {len(self)} samples, {self._where()})"
+
+
+def _split_object_url(url: str) -> tuple[str, str]:
+    bucket, prefix = _split_url(url)
+    key = url[len("s3://") + len(bucket) + 1:]
+    if not key or key.endswith("/"):
+        raise ValueError(f"{url!r} names no object (expected s3://bucket/path/shard-000.tar)")
+    return bucket, key
+
+
+# ---- counters shared by the processes (fork: inherited; spawn: sent) ----
+
+def _new_counts() -> Any:
+    # Made in the spawn context: a lock made in the fork context refuses to
+    # be sent to spawned or forkserver workers; this one is sent to those
+    # and inherited by forked ones.
+    return multiprocessing.get_context("spawn").Array("q", 3)
+
+
+def _counts_add(counts: Any, reads: int, nbytes: int, requests: int) -> None:
+    with counts.get_lock():
+        counts[0] += reads
+        counts[1] += nbytes
+        counts[2] += requests
+
+
+def _counts_get(counts: Any) -> tuple[int, int, int]:
+    with counts.get_lock():
+        return int(counts[0]), int(counts[1]), int(counts[2])
+
+
+# ---- the image-folder layout, from a listing ----
+
+def _image_folder(listing: dict[str, int], prefix: str, url: str) -> tuple[list[str], dict[str, int],
+                                                                           list[tuple[str, int]]]:
+    """torchvision's find_classes and make_dataset over keys: classes are the
+    first components below the prefix of keys that have one; within a class,
+    files in the order os.walk sorted would give (folder path, then name)."""
+    by_class: dict[str, list[tuple[str, str, str]]] = {}
+    for key in listing:
+        rel = key[len(prefix):]
+        if "/" not in rel or rel.endswith("/"):
+            continue  # an object beside the classes, or a folder marker
+        cls = rel.split("/", 1)[0]
+        folder, name = posixpath.split(rel)
+        entries = by_class.setdefault(cls, [])
+        if name.lower().endswith(IMG_EXTENSIONS):
+            entries.append((folder, name, key))
+    if not by_class:
+        raise FileNotFoundError(f"Couldn't find any class folder in {url} (expected <prefix>/<class>/<image files>)")
+    classes = sorted(by_class)
+    empty = [c for c in classes if not by_class[c]]
+    if empty:
+        raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)} in {url}. "
+                                f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}")
+    class_to_idx = {c: i for i, c in enumerate(classes)}
+    samples: list[tuple[str, int]] = []
+    for cls in classes:
+        # os.walk yields a folder before its subfolders and torchvision sorts
+        # the walk by path: so folders in path order, names sorted within.
+        for _, _, key in sorted(by_class[cls], key=lambda e: (e[0], e[1])):
+            samples.append((key, class_to_idx[cls]))
+    return classes, class_to_idx, samples

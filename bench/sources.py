@@ -162,6 +162,8 @@ def run_config(config: str, source: str, ds: Any, items: list[Any], args: argpar
         out.update(hits=st["hits"], plan_hits=st["plan_hits"], stall_rate=st["stall_rate"],
                    fallbacks=st["fallbacks"], kind=st.get("prefetcher", {}).get("kind"),
                    threads_reading=st.get("prefetcher", {}).get("active"),
+                   spare_pages=st.get("spare_pages", 0), page_size=st["page_size"],
+                   capacity_bytes=st["capacity_bytes"], shm_bytes=st["shm_bytes"],
                    plan_miss_bytes=int(ds.item_sizes()[plan.seq[plan.kinds != opt4torch.HIT]].sum()))
         loader.cache.close()
     del loader

@@ -16,7 +16,7 @@
  * src/shm, one concern a file:
  *   segment.c   a pool's life cycle: create, attach, close, unlink, list,
  *               remove; names, mappings, the owner's lock, fork's lock fds
- *   meta.c      laying a plan out in the meta segment
+ *   meta.c      laying a plan out in the meta segment, and assigning its pages
  *   check.c     validating both segments before use (check.h)
  *   procs.c     process records (register, reclaim, dead processes),
  *               process identity, the fork generation, the clock

@@ -8,7 +8,11 @@
  * are its reads. The meta segment gives, per position, its kind and
  * generation, and per generation its admit position, its number of reads,
  * its last read, and its pages with, for each, the generation that owned the
- * page before (its predecessor there).
+ * page before (its predecessor there). The pages are the pool's choice, not
+ * the plan's (meta.c): a generation's pages are free after its last read,
+ * and an ADMIT takes those freed longest ago, so a predecessor's last read
+ * always comes before its successor's ADMIT, and with spare pages long
+ * before it.
  *
  * Page words. Each page has word = (generation << 32 | state) with states
  * EMPTY, WRITING, READY, FAILED, and reads = (generation << 32 | count).

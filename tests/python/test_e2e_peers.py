@@ -64,6 +64,8 @@ def test_missing_peers_are_skipped_and_compat_runs(record_path: str, tmp_path) -
     assert compat["samples"] == setup.epochs * setup.images
     assert compat["hits"] == compat["peer_stats"]["hits"] > 0
     assert compat["hits"] + compat["storage_reads"] == compat["samples"]
+    # Every sample it returned was checked against the record's checksum.
+    assert compat["wrong_samples"] == 0 and compat["undecodable_samples"] == 0
     # Capacity 50 %, two epochs of shuffle: Belady keeps C items through the
     # epoch boundary, and the compat layer is exact.
     assert compat["hits"] == setup.capacity_items

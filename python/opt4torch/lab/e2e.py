@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Setup", "CONFIGS", "SAMPLERS", "prepare_data", "run", "markdown", "plot", "targets",
-           "write_outputs"]
+__all__ = ["Setup", "CONFIGS", "PEERS", "ALL_CONFIGS", "SAMPLERS", "prepare_data", "run", "markdown", "plot",
+           "targets", "write_outputs"]
 
 #: The configurations, in the order the tables list them.
 CONFIGS = (
@@ -569,7 +569,8 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
         out.update(peer.counters(samples, int(round(samples * float(sizes.mean())))))
         if name not in peers.SHARDED:
             # Measured the same way for v1.1.0 and the compat layer: an access
-            # that read the record file missed, and waited for it.
+            # that read the record file missed, and waited for it (a sample
+            # that came back undecodable was read again: counted as a miss).
             out.update(hits=samples - out["storage_reads"], stall_rate=out["storage_reads"] / max(1, samples))
     elif name in ("OPT", "OPT + prefetch"):
         st = loader.cache.stats()
@@ -678,17 +679,32 @@ def run(setup: Setup, path: str, log: Callable[[str], None] = print) -> dict[str
             if c not in plan[s]:
                 log(f"skipped {c} under {s}: {peers.unavailable(c, setup, s)}")
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {c: [] for c in plan[s]} for s in setup.samplers}
+    failed: dict[str, dict[str, str]] = {}
     t_start = time.perf_counter()
     for s in setup.samplers:
         for r in range(setup.repeats):
             for c in plan[s]:
-                res = run_isolated(c, s, path, setup, prepared=prepared)
+                if c in failed.get(s, {}):
+                    continue
+                try:
+                    res = run_isolated(c, s, path, setup, prepared=prepared)
+                except (RuntimeError, TimeoutError) as exc:
+                    if c not in PEERS:
+                        raise
+                    # A peer that fails is a result, reported in the table's notes.
+                    last = [line for line in str(exc).strip().splitlines() if line.strip()][-1]
+                    failed.setdefault(s, {})[c] = last.strip()
+                    log(f"  {s:<11} repeat {r + 1}/{setup.repeats}  {c:<18} FAILED: {last.strip()}")
+                    continue
                 runs[s][c].append(res)
                 log(f"  {s:<11} repeat {r + 1}/{setup.repeats}  {c:<18} {res['seconds']:6.2f} s  "
                     f"hit rate {res['hit_rate']:6.1%}")
-    summary = {s: {c: summarize(runs[s][c]) for c in plan[s]} for s in setup.samplers}
+    for s, cs in failed.items():
+        for c in cs:
+            runs[s].pop(c, None)
+    summary = {s: {c: summarize(runs[s][c]) for c in runs[s]} for s in setup.samplers}
     return {"setup": asdict(setup), "summary": summary, "runs": runs, "skipped": skipped,
-            "prepared": prepared, "wall_s": time.perf_counter() - t_start}
+            "failed": failed, "prepared": prepared, "wall_s": time.perf_counter() - t_start}
 
 
 def summarize(rs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -707,6 +723,9 @@ def summarize(rs: list[dict[str, Any]]) -> dict[str, Any]:
            "peak_memory_bytes": med("peak_memory_bytes"), "final_loss": med("final_loss"), "repeats": len(rs)}
     if x.get("hit_rate_note"):
         out["hit_rate_note"] = x["hit_rate_note"]
+    if "wrong_samples" in x:
+        out["wrong_samples"] = max(r["wrong_samples"] for r in rs)
+        out["undecodable_samples"] = max(r["undecodable_samples"] for r in rs)
     out["samples_per_s"] = out["samples"] / out["seconds"]
     if "plan_miss_bytes" in x:
         out["plan_miss_bytes"] = x["plan_miss_bytes"]
@@ -801,11 +820,21 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append("")
     for c, why in result.get("skipped", {}).items():
         lines.append(f"- {c} was not run: {why}.")
+    for sampler, cs in result.get("failed", {}).items():
+        for c, why in cs.items():
+            lines.append(f"- {c} failed under {sampler}: {why}")
+    for sampler, rows in summ.items():
+        for c, v in rows.items():
+            if v.get("wrong_samples"):
+                lines.append(f"- {c} returned {v["wrong_samples"]:,} wrong sample(s) under {sampler} (of "
+                             f"{v['samples']:,}: bytes or label differ from the record's), "
+                             f"{v['undecodable_samples']:,} of them not even a JPEG; those were read again "
+                             "from storage so that the run could finish (a user's run stops at the first).")
     prep = result.get("prepared", {})
-    if any(prep.values()):
+    if any("what" in p for p in prep.values()):
         lines += ["", "Prepared before training, not in the times above:", ""]
         for c, p in prep.items():
-            if not p:
+            if "what" not in p:
                 continue
             extra = f", {p['shards']} shards, {p['bytes'] / 1e6:,.1f} MB" if "shards" in p else ""
             lines.append(f"- {c}: {p['what']}: {p['seconds']:.1f} s{extra}")

@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -286,8 +287,21 @@ def prepare(name: str, path: str, setup: Any, data_dir: str,
         log(f"built OPT4TorchDataSet v1.1.0's C++ extension from {setup.v11_src} into {build}/ ({seconds:.1f} s)")
         return {"what": "its C++ extension, built by torch.utils.cpp_extension.load with -std=c++20 in place "
                         "of its -std=c++17, which torch 2.14's headers refuse (a no-op when already built)",
-                "dir": build, "seconds": seconds}
+                "dir": build, "seconds": seconds, "crc": _checksums(path, base)}
+    if name == COMPAT:
+        return {"crc": _checksums(path, base)}
     return {}
+
+
+def _checksums(path: str, base: str) -> str:
+    """Each record's CRC-32 (``base.crc32.npy``, made once): v1.1.0 and the
+    compat layer hand back what their pools hold, and every sample they
+    return is checked against it."""
+    out = base + ".crc32.npy"
+    if not (os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(path)):
+        data, _ = _records(path)
+        np.save(out, np.fromiter((zlib.crc32(b) for b in data), dtype=np.uint32, count=len(data)))
+    return out
 
 
 # ---- the loaders ----
@@ -299,6 +313,7 @@ class _Peer:
     def __init__(self, name: str, store: _Store | None = None, cleanup: Callable[[], None] | None = None) -> None:
         self.name, self.store, self.cleanup = name, store, cleanup
         self.cache: Any = None
+        self.dataset: Any = None
 
     def counters(self, samples: int, accessed_bytes: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -311,8 +326,9 @@ class _Peer:
                        hit_rate_note="bytes")
         elif self.cache is not None:
             st = self.cache.stats()
-            out.update(hits=int(st["hits"]), peer_stats={k: v for k, v in st.items()
-                                                          if isinstance(v, (int, float, str))})
+            out.update(peer_stats={k: v for k, v in st.items() if isinstance(v, (int, float, str))})
+            if self.dataset is not None:
+                out.update(wrong_samples=int(self.dataset.wrong[0]), undecodable_samples=int(self.dataset.wrong[1]))
         if self.cleanup is not None:
             self.cleanup()
         return out
@@ -325,9 +341,13 @@ class _V11Records:
     decorated by the cache; ``__getitem__`` unpacks it and applies the
     transform after the cache."""
 
-    def __init__(self, rf: Any, slot: int, transform: Callable[[Any], Any]) -> None:
+    def __init__(self, rf: Any, slot: int, transform: Callable[[Any], Any], crc: np.ndarray | None = None) -> None:
         self.rf, self.slot, self.transform = rf, slot, transform
         self.load: Callable[[int], Any] = self._load
+        self.crc = crc
+        # Wrong samples returned (checksum or label differ from the record),
+        # and of those, the ones that did not even decode: shared with workers.
+        self.wrong = np.frombuffer(mmap.mmap(-1, 16), dtype=np.int64)
 
     def _load(self, i: int) -> Any:
         import torch
@@ -345,7 +365,18 @@ class _V11Records:
         t = self.load(i)
         head = t[:16].numpy().view(np.int64)
         n, label = int(head[0]), int(head[1])
-        return self.transform((t[16:16 + n].numpy().tobytes(), label))
+        sample = (t[16:16 + max(0, n)].numpy().tobytes(), label)
+        if self.crc is not None and (zlib.crc32(sample[0]) != int(self.crc[i])
+                                     or label != int(self.rf.labels[i])):
+            self.wrong[0] += 1
+            try:
+                return self.transform(sample)  # what the user's training gets
+            except Exception:
+                # It does not decode: the user's run would stop here. Counted,
+                # and the record is read again so that the benchmark can finish.
+                self.wrong[1] += 1
+                sample = self.rf[i]
+        return self.transform(sample)
 
 
 def _import_v11(src: str, data_dir: str) -> Any:
@@ -447,8 +478,8 @@ def make_loader(name: str, sampler: Any, seq: np.ndarray, rf: Any, setup: Any, d
     cache = pkg.get_opt_cache(num_workers=setup.workers, precomputed_path=plan, maxsize=c,
                               total_iter=len(seq), dataset_size=len(rf), item_shape=(slot,),
                               item_dtype=torch.uint8)
-    ds = _V11Records(rf, slot, transform)
+    ds = _V11Records(rf, slot, transform, np.load(prepared["crc"]) if prepared.get("crc") else None)
     ds.load = cache(ds._load)
     peer = _Peer(name, None, lambda: shutil.rmtree(plan_dir, ignore_errors=True))
-    peer.cache = cache
+    peer.cache, peer.dataset = cache, ds
     return DataLoader(ds, sampler=sampler, **common), peer

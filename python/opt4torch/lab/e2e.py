@@ -826,7 +826,7 @@ def markdown(result: dict[str, Any]) -> str:
     for sampler, rows in summ.items():
         for c, v in rows.items():
             if v.get("wrong_samples"):
-                lines.append(f"- {c} returned {v["wrong_samples"]:,} wrong sample(s) under {sampler} (of "
+                lines.append(f"- {c} returned {v['wrong_samples']:,} wrong sample(s) under {sampler} (of "
                              f"{v['samples']:,}: bytes or label differ from the record's), "
                              f"{v['undecodable_samples']:,} of them not even a JPEG; those were read again "
                              "from storage so that the run could finish (a user's run stops at the first).")

@@ -33,13 +33,19 @@ def test_import_opt4torch_imports_no_peer() -> None:
     assert out.strip() == "[]"
 
 
+def test_the_harness_lists_every_peer() -> None:
+    assert e2e.PEERS == peers.PEERS and set(peers.SHARDED) <= set(peers.PEERS)
+    assert e2e.ALL_CONFIGS == e2e.CONFIGS + e2e.PEERS
+
+
 def test_unavailable_reasons(tmp_path) -> None:
     setup = e2e.Setup()
     assert "--v11-src" in (peers.unavailable(peers.V11, setup) or "")
     setup.v11_src = str(tmp_path)
     assert "not an OPT4TorchDataSet checkout" in (peers.unavailable(peers.V11, setup) or "")
     assert peers.unavailable(peers.COMPAT, setup) is None
-    for name, module in ((peers.STREAMING, "streaming"), (peers.LITDATA, "litdata")):
+    for name, module in ((peers.STREAMING, "streaming"), (peers.STREAMING_TUNED, "streaming"),
+                         (peers.LITDATA, "litdata")):
         why = peers.unavailable(name, setup)
         if importlib.util.find_spec(module) is None:
             assert why is not None and "make bench-env" in why

@@ -35,16 +35,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PEERS", "SHARDED", "V11", "COMPAT", "unavailable", "prepare", "make_loader"]
+__all__ = ["PEERS", "SHARDED", "STREAMING", "STREAMING_TUNED", "LITDATA", "V11", "COMPAT", "unavailable",
+           "prepare", "make_loader"]
 
 STREAMING = "Streaming"
+STREAMING_TUNED = "Streaming (tuned)"
 LITDATA = "LitData"
 V11 = "OPT4TorchDataSet v1.1.0"
 COMPAT = "OPT4TorchDataSet API (compat)"
 #: The peer configurations, in the order the tables list them.
-PEERS = (STREAMING, LITDATA, V11, COMPAT)
+PEERS = (STREAMING, STREAMING_TUNED, LITDATA, V11, COMPAT)
 #: Peers that read their own shard formats, in their own order (their shuffle).
-SHARDED = (STREAMING, LITDATA)
+SHARDED = (STREAMING, STREAMING_TUNED, LITDATA)
 #: The peers' default shard size (Streaming's ``MDSWriter(size_limit=1 << 26)``;
 #: LitData's documentation uses ``chunk_bytes="64MB"``).
 DEFAULT_SHARD_BYTES = 1 << 26
@@ -60,7 +62,7 @@ def _has(module: str) -> bool:
 
 def unavailable(name: str, setup: Any, sampler: str | None = None) -> str | None:
     """Why configuration ``name`` cannot run here (None: it can)."""
-    if name == STREAMING and not _has("streaming"):
+    if name in (STREAMING, STREAMING_TUNED) and not _has("streaming"):
         return "mosaicml-streaming is not installed (make bench-env makes .venv-bench with it)"
     if name == LITDATA and not _has("litdata"):
         return "litdata is not installed (make bench-env makes .venv-bench with it)"
@@ -261,19 +263,20 @@ def prepare(name: str, path: str, setup: Any, data_dir: str,
     base = os.path.join(data_dir, os.path.splitext(os.path.basename(path))[0])
     if name in SHARDED:
         sb = shard_bytes(setup, total)
-        out = f"{base}.{'mds' if name == STREAMING else 'litdata'}-{sb}"
+        mds = name in (STREAMING, STREAMING_TUNED)
+        out = f"{base}.{'mds' if mds else 'litdata'}-{sb}"
         desc = {"records": os.path.abspath(path), "mtime": os.path.getmtime(path), "shard_bytes": sb}
         if not _converted(out, desc):
             if os.path.isdir(out):
                 shutil.rmtree(out)
             t0 = time.perf_counter()
-            (_convert_streaming if name == STREAMING else _convert_litdata)(path, out, sb)
+            (_convert_streaming if mds else _convert_litdata)(path, out, sb)
             _stamp(out, desc, time.perf_counter() - t0)
             log(f"converted {path} to {name}'s format in {out}/ ({time.perf_counter() - t0:.1f} s)")
         with open(out + ".made") as f:
             seconds = json.load(f)["seconds"]
         files = [os.path.join(out, f) for f in os.listdir(out)]
-        return {"what": f"{'MDSWriter' if name == STREAMING else 'litdata.optimize'} "
+        return {"what": f"{'MDSWriter' if mds else 'litdata.optimize'} "
                         f"(shards of at most {sb / 2**20:.1f} MiB)",
                 "dir": out, "seconds": seconds, "shard_bytes": sb,
                 "shards": sum(1 for f in files if not f.endswith(".json")),
@@ -425,7 +428,7 @@ def make_loader(name: str, sampler: Any, seq: np.ndarray, rf: Any, setup: Any, d
         store = _Store(setup.latency, setup.bandwidth)
         _STORE = store
         cache_dir = tempfile.mkdtemp(prefix=f"{name.lower()}-cache-", dir=data_dir)
-        if name == STREAMING:
+        if name in (STREAMING, STREAMING_TUNED):
             from streaming import StreamingDataset
             from streaming.base.util import clean_stale_shared_memory
 
@@ -437,8 +440,18 @@ def make_loader(name: str, sampler: Any, seq: np.ndarray, rf: Any, setup: Any, d
                     obj = super().__getitem__(idx)
                     return transform((obj["jpeg"], obj["label"]))
 
+            extra: dict[str, int] = {}
+            if name == STREAMING_TUNED:
+                # A cache smaller than the data: Streaming's default shuffle block
+                # (at least 262,144 samples) spreads every window over all shards,
+                # which then cannot stay cached. A block of half the budget's
+                # samples, and a prefetch window within it, let a block's shards fit.
+                items = int(budget_bytes / float(rf.item_sizes().mean()))
+                block = max(setup.batch, items // 2)
+                extra = {"shuffle_block_size": block,
+                         "predownload": max(setup.batch, min(8 * setup.batch, block // (2 * max(1, setup.workers))))}
             ds = Images(remote=prepared["dir"], local=cache_dir, shuffle=True, shuffle_seed=setup.seed,
-                        cache_limit=budget_bytes, batch_size=setup.batch)
+                        cache_limit=budget_bytes, batch_size=setup.batch, **extra)
             from torch.utils.data import DataLoader
 
             loader = DataLoader(ds, **common)

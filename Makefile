@@ -166,7 +166,7 @@ $(BENCH_INSTALLED): $(BENCH_STAMP) $(SOURCES)
 	@touch $@
 bench-env: $(BENCH_INSTALLED)
 
-# The comparison at scale (issue 19): 50,000 JPEGs of about 10-100 KiB, 3 epochs,
+# The comparison at scale (issue 19): 50,000 JPEGs of 15-97 KB (160-400 px), 3 epochs,
 # capacity 25 % and 50 %, epoch shuffle and class-balanced sampling, the real
 # alternatives beside OPT. V11_SRC=PATH: a checkout of OPT4TorchDataSet v1.1.0
 # (without it, that row is skipped with a line saying so). Writes
@@ -174,7 +174,7 @@ bench-env: $(BENCH_INSTALLED)
 V11_SRC   ?=
 FULL_ARGS ?= --images 50000 --image-size 160 --image-size-max 400 --epochs 3 --repeats 1 \
 	--samplers shuffle,balanced --data out/e2e-full-data --progress \
-	--configs "no cache,LRU (cachetools),Streaming,LitData,OPT4TorchDataSet v1.1.0,OPT4TorchDataSet API (compat),OPT,OPT + prefetch,in memory"
+	--configs "no cache,LRU (cachetools),Streaming,Streaming (tuned),LitData,OPT4TorchDataSet v1.1.0,OPT4TorchDataSet API (compat),OPT,OPT + prefetch,in memory"
 bench-e2e-full: bench-env
 	nice -n 10 $(BENCH_PY) bench/e2e.py $(FULL_ARGS) --capacity 0.25 --name e2e-full-25 $(if $(V11_SRC),--v11-src $(V11_SRC),)
 	nice -n 10 $(BENCH_PY) bench/e2e.py $(FULL_ARGS) --capacity 0.5 --name e2e-full-50 $(if $(V11_SRC),--v11-src $(V11_SRC),)

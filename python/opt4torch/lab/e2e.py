@@ -872,7 +872,11 @@ def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]
     samplers = list(summ)
     # Every configuration that ran under any sampler (the sharded peers run
     # under epoch shuffle only): a missing one is drawn as "not run".
-    configs = list(dict.fromkeys(c for rows in summ.values() for c in rows))
+    failed = result.get("failed", {})
+    order = [c for c in ALL_CONFIGS if any(c in rows for rows in summ.values())
+             or any(c in f for f in failed.values())]
+    configs = order + [c for rows in summ.values() for c in rows if c not in order]
+    configs = list(dict.fromkeys(configs))
     epochs = result["setup"].get("epochs", 1)
     median = ", median" if result["setup"].get("repeats", 1) > 1 else ""
     ours = ("OPT", "OPT + prefetch", "OPT4TorchDataSet API (compat)")
@@ -886,14 +890,15 @@ def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]
     width = max(7.0, 4.2 * len(samplers) + 1)
     height = 0.42 * len(configs) + 1.6
 
-    def bars(ax: Any, vals: list[float], label: Callable[[float], str], xmax: float) -> None:
+    def bars(ax: Any, vals: list[float], label: Callable[[float], str], xmax: float, sampler: str) -> None:
         # A bar past the axis (Streaming's thrashing) is cut at its end,
         # with its value written on it.
         ax.barh(range(len(configs)), [0.0 if math.isnan(v) else min(v, xmax) for v in vals],
                 color=[colour[c] for c in configs])
         for i, v in enumerate(vals):
             if math.isnan(v):
-                ax.text(0, i, " not run", va="center", fontsize=8, color="#7f8c8d")
+                ax.text(0, i, " failed" if configs[i] in failed.get(sampler, {}) else " not run", va="center",
+                        fontsize=8, color="#7f8c8d")
                 continue
             # Inside the bar's end when it is long, past it otherwise.
             inside = min(v, xmax) > 0.7 * xmax
@@ -910,7 +915,7 @@ def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]
         xmax = np.nanmax(vals) * 1.2
         if "no cache" in summ[s]:  # the axis cut as for the bytes below
             xmax = min(xmax, 2.4 * summ[s]["no cache"]["epoch_s"])
-        bars(ax, vals, lambda v: f"{v:.1f} s", xmax)
+        bars(ax, vals, lambda v: f"{v:.1f} s", xmax, s)
         if "in memory" in summ[s]:
             ax.axvline(summ[s]["in memory"]["epoch_s"], color="k", ls="--", lw=0.8)
         ax.set_title(s)
@@ -933,13 +938,13 @@ def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]
         mb_max = 2 * max(nocache)
     for k, s in enumerate(samplers):
         rates = [value(s, c, "hit_rate", 100) for c in configs]
-        bars(axes[0][k], rates, lambda v: f"{v:.0f} %", 100)
+        bars(axes[0][k], rates, lambda v: f"{v:.0f} %", 100, s)
         axes[0][k].set_title(s)
         by_bytes = any(v.get("hit_rate_note") == "bytes" for v in summ[s].values())
         axes[0][k].set_xlabel(f"hit rate, % of all accesses ({epochs} epochs)"
                               + ("\nStreaming, LitData: % of the bytes read" if by_bytes else ""))
         mbs = [value(s, c, "storage_bytes", 1e-6) for c in configs]
-        bars(axes[1][k], mbs, lambda v: f"{v:.1f} MB", max(mb_max * 1.2, 1e-3))
+        bars(axes[1][k], mbs, lambda v: f"{v:.1f} MB", max(mb_max * 1.2, 1e-3), s)
         axes[1][k].set_xlabel(f"read from storage, MB ({epochs} epochs)")
     axes[0][0].invert_yaxis()  # once: every panel shares it
     for row in axes:

@@ -7,6 +7,8 @@
 #                every stage runs, then one summary table (scripts/test_stages.py)
 #   make bench   the benchmarks (writes bench/results/*.json)
 #   make bench-e2e  a real training loop on an emulated slow store, every cache side by side
+#   make bench-env  .venv-bench: torch 2.14.1 + torchvision, MosaicML Streaming, LitData, this package
+#   make bench-e2e-full  the end-to-end comparison at scale, with the real alternatives (an hour or more)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -19,7 +21,7 @@ JOBS   ?= 2
 FUZZ_SECONDS ?= 60
 
 .PHONY: all demo install test test-c test-asan test-asan-binding test-tsan test-fuzz test-python bench bench-e2e clean \
-	fuzz-long test-kill-long
+	fuzz-long test-kill-long bench-env bench-e2e-full
 
 all: test
 
@@ -144,6 +146,38 @@ bench: install
 # (the data is generated once into out/e2e-data).
 bench-e2e: install
 	$(PY) bench/e2e.py
+
+# The benchmark environment for the real alternatives (docs/e2e.md): its own
+# venv, since MosaicML Streaming imports torchvision, whose PyPI builds need
+# their own (CUDA) torch; .venv and the tests keep the pinned CPU torch.
+BENCH_VENV      := .venv-bench
+BENCH_PY        := $(BENCH_VENV)/bin/python
+BENCH_STAMP     := $(BENCH_VENV)/.deps-installed
+BENCH_INSTALLED := $(BENCH_VENV)/.opt4-installed
+$(BENCH_STAMP): requirements-bench.txt
+	@test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
+	nice -n 10 $(BENCH_PY) -m pip install --quiet --upgrade pip
+	nice -n 10 $(BENCH_PY) -m pip install --quiet -r requirements-bench.txt
+	$(BENCH_PY) -c "import streaming, litdata, torchvision; print('bench env: streaming', streaming.__version__, \
+	    'litdata', litdata.__version__, 'torchvision', torchvision.__version__)"
+	@touch $@
+$(BENCH_INSTALLED): $(BENCH_STAMP) $(SOURCES)
+	nice -n 10 $(BENCH_PY) -m pip install --quiet --no-build-isolation --no-deps --force-reinstall .
+	@touch $@
+bench-env: $(BENCH_INSTALLED)
+
+# The comparison at scale (issue 19): 50,000 JPEGs of 15-97 KB (160-400 px), 3 epochs,
+# capacity 25 % and 50 %, epoch shuffle and class-balanced sampling, the real
+# alternatives beside OPT. V11_SRC=PATH: a checkout of OPT4TorchDataSet v1.1.0
+# (without it, that row is skipped with a line saying so). Writes
+# bench/results/e2e-full-{25,50}.{md,json,png}; an hour or more on 2 cores.
+V11_SRC   ?=
+FULL_ARGS ?= --images 50000 --image-size 160 --image-size-max 400 --epochs 3 --repeats 1 \
+	--samplers shuffle,balanced --data out/e2e-full-data --progress \
+	--configs "no cache,LRU (cachetools),Streaming,Streaming (tuned),LitData,OPT4TorchDataSet v1.1.0,OPT4TorchDataSet API (compat),OPT,OPT + prefetch,in memory"
+bench-e2e-full: bench-env
+	nice -n 10 $(BENCH_PY) bench/e2e.py $(FULL_ARGS) --capacity 0.25 --name e2e-full-25 $(if $(V11_SRC),--v11-src $(V11_SRC),)
+	nice -n 10 $(BENCH_PY) bench/e2e.py $(FULL_ARGS) --capacity 0.5 --name e2e-full-50 $(if $(V11_SRC),--v11-src $(V11_SRC),)
 
 clean:
 	rm -rf build dist out *.egg-info

@@ -9,7 +9,10 @@ latency per read (bandwidth folded in), applied in C to every reader:
 
   no cache; cachetools LRU, LFU, FIFO, RR (one cache of C items per worker, as
   users write them); one LRU shared through a multiprocessing manager; a static
-  cache of the first C items (shared); OPT; OPT + prefetch; everything in memory.
+  cache of the first C items (shared); OPT; OPT + prefetch; everything in memory;
+  and, asked for with --configs, the real alternatives: MosaicML Streaming,
+  LitData, OPT4TorchDataSet v1.1.0 (--v11-src PATH) and our compat layer for
+  its API (opt4torch.lab.peers; run in the bench environment, make bench-env).
 
 Under epoch shuffle, sampling with replacement and class-balanced weighted
 sampling. Writes bench/results/e2e.md, e2e.json and two PNG plots. This file
@@ -18,6 +21,7 @@ which `opt4torch demo` runs small (installed wheels have no bench/).
 
     python bench/e2e.py [--images 1000] [--epochs 3] [--capacity 0.5] [--latency 0.005]
         [--bandwidth 100e6] [--repeats 3] [--configs ...] [--samplers ...] [--data out/e2e-data]
+        [--image-size-max PX] [--v11-src PATH] [--shard-bytes B] [--progress]
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import machine  # noqa: E402
 
 from opt4torch.lab.e2e import (  # noqa: E402
-    CONFIGS, SAMPLERS, Setup, markdown, prepare_data, run, write_outputs,
+    ALL_CONFIGS, CONFIGS, SAMPLERS, Setup, markdown, prepare_data, run, write_outputs,
 )
 
 
@@ -44,6 +48,9 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
     ap.add_argument("--images", type=int, default=d.images)
     ap.add_argument("--classes", type=int, default=d.classes)
     ap.add_argument("--image-size", type=int, default=d.image_size)
+    ap.add_argument("--image-size-max", type=int, default=d.image_size_max,
+                    help="> --image-size: each image's side drawn from [image-size, image-size-max] "
+                    "(160 to 400: JPEGs of 15 to 97 KB, mean 51 KB)")
     ap.add_argument("--crop", type=int, default=d.crop)
     ap.add_argument("--epochs", type=int, default=d.epochs)
     ap.add_argument("--batch", type=int, default=d.batch)
@@ -57,7 +64,16 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
     ap.add_argument("--lookahead", type=int, default=d.lookahead)
     ap.add_argument("--repeats", type=int, default=d.repeats)
     ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of: " + ", ".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="comma-separated, of: " + ", ".join(ALL_CONFIGS) + " (default: the first "
+                    f"{len(CONFIGS)}; 'all' for every one)")
+    ap.add_argument("--v11-src", default=d.v11_src, metavar="PATH",
+                    help="a checkout of OPT4TorchDataSet v1.1.0 (its repository's root): the "
+                    "'OPT4TorchDataSet v1.1.0' configuration builds its extension from it (docs/e2e.md)")
+    ap.add_argument("--shard-bytes", type=int, default=d.shard_bytes,
+                    help="Streaming's and LitData's shard size (default: theirs, 64 MiB, made smaller when "
+                    "the cache budget would hold fewer than 8 shards)")
+    ap.add_argument("--progress", action="store_true", help="tqdm bars: data generation, each run's batches")
     ap.add_argument("--samplers", default=",".join(SAMPLERS), help="comma-separated, of: " + ", ".join(SAMPLERS))
     ap.add_argument("--data", default="out/e2e-data", help="where the JPEGs and the record file go "
                     "(made once, reused; a disk, not tmpfs, for O_DIRECT)")
@@ -70,14 +86,19 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
     setup = Setup(images=a.images, classes=a.classes, image_size=a.image_size, crop=a.crop, epochs=a.epochs,
                   batch=a.batch, workers=a.workers, capacity=a.capacity, latency=a.latency,
                   bandwidth=a.bandwidth, direct=not a.buffered, threads=a.threads, lookahead=a.lookahead,
-                  repeats=a.repeats, seed=a.seed, configs=[c.strip() for c in a.configs.split(",") if c.strip()],
-                  samplers=[s.strip() for s in a.samplers.split(",") if s.strip()])
+                  repeats=a.repeats, seed=a.seed,
+                  configs=(list(ALL_CONFIGS) if a.configs.strip() == "all"
+                           else [c.strip() for c in a.configs.split(",") if c.strip()]),
+                  samplers=[s.strip() for s in a.samplers.split(",") if s.strip()],
+                  image_size_max=a.image_size_max, v11_src=a.v11_src, shard_bytes=a.shard_bytes,
+                  progress=a.progress)
     return setup, a
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     setup, a = _argv_setup(argv)
-    info = machine(("numpy", "opt4torchdataset", "torch", "cachetools", "pillow"))
+    info = machine(("numpy", "opt4torchdataset", "torch", "cachetools", "pillow", "mosaicml-streaming",
+                    "litdata", "torchvision"))
     if a.from_json:
         with open(a.from_json) as f:
             result = json.load(f)

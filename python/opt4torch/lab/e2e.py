@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Setup", "CONFIGS", "SAMPLERS", "prepare_data", "run", "markdown", "plot", "targets",
-           "write_outputs"]
+__all__ = ["Setup", "CONFIGS", "PEERS", "ALL_CONFIGS", "SAMPLERS", "prepare_data", "run", "markdown", "plot",
+           "targets", "write_outputs"]
 
 #: The configurations, in the order the tables list them.
 CONFIGS = (
@@ -62,6 +62,11 @@ CONFIGS = (
 )
 CACHETOOLS = {"LRU (cachetools)": "LRUCache", "LFU (cachetools)": "LFUCache",
               "FIFO (cachetools)": "FIFOCache", "RR (cachetools)": "RRCache"}
+#: The real alternatives (:mod:`.peers`: MosaicML Streaming, LitData,
+#: OPT4TorchDataSet v1.1.0 and this package's compat layer for its API); not
+#: in the default list: they need packages the demo does not install.
+PEERS = ("Streaming", "Streaming (tuned)", "LitData", "OPT4TorchDataSet v1.1.0", "OPT4TorchDataSet API (compat)")
+ALL_CONFIGS = CONFIGS + PEERS
 #: Sampling: epoch shuffle, uniform with replacement, class-balanced weighted.
 SAMPLERS = ("shuffle", "replacement", "balanced")
 
@@ -73,6 +78,7 @@ class Setup:
     images: int = 1000
     classes: int = 10
     image_size: int = 80          # generated images are image_size x image_size JPEGs
+    image_size_max: int = 0       # > image_size: each image's side is drawn from [image_size, image_size_max]
     crop: int = 64                # random crop the model sees
     epochs: int = 3
     batch: int = 64
@@ -87,6 +93,9 @@ class Setup:
     seed: int = 0
     configs: list[str] = field(default_factory=lambda: list(CONFIGS))
     samplers: list[str] = field(default_factory=lambda: list(SAMPLERS))
+    v11_src: str = ""             # a checkout of OPT4TorchDataSet v1.1.0 (the "OPT4TorchDataSet v1.1.0" peer)
+    shard_bytes: int = 0          # Streaming's and LitData's shard size (0: theirs, smaller for a small budget)
+    progress: bool = False        # a tqdm bar per configuration run (batches)
 
     @property
     def capacity_items(self) -> int:
@@ -106,26 +115,42 @@ def _class_sizes(n: int, classes: int) -> list[int]:
     return [int(s) for s in sizes]
 
 
-def make_image_folder(root: str, n: int, classes: int, size: int, seed: int) -> None:
+def make_image_folder(root: str, n: int, classes: int, size: int, seed: int, size_max: int = 0,
+                      progress: bool = False) -> None:
     """``root/class_k/img_i.jpg``: each class a colour and a stripe direction,
-    with noise, so the CNN has something to learn."""
+    with noise, so the CNN has something to learn. With ``size_max > size``
+    each image is square with a side drawn uniformly from ``[size, size_max]``
+    (160 to 400 pixels give JPEGs of 15 to 97 KB, mean 51 KB: within the
+    10-100 KiB of ImageNet's typical files)."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:size, 0:size].astype(np.float32)
+    big = max(size, size_max)
+    y, x = np.mgrid[0:big, 0:big].astype(np.float32)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n, desc="generating JPEGs", unit="img")
     i = 0
     for k, count in enumerate(_class_sizes(n, classes)):
         d = os.path.join(root, f"class_{k:02d}")
         os.makedirs(d, exist_ok=True)
         colour = rng.uniform(40, 215, size=3).astype(np.float32)
         angle = math.pi * k / classes
-        stripes = np.sin((x * math.cos(angle) + y * math.sin(angle)) / 3.0)[..., None]
+        stripes_all = np.sin((x * math.cos(angle) + y * math.sin(angle)) / 3.0)[..., None]
         for _ in range(count):
-            noise = rng.normal(0, 25, size=(size, size, 3)).astype(np.float32)
+            side = int(rng.integers(size, size_max + 1)) if size_max > size else size
+            stripes = stripes_all[:side, :side]
+            noise = rng.normal(0, 25, size=(side, side, 3)).astype(np.float32)
             shift = rng.uniform(-30, 30, size=3).astype(np.float32)
             img = np.clip(colour + shift + 40 * stripes + noise, 0, 255).astype(np.uint8)
             Image.fromarray(img).save(os.path.join(d, f"img_{i:06d}.jpg"), quality=90)
             i += 1
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
 
 
 def prepare_data(data_dir: str, setup: Setup, log: Callable[[str], None] = print) -> str:
@@ -136,23 +161,28 @@ def prepare_data(data_dir: str, setup: Setup, log: Callable[[str], None] = print
     os.makedirs(data_dir, exist_ok=True)
     desc = {"images": setup.images, "classes": setup.classes, "image_size": setup.image_size,
             "seed": setup.seed, "version": 1}
-    path = os.path.join(data_dir, f"images-{setup.images}-{setup.image_size}px.rec")
+    px = f"{setup.image_size}px"
+    if setup.image_size_max > setup.image_size:
+        desc["image_size_max"] = setup.image_size_max
+        px = f"{setup.image_size}-{setup.image_size_max}px"
+    path = os.path.join(data_dir, f"images-{setup.images}-{px}.rec")
     stamp = path + ".made"
     if os.path.exists(path) and os.path.exists(stamp):
         with open(stamp) as f:
             if json.load(f) == desc:
                 return path
     t0 = time.perf_counter()
-    root = os.path.join(data_dir, f"images-{setup.images}-{setup.image_size}px")
+    root = os.path.join(data_dir, f"images-{setup.images}-{px}")
     if os.path.isdir(root):
         import shutil
 
         shutil.rmtree(root)
-    make_image_folder(root, setup.images, setup.classes, setup.image_size, setup.seed)
-    image_folder_to_records(root, path, progress=False)
+    make_image_folder(root, setup.images, setup.classes, setup.image_size, setup.seed, setup.image_size_max,
+                      progress=setup.progress)
+    image_folder_to_records(root, path, progress=setup.progress)
     with open(stamp, "w") as f:
         json.dump(desc, f)
-    log(f"generated {setup.images:,} JPEGs of {setup.image_size}x{setup.image_size} in {setup.classes} classes "
+    log(f"generated {setup.images:,} JPEGs of {px} in {setup.classes} classes "
         f"under {root}/ and packed them into {path} ({time.perf_counter() - t0:.1f} s)")
     return path
 
@@ -420,8 +450,10 @@ def _shutdown(loader: Any) -> None:
         it._shutdown_workers()
 
 
-def run_config(name: str, sampler_kind: str, path: str, setup: Setup) -> dict[str, Any]:
-    """Train ``setup.epochs`` epochs under configuration ``name``; the counters."""
+def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
+               prepared: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train ``setup.epochs`` epochs under configuration ``name``; the counters.
+    ``prepared``: what :func:`.peers.prepare` made for the peer configurations."""
     import torch
     import torch.nn.functional as F
     from torch.utils.data import DataLoader as TorchLoader
@@ -457,7 +489,21 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup) -> dict[st
 
     t0 = time.perf_counter()
     ds: Any = None
-    if name in ("OPT", "OPT + prefetch"):
+    peer: Any = None
+    if name in PEERS:
+        from . import peers
+
+        seq = None
+        if name not in peers.SHARDED:  # a plan for the sampler's order: captured, as OPT's is
+            from ..capture import capture
+
+            seq = capture(make_sampler(sampler_kind, labels, setup.seed), setup.epochs)
+        budget = int(round(setup.capacity * float(sizes.sum())))
+        loader, peer = peers.make_loader(name, make_sampler(sampler_kind, labels, setup.seed), seq, rf, setup,
+                                         os.path.dirname(os.path.abspath(path)), transform, common,
+                                         (prepared or {}).get(name, {}), budget)
+        out["cache_bytes"] = budget
+    elif name in ("OPT", "OPT + prefetch"):
         from ..data import DataLoader
 
         prefetch = name == "OPT + prefetch"
@@ -489,6 +535,12 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup) -> dict[st
     setup_s = time.perf_counter() - t0
 
     epoch_s, samples, label_sum, loss = [], 0, 0, float("nan")
+    bar = None
+    if setup.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=setup.epochs * math.ceil(n / setup.batch), desc=f"{name} / {sampler_kind}", unit="batch",
+                   leave=False)
     for _ in range(setup.epochs):
         e0 = time.perf_counter()
         for x, y in loader:
@@ -500,14 +552,27 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup) -> dict[st
             samples += len(y)
             label_sum += int(y.sum())
             loss = float(l.detach())
+            if bar is not None:
+                bar.update(1)
         epoch_s.append(time.perf_counter() - e0)
+    if bar is not None:
+        bar.close()
     seconds = time.perf_counter() - t0
     _shutdown(loader)
     after = rf.info()
     out.update(seconds=seconds, setup_s=setup_s, epoch_s=epoch_s, samples=samples, label_sum=label_sum,
                final_loss=loss, storage_reads=after["reads"] - before["reads"],
                storage_bytes=after["bytes_read"] - before["bytes_read"], accesses=samples)
-    if name in ("OPT", "OPT + prefetch"):
+    if peer is not None:
+        from . import peers
+
+        out.update(peer.counters(samples, int(round(samples * float(sizes.mean())))))
+        if name not in peers.SHARDED:
+            # Measured the same way for v1.1.0 and the compat layer: an access
+            # that read the record file missed, and waited for it (a sample
+            # that came back undecodable was read again: counted as a miss).
+            out.update(hits=samples - out["storage_reads"], stall_rate=out["storage_reads"] / max(1, samples))
+    elif name in ("OPT", "OPT + prefetch"):
         st = loader.cache.stats()
         plan = loader.cache.plan
         out.update(hits=st["hits"], plan_hits=plan.hits, stall_rate=st["stall_rate"],
@@ -526,7 +591,8 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup) -> dict[st
         out.update(hits=0, stall_rate=1.0)
     else:
         out.update(hits=samples, stall_rate=0.0)
-    out["hit_rate"] = out["hits"] / max(1, samples)
+    if out.get("hit_rate") is None:
+        out["hit_rate"] = out["hits"] / max(1, samples)
     del loader
     out["cpu_s"] = _cpu_seconds() - cpu0
     out["peak_memory_bytes"] = mem.stop()
@@ -534,20 +600,22 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup) -> dict[st
     return out
 
 
-def _child(conn: Any, name: str, sampler_kind: str, path: str, setup: Setup) -> None:
+def _child(conn: Any, name: str, sampler_kind: str, path: str, setup: Setup,
+           prepared: dict[str, Any] | None = None) -> None:
     try:
-        conn.send(("ok", run_config(name, sampler_kind, path, setup)))
+        conn.send(("ok", run_config(name, sampler_kind, path, setup, prepared)))
     except BaseException:  # report any failure to the parent, then exit
         conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
 
 
-def run_isolated(name: str, sampler_kind: str, path: str, setup: Setup, timeout: float = 1800) -> dict[str, Any]:
+def run_isolated(name: str, sampler_kind: str, path: str, setup: Setup, timeout: float = 1800,
+                 prepared: dict[str, Any] | None = None) -> dict[str, Any]:
     """:func:`run_config` in a forked child process of its own."""
     ctx = mp.get_context("fork")
     here, there = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_child, args=(there, name, sampler_kind, path, setup))
+    p = ctx.Process(target=_child, args=(there, name, sampler_kind, path, setup, prepared))
     p.start()
     there.close()
     try:
@@ -589,38 +657,87 @@ def run(setup: Setup, path: str, log: Callable[[str], None] = print) -> dict[str
     """Every sampler x configuration x repeat (configurations interleaved in
     each repeat, so drifts in the machine's load hit all alike)."""
     for name in setup.configs:
-        if name not in CONFIGS:
-            raise ValueError(f"unknown configuration {name!r} (one of {', '.join(CONFIGS)})")
+        if name not in ALL_CONFIGS:
+            raise ValueError(f"unknown configuration {name!r} (one of {', '.join(ALL_CONFIGS)})")
+    skipped: dict[str, str] = {}
+    prepared: dict[str, dict[str, Any]] = {}
+    from . import peers  # imports no peer package itself
+
+    for c in [c for c in setup.configs if c in PEERS]:
+        why = peers.unavailable(c, setup)
+        if why is not None:
+            skipped[c] = why
+            log(f"skipped {c}: {why}")
+        else:
+            prepared[c] = peers.prepare(c, path, setup, os.path.dirname(os.path.abspath(path)), log=log)
+    configs = [c for c in setup.configs if c not in skipped]
     _import_once()
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {c: [] for c in setup.configs} for s in setup.samplers}
+    plan = {s: [c for c in configs if c not in PEERS or peers.unavailable(c, setup, s) is None]
+            for s in setup.samplers}
+    for s in setup.samplers:
+        for c in configs:
+            if c not in plan[s]:
+                log(f"skipped {c} under {s}: {peers.unavailable(c, setup, s)}")
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {s: {c: [] for c in plan[s]} for s in setup.samplers}
+    failed: dict[str, dict[str, str]] = {}
     t_start = time.perf_counter()
     for s in setup.samplers:
         for r in range(setup.repeats):
-            for c in setup.configs:
-                res = run_isolated(c, s, path, setup)
+            for c in plan[s]:
+                if c in failed.get(s, {}):
+                    continue
+                try:
+                    res = run_isolated(c, s, path, setup, prepared=prepared)
+                except (RuntimeError, TimeoutError) as exc:
+                    if c not in PEERS:
+                        raise
+                    # A peer that fails is a result, reported in the table's notes.
+                    last = [line for line in str(exc).strip().splitlines() if line.strip()][-1]
+                    failed.setdefault(s, {})[c] = last.strip()
+                    log(f"  {s:<11} repeat {r + 1}/{setup.repeats}  {c:<18} FAILED: {last.strip()}")
+                    continue
                 runs[s][c].append(res)
                 log(f"  {s:<11} repeat {r + 1}/{setup.repeats}  {c:<18} {res['seconds']:6.2f} s  "
                     f"hit rate {res['hit_rate']:6.1%}")
-    summary = {s: {c: summarize(runs[s][c]) for c in setup.configs} for s in setup.samplers}
-    return {"setup": asdict(setup), "summary": summary, "runs": runs,
-            "wall_s": time.perf_counter() - t_start}
+    for s, cs in failed.items():
+        for c in cs:
+            runs[s].pop(c, None)
+    summary = {s: {c: summarize(runs[s][c]) for c in runs[s]} for s in setup.samplers}
+    return {"setup": asdict(setup), "summary": summary, "runs": runs, "skipped": skipped,
+            "failed": failed, "prepared": prepared, "wall_s": time.perf_counter() - t_start}
 
 
 def summarize(rs: list[dict[str, Any]]) -> dict[str, Any]:
     def med(key: str) -> float:
         return float(statistics.median(r[key] for r in rs))
 
+    def med_or_none(key: str) -> float | None:
+        vals = [r[key] for r in rs if r.get(key) is not None]
+        return float(statistics.median(vals)) if vals else None
+
     x = rs[0]
     out = {"seconds": med("seconds"), "epoch_s": med("seconds") / len(x["epoch_s"]),
            "samples": x["samples"], "hit_rate": med("hit_rate"), "storage_bytes": med("storage_bytes"),
-           "stall_rate": med("stall_rate"), "cpu_s": med("cpu_s"), "peak_memory_bytes": med("peak_memory_bytes"),
-           "final_loss": med("final_loss"), "repeats": len(rs)}
+           "storage_reads": med("storage_reads"),
+           "stall_rate": med_or_none("stall_rate"), "cpu_s": med("cpu_s"),
+           "peak_memory_bytes": med("peak_memory_bytes"), "final_loss": med("final_loss"), "repeats": len(rs)}
+    if x.get("hit_rate_note"):
+        out["hit_rate_note"] = x["hit_rate_note"]
+    if "wrong_samples" in x:
+        out["wrong_samples"] = max(r["wrong_samples"] for r in rs)
+        out["undecodable_samples"] = max(r["undecodable_samples"] for r in rs)
     out["samples_per_s"] = out["samples"] / out["seconds"]
     if "plan_miss_bytes" in x:
         out["plan_miss_bytes"] = x["plan_miss_bytes"]
         out["plan_hits"] = x["plan_hits"]
         out["exact"] = all(r["storage_bytes"] == r["plan_miss_bytes"] and r["hits"] == r["plan_hits"] for r in rs)
     return out
+
+
+def _px(s: Setup) -> str:
+    if s.image_size_max > s.image_size:
+        return f"square, {s.image_size} to {s.image_size_max} px a side"
+    return f"{s.image_size}x{s.image_size}"
 
 
 def _mb(b: float) -> str:
@@ -643,6 +760,12 @@ def targets(result: dict[str, Any], sampler: str = "shuffle") -> list[tuple[str,
         best = min(ct, key=lambda c: t[c])
         r = t[best] / pf
         rows.append((f"at least 1.5x faster than the best cachetools policy ({best})", f"{r:.2f}x", r >= 1.5))
+    sharded = [c for c in ("Streaming", "Streaming (tuned)", "LitData") if c in t]
+    if sharded:
+        best = min(sharded, key=lambda c: t[c])
+        r = t[best] / pf
+        rows.append((f"at least 1.5x faster than the best of Streaming and LitData ({best})", f"{r:.2f}x",
+                     r >= 1.5))
     if "in memory" in t:
         r = pf / t["in memory"] - 1
         rows.append(("within 10 % of everything in memory", f"{r:+.1%}", r <= 0.10))
@@ -657,7 +780,7 @@ def markdown(result: dict[str, Any]) -> str:
     summ = result["summary"]
     lat = next(iter(next(iter(result["runs"].values())).values()))[0]
     lines = [
-        f"{s.images:,} JPEGs ({s.image_size}x{s.image_size}, {s.classes} classes), {s.epochs} epochs, batch {s.batch}, "
+        f"{s.images:,} JPEGs ({_px(s)}, {s.classes} classes), {s.epochs} epochs, batch {s.batch}, "
         f"{s.workers} workers, capacity {s.capacity:.0%} ({s.capacity_items:,} items), a small CNN on "
         f"{s.crop}x{s.crop} random crops (CPU, 1 thread). Storage: one record file read with "
         f"{'O_DIRECT' if s.direct else 'buffered reads'} ({lat['read_note']}) and "
@@ -673,9 +796,9 @@ def markdown(result: dict[str, Any]) -> str:
                                       "replacement": " (RandomSampler(replacement=True))",
                                       "balanced": " (class-balanced WeightedRandomSampler)"}.get(sampler, ""), "",
                   f"| configuration | time per epoch (mean of {s.epochs}) | samples/s | vs no cache | vs in memory "
-                  f"| hit rate ({s.epochs} epochs) | read from storage ({s.epochs} epochs) | stall rate "
-                  f"| CPU time ({s.epochs} epochs) | peak memory |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  f"| hit rate ({s.epochs} epochs) | read from storage ({s.epochs} epochs) | requests to storage "
+                  f"| stall rate | CPU time ({s.epochs} epochs) | peak memory |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for c, v in rows.items():
             read = _mb(v["storage_bytes"])
             if "plan_miss_bytes" in v:
@@ -683,8 +806,11 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(
                 f"| {c} | {v['epoch_s']:.2f} s | {v['samples_per_s']:,.0f} | "
                 f"{(base / v['seconds']) if base else float('nan'):.2f}x | "
-                f"{(v['seconds'] / mem) if mem else float('nan'):.2f}x | {v['hit_rate']:.1%} | {read} | "
-                f"{v['stall_rate']:.1%} | {v['cpu_s']:.1f} s | {v['peak_memory_bytes'] / 2**20:,.0f} MiB |")
+                f"{(v['seconds'] / mem) if mem else float('nan'):.2f}x | {v['hit_rate']:.1%}"
+                f"{' (of bytes)' if v.get('hit_rate_note') == 'bytes' else ''} | {read} | "
+                f"{'–' if v.get('storage_reads') is None else format(int(v['storage_reads']), ',')} | "
+                f"{'–' if v.get('stall_rate') is None else format(v['stall_rate'], '.1%')} | {v['cpu_s']:.1f} s | "
+                f"{v['peak_memory_bytes'] / 2**20:,.0f} MiB |")
         lines.append("")
     tg = targets(result)
     if tg:
@@ -692,6 +818,36 @@ def markdown(result: dict[str, Any]) -> str:
         for what, val, ok in tg:
             lines.append(f"- {what}: {val} ({'met' if ok else 'NOT met'})")
         lines.append("")
+    for c, why in result.get("skipped", {}).items():
+        lines.append(f"- {c} was not run: {why}.")
+    for sampler, cs in result.get("failed", {}).items():
+        for c, why in cs.items():
+            lines.append(f"- {c} failed under {sampler}: {why}")
+    for sampler, rows in summ.items():
+        for c, v in rows.items():
+            if v.get("wrong_samples"):
+                lines.append(f"- {c} returned {v['wrong_samples']:,} wrong sample(s) under {sampler} (of "
+                             f"{v['samples']:,}: bytes or label differ from the record's), "
+                             f"{v['undecodable_samples']:,} of them not even a JPEG; those were read again "
+                             "from storage so that the run could finish (a user's run stops at the first).")
+    prep = result.get("prepared", {})
+    if any("what" in p for p in prep.values()):
+        lines += ["", "Prepared before training, not in the times above:", ""]
+        for c, p in prep.items():
+            if "what" not in p:
+                continue
+            extra = f", {p['shards']} shards, {p['bytes'] / 1e6:,.1f} MB" if "shards" in p else ""
+            lines.append(f"- {c}: {p['what']}: {p['seconds']:.1f} s{extra}")
+    if any(c in PEERS for rows in summ.values() for c in rows):
+        lines += ["", "Peers: Streaming and LitData fetch whole shards from a local directory as their remote, "
+                  f"each fetch paying {s.latency * 1e3:g} ms + bytes / {s.bandwidth / 1e6:g} MB/s (one request); "
+                  "their cache limit is the same byte budget (capacity x the records' bytes), kept as shard "
+                  "files on local disk; they shuffle with their own algorithms, so they see other orders than "
+                  "the sampler's; their hit rate is the share of the accessed bytes not fetched, and a stall "
+                  "rate is not defined for them. OPT4TorchDataSet v1.1.0 and the compat layer run the same "
+                  "user code (its README's steps: a plan for the sampler's sequence, get_opt_cache, the loading "
+                  "function decorated) over the record file; their hit rate and stall rate count the accesses "
+                  "that read storage. docs/e2e.md says what each pays and what not.", ""]
     lines += [
         "Notes: per-worker cachetools caches hold C items in each of the workers (W x C in all); the shared "
         "LRU lives in a multiprocessing manager process (each lookup a round trip); the static cache keeps "
@@ -714,21 +870,40 @@ def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]
 
     summ = result["summary"]
     samplers = list(summ)
-    configs = list(next(iter(summ.values())))
+    # Every configuration that ran under any sampler (the sharded peers run
+    # under epoch shuffle only): a missing one is drawn as "not run".
+    failed = result.get("failed", {})
+    order = [c for c in ALL_CONFIGS if any(c in rows for rows in summ.values())
+             or any(c in f for f in failed.values())]
+    configs = order + [c for rows in summ.values() for c in rows if c not in order]
+    configs = list(dict.fromkeys(configs))
     epochs = result["setup"].get("epochs", 1)
     median = ", median" if result["setup"].get("repeats", 1) > 1 else ""
-    colour = {c: ("#c0392b" if c.startswith("OPT") else "#7f8c8d" if c in ("no cache", "in memory")
-                  else "#2980b9") for c in configs}
+    ours = ("OPT", "OPT + prefetch", "OPT4TorchDataSet API (compat)")
+    colour = {c: ("#c0392b" if c in ours else "#27ae60" if c in PEERS
+                  else "#7f8c8d" if c in ("no cache", "in memory") else "#2980b9") for c in configs}
+
+    def value(s: str, c: str, key: str, scale: float = 1.0) -> float:
+        v = summ[s].get(c, {}).get(key)
+        return float("nan") if v is None else v * scale
     # Wide enough for the titles with a single sampler (the demo's case).
     width = max(7.0, 4.2 * len(samplers) + 1)
     height = 0.42 * len(configs) + 1.6
 
-    def bars(ax: Any, vals: list[float], label: Callable[[float], str], xmax: float) -> None:
-        ax.barh(range(len(configs)), vals, color=[colour[c] for c in configs])
+    def bars(ax: Any, vals: list[float], label: Callable[[float], str], xmax: float, sampler: str) -> None:
+        # A bar past the axis (Streaming's thrashing) is cut at its end,
+        # with its value written on it.
+        ax.barh(range(len(configs)), [0.0 if math.isnan(v) else min(v, xmax) for v in vals],
+                color=[colour[c] for c in configs])
         for i, v in enumerate(vals):
+            if math.isnan(v):
+                ax.text(0, i, " failed" if configs[i] in failed.get(sampler, {}) else " not run", va="center",
+                        fontsize=8, color="#7f8c8d")
+                continue
             # Inside the bar's end when it is long, past it otherwise.
-            inside = v > 0.7 * xmax
-            ax.text(v, i, f"{label(v)} " if inside else f" {label(v)}", va="center", fontsize=8,
+            inside = min(v, xmax) > 0.7 * xmax
+            ax.text(min(v, xmax), i, (f"{label(v)} " + ("(axis cut) " if v > xmax else "")) if inside
+                    else f" {label(v)}", va="center", fontsize=8,
                     ha="right" if inside else "left", color="white" if inside else "black")
         ax.set_xlim(0, xmax)
 
@@ -736,8 +911,11 @@ def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]
     fig, axes = plt.subplots(1, len(samplers), figsize=(width, height), sharey=True, squeeze=False,
                              layout="constrained")
     for ax, s in zip(axes[0], samplers):
-        vals = [summ[s][c]["epoch_s"] for c in configs]
-        bars(ax, vals, lambda v: f"{v:.1f} s", max(vals) * 1.2)
+        vals = [value(s, c, "epoch_s") for c in configs]
+        xmax = np.nanmax(vals) * 1.2
+        if "no cache" in summ[s]:  # the axis cut as for the bytes below
+            xmax = min(xmax, 2.4 * summ[s]["no cache"]["epoch_s"])
+        bars(ax, vals, lambda v: f"{v:.1f} s", xmax, s)
         if "in memory" in summ[s]:
             ax.axvline(summ[s]["in memory"]["epoch_s"], color="k", ls="--", lw=0.8)
         ax.set_title(s)
@@ -752,14 +930,21 @@ def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]
 
     fig, axes = plt.subplots(2, len(samplers), figsize=(width, 2 * height), sharey=True, squeeze=False,
                              layout="constrained")
-    mb_max = max(summ[s][c]["storage_bytes"] for s in samplers for c in configs) / 1e6
+    mb_max = max(v["storage_bytes"] for rows in summ.values() for v in rows.values()) / 1e6
+    # The axis ends at twice what no cache reads, when something reads more
+    # (a thrashing cache would flatten every other bar).
+    nocache = [rows["no cache"]["storage_bytes"] / 1e6 for rows in summ.values() if "no cache" in rows]
+    if nocache and mb_max > 2 * max(nocache):
+        mb_max = 2 * max(nocache)
     for k, s in enumerate(samplers):
-        rates = [summ[s][c]["hit_rate"] * 100 for c in configs]
-        bars(axes[0][k], rates, lambda v: f"{v:.0f} %", 100)
+        rates = [value(s, c, "hit_rate", 100) for c in configs]
+        bars(axes[0][k], rates, lambda v: f"{v:.0f} %", 100, s)
         axes[0][k].set_title(s)
-        axes[0][k].set_xlabel(f"hit rate, % of all accesses ({epochs} epochs)")
-        mbs = [summ[s][c]["storage_bytes"] / 1e6 for c in configs]
-        bars(axes[1][k], mbs, lambda v: f"{v:.1f} MB", max(mb_max * 1.2, 1e-3))
+        by_bytes = any(v.get("hit_rate_note") == "bytes" for v in summ[s].values())
+        axes[0][k].set_xlabel(f"hit rate, % of all accesses ({epochs} epochs)"
+                              + ("\nStreaming, LitData: % of the bytes read" if by_bytes else ""))
+        mbs = [value(s, c, "storage_bytes", 1e-6) for c in configs]
+        bars(axes[1][k], mbs, lambda v: f"{v:.1f} MB", max(mb_max * 1.2, 1e-3), s)
         axes[1][k].set_xlabel(f"read from storage, MB ({epochs} epochs)")
     axes[0][0].invert_yaxis()  # once: every panel shares it
     for row in axes:

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .sources import IMG_EXTENSIONS, _read_index, _record_size, _write_index
+from .sources import IMG_EXTENSIONS, _read_index, _record_size, _write_index, checked_index
 
 __all__ = ["S3ImageFolder", "S3TarShards", "ObjectStoreError"]
 
@@ -218,13 +218,7 @@ class _ObjectDataset:
         raise NotImplementedError
 
     def _index(self, index: int) -> int:
-        i = int(index)
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"index {index} is out of range for {n} items")
-        return i
+        return checked_index(index, len(self))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         return [self[i] for i in indices]

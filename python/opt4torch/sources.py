@@ -41,6 +41,17 @@ __all__ = ["ImageFolder", "TarShards", "IMG_EXTENSIONS"]
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
+def checked_index(index: int, n: int) -> int:
+    """``index`` as a map-style dataset takes it (negative from the end), or
+    IndexError: the one check every dataset here makes."""
+    i = int(index)
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"index {index} is out of range for {n} items")
+    return i
+
+
 class _RangeDataset:
     """What both datasets share: the engine's reader over (file, offset,
     length) rows, reopened after pickling (a spawned worker), the counters
@@ -67,13 +78,7 @@ class _RangeDataset:
         return int(self._rows.shape[0])
 
     def _index(self, index: int) -> int:
-        i = int(index)
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"index {index} is out of range for {n} items")
-        return i
+        return checked_index(index, len(self))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         return [self[i] for i in indices]

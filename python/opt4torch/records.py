@@ -29,6 +29,7 @@ import numpy as np
 
 from . import _engine
 from ._files import abort_on_sigterm, check_output
+from .sources import checked_index
 
 __all__ = ["RecordFile", "write_records", "image_folder_to_records", "IMAGE_EXTENSIONS"]
 
@@ -109,12 +110,7 @@ class RecordFile:
         return len(self._r)
 
     def __getitem__(self, index: int) -> Any:
-        i = int(index)
-        n = len(self._r)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"record index {index} is out of range for {n} records")
+        i = checked_index(index, len(self._r))
         data = self._r.read(i)
         if self.with_labels:
             return data, int(self.labels[i])  # type: ignore[index]

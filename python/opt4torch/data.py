@@ -1202,9 +1202,11 @@ class DataLoader(tud.DataLoader):
 
         # Spare pages keep a prefetched ADMIT's pages read long before it
         # (handover_spare); without prefetch nobody hands over.
+        spare_window = 0  # > 0: spare pages follow the plan (a re-plan computes them again)
         if spare_pages is None:
             per_batch = int(batch_size or 1) if batch_sampler is None else int(own[0][:1].sum() or 1)
-            spare_pages = handover_spare(plan, (max(num_workers, 1) + 1) * per_batch) if prefetch else 0
+            spare_window = (max(num_workers, 1) + 1) * per_batch if prefetch else 0
+            spare_pages = handover_spare(plan, spare_window) if spare_window else 0
         elif isinstance(spare_pages, bool) or not isinstance(spare_pages, int) or spare_pages < 0:
             raise ValueError(f"spare_pages must be a non-negative integer, got {spare_pages!r}")
 
@@ -1264,7 +1266,8 @@ class DataLoader(tud.DataLoader):
         if group is None and batched and not (persistent_workers and num_workers > 0):
             self._replan_from = dict(seq=seq, starts=list(starts), lengths=list(own), make_plan=make_plan,
                                      pool_page=pool_page, wait_timeout=wait_timeout,
-                                     staging_slots=staging_slots, spare_pages=spare_pages, cut=None,
+                                     staging_slots=staging_slots, spare_pages=spare_pages,
+                                     spare_window=spare_window, cut=None,
                                      prefetch=(dataset, prefetch_opts) if prefetch else None)
         #: Re-plans so far: (epoch, batches per epoch the new plan expects, or None for whole epochs).
         self.replans: list[tuple[int, int | None]] = []
@@ -1423,7 +1426,9 @@ class DataLoader(tud.DataLoader):
         if new_seq.size:
             plan = ctx["make_plan"](new_seq)
             cache = OPTCache(plan, ctx["pool_page"], wait_timeout=ctx["wait_timeout"],
-                             staging_slots=ctx["staging_slots"], spare_pages=ctx["spare_pages"])
+                             staging_slots=ctx["staging_slots"],
+                             spare_pages=(handover_spare(plan, ctx["spare_window"]) if ctx["spare_window"]
+                                          else min(ctx["spare_pages"], max(int(plan._info["slots"]), 1024))))
             cache._storage = old._storage
             if ctx["prefetch"] is not None:
                 ds, opts = ctx["prefetch"]

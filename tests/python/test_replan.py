@@ -10,6 +10,7 @@ import torch
 from datasets_for_tests import Checked, expected_tensor
 
 import opt4torch
+from opt4torch.data import handover_spare
 
 pytestmark = [pytest.mark.usefixtures("no_leaked_pools"),
               pytest.mark.filterwarnings("ignore:This DataLoader will create")]
@@ -91,5 +92,26 @@ def test_persistent_workers_keep_their_plan() -> None:
         run(loader, 5, cut=3)
         assert loader.replans == []
         assert loader.cache.stats()["timeouts"] == 0
+    finally:
+        loader.cache.close()
+
+
+def test_a_prefetching_loader_plans_its_spare_pages_again() -> None:
+    """Spare pages follow the plan: the cut plan admits less, so a re-plan
+    computes them again (the engine refuses more than the plan's pages
+    beyond 1024; the old count could exceed a small new plan's)."""
+    loader = opt4torch.DataLoader(Checked(200), batch_size=8, shuffle=True, seed=2, cache_items=150, epochs=12,
+                                  num_workers=2, multiprocessing_context="fork", prefetch=True,
+                                  prefetch_threads=2)
+    try:
+        first = loader.cache.spare_pages
+        assert 0 < first <= 150 // 8
+        assert run(loader, 12, cut=3) == 12 * 3 * 8
+        assert loader.replans == [(1, 3)]
+        st = loader.cache.stats()
+        assert st["hits"] == st["plan_hits"] and st["fallbacks"] == 0, st
+        assert st["spare_pages"] == handover_spare(loader.cache.plan, (2 + 1) * 8) != first
+        assert 0 <= st["spare_pages"] <= loader.cache.plan._info["slots"] // 8
+        assert loader.cache.info()["pages"] == loader.cache.plan._info["slots"] + st["spare_pages"]
     finally:
         loader.cache.close()

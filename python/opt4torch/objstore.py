@@ -83,6 +83,16 @@ def _client_module() -> Any:
     return S3Client, S3ClientConfig, S3Exception
 
 
+#: The environment the client's credential chain reads, in the process that
+#: makes the client. A worker process gets these as the process that pickled
+#: the dataset had them (see _ObjectDataset.__getstate__).
+_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                   "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_EC2_METADATA_DISABLED",
+                   "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_ROLE_SESSION_NAME",
+                   "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                   "AWS_CONTAINER_AUTHORIZATION_TOKEN")
+
+
 def _endpoint(explicit: str | None) -> str | None:
     """As boto3 finds it: the argument, else AWS_ENDPOINT_URL_S3, else
     AWS_ENDPOINT_URL, else AWS's own."""
@@ -243,11 +253,26 @@ class _ObjectDataset:
         del state["_client_lock"]
         if multiprocessing.context.get_spawning_popen() is None:
             # Pickled for anything but a worker process (a file, a queue):
-            # shared counters cannot go there; the copy counts on its own.
+            # shared counters cannot go there; the copy counts on its own,
+            # and no credentials go with it.
             state["_counts"] = None
+        else:
+            # Pickled for a worker process being started. A forkserver
+            # child has the environment of the fork server, which may have
+            # started before the credentials were set (os.environ changed
+            # after the first forkserver DataLoader): its GETs would fail
+            # with "No signing credentials". It gets the credential chain's
+            # environment as this process has it now, as a spawned child
+            # does by itself.
+            state["_spawn_env"] = {name: os.environ.get(name) for name in _CREDENTIAL_ENV}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in (state.pop("_spawn_env", None) or {}).items():
+            if value is None:
+                os.environ.pop(name, None)
+            elif os.environ.get(name) != value:
+                os.environ[name] = value
         self.__dict__.update(state)
         self._client_lock = threading.Lock()
         if self._counts is None:

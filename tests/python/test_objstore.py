@@ -494,6 +494,49 @@ def test_fork_parks_the_threads_before_the_clients_hook(server: Server) -> None:
     assert "Failed to" not in out.stdout + out.stderr, out.stdout + out.stderr
 
 
+FORKSERVER_FIRST = """
+import multiprocessing, multiprocessing.forkserver, os, sys
+sys.path.insert(0, {here!r})
+import opt4torch
+for name in list(os.environ):
+    if name.startswith("AWS_"):
+        del os.environ[name]
+multiprocessing.forkserver.ensure_running()  # the fork server starts with no credentials
+os.environ.update(AWS_ACCESS_KEY_ID={key!r}, AWS_SECRET_ACCESS_KEY={secret!r}, AWS_DEFAULT_REGION="us-east-1",
+                  AWS_EC2_METADATA_DISABLED="true")
+ds = opt4torch.S3ImageFolder("s3://images/train/", endpoint_url={endpoint!r})
+loader = opt4torch.DataLoader(ds, batch_size=4, shuffle=True, seed=1, num_workers=2,
+                              multiprocessing_context="forkserver", cache_bytes=int(ds.item_sizes().sum()) // 3,
+                              epochs=1, collate_fn=list, prefetch=False)
+n = sum(len(batch) for batch in loader)
+st = loader.cache.stats()
+assert n == len(ds) and st["storage_reads"] == st["plan_misses"] > 0, (n, st)
+print("read", n, flush=True)
+loader.cache.close()
+"""
+
+
+def test_forkserver_workers_get_the_credentials_set_after_the_server_started(server: Server) -> None:
+    """A fork server started before the credentials were set in os.environ
+    (by an earlier forkserver DataLoader, say) passes its own environment to
+    the workers it forks: their GETs failed with "No signing credentials"
+    (seen once in a full run, when the prefetch threads fell behind and a
+    worker read). The dataset now takes the credential variables to its
+    workers; here every read is a worker's (no prefetch)."""
+    code = FORKSERVER_FIRST.format(here=os.path.dirname(os.path.abspath(__file__)), key=KEY, secret=SECRET,
+                                   endpoint=server.endpoint)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "read " in out.stdout, out.stdout
+
+
+def test_credentials_go_only_to_worker_processes(server: Server) -> None:
+    """Pickled for a file or a queue, the dataset carries no credentials."""
+    blob = pickle.dumps(_open(server))
+    assert SECRET.encode() not in blob and KEY.encode() not in blob
+
+
 def test_latency_is_paid_at_the_server(server: Server) -> None:
     import urllib.request
 

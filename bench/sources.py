@@ -24,7 +24,8 @@ on a 2-core machine the CPU our threads take comes out of it), three ways:
 
 Every configuration of a source runs once per repeat, interleaved; medians
 are reported. Per row: time and CPU time (user + system of the process with
-its threads, plus its workers once joined) against in memory, the stall rate
+its threads, plus its workers once joined) against in memory, the part of it
+the prefetch threads took (their CPU clocks), the stall rate
 (accesses that waited for their data), hits against the plan's, and the bytes
 read from storage against the plan's miss bytes (the read lengths of the
 accesses the plan does not serve from the pool).
@@ -162,6 +163,7 @@ def run_config(config: str, source: str, ds: Any, items: list[Any], args: argpar
         out.update(hits=st["hits"], plan_hits=st["plan_hits"], stall_rate=st["stall_rate"],
                    fallbacks=st["fallbacks"], kind=st.get("prefetcher", {}).get("kind"),
                    threads_reading=st.get("prefetcher", {}).get("active"),
+                   prefetch_cpu_s=st.get("prefetcher", {}).get("cpu_seconds"),
                    spare_pages=st.get("spare_pages", 0), page_size=st["page_size"],
                    capacity_bytes=st["capacity_bytes"], shm_bytes=st["shm_bytes"],
                    plan_miss_bytes=int(ds.item_sizes()[plan.seq[plan.kinds != opt4torch.HIT]].sum()))
@@ -176,9 +178,9 @@ def run_config(config: str, source: str, ds: Any, items: list[Any], args: argpar
 
 
 def table(results: dict[str, Any]) -> str:
-    rows = ["| source | read | configuration | time | vs in memory | CPU | CPU vs in memory | stall rate "
-            "| hits (plan) | bytes read (plan's miss bytes) |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| source | read | configuration | time | vs in memory | CPU | CPU vs in memory | of which prefetch threads "
+            "| stall rate | hits (plan) | bytes read (plan's miss bytes) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, runs in results.items():
         source, lat = key.split("@")
         med = {c: statistics.median(x["seconds"] for x in runs[c]) for c in runs}
@@ -188,8 +190,10 @@ def table(results: dict[str, Any]) -> str:
             row = [source, f"{float(lat) * 1e3:g} ms", c, f"{med[c]:.2f} s", f"{med[c] / med['in memory']:.2f}x",
                    f"{cpu[c]:.2f} s", f"{cpu[c] / cpu['in memory']:.2f}x"]
             if c == "in memory":
-                row += ["–", "–", "–"]
+                row += ["–", "–", "–", "–"]
             else:
+                pf_cpu = [y["prefetch_cpu_s"] for y in runs[c] if y.get("prefetch_cpu_s") is not None]
+                row.append(f"{statistics.median(pf_cpu):.2f} s" if pf_cpu else "–")
                 stall = statistics.median(y["stall_rate"] for y in runs[c])
                 exact = all(y["storage_bytes"] == y["plan_miss_bytes"] for y in runs[c])
                 row += [f"{stall:.2%}", f"{x['hits']:,} ({x['plan_hits']:,})",

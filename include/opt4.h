@@ -1220,13 +1220,15 @@ typedef int (*opt4_frame_fn)(void *ctx, uint32_t item, uint64_t len, uint8_t *he
 typedef struct opt4_prefetcher_opts {
   uint32_t threads;   /* threads reading at the start; 0: 8; at most 256 */
   /* Depth: at most this many threads read at once (0: threads, a fixed
-   * count; at most 256). Above `threads`, the prefetcher adds readers while
-   * the consumers are short of reads in flight (they load misses no thread
-   * has come to, or spend over half their time waiting for reads in
-   * flight), half again as many each time, checked every 10 ms. A reader is
-   * never taken away again: one with nothing to do sleeps on the consumers'
-   * progress word. Added readers attach their pool handle (one process
-   * record each) and their buffers when they start reading. */
+   * count; at most 256). Otherwise the depth starts at `threads` and
+   * follows what the consumers need, looked at every 10 ms: the misses they
+   * take per second (their progress, and the plan's misses ahead) times the
+   * average time of a read, twice over; and half again as many readers
+   * whenever they were short (they loaded misses no thread had come to, or
+   * spent over half their time waiting for reads in flight). It goes down
+   * (to as few as 2) when the estimate is half the depth or less. Added
+   * readers attach their pool handle (one process record each) and their
+   * buffers when they first read, and keep them while dormant. */
   uint32_t max_threads;
   uint64_t lookahead; /* positions ahead of the consumers; 0: 4096 */
   opt4_frame_fn frame; /* NULL: records are stored as they are */
@@ -1248,6 +1250,10 @@ typedef struct opt4_prefetcher_stats {
   uint32_t threads, finished; /* threads started, and those done */
   uint32_t active;            /* threads reading (the depth): from opts.threads up to max_threads */
   uint32_t grows;             /* times the depth was raised */
+  uint32_t shrinks;           /* times it was lowered */
+  uint32_t wanted;            /* the depth the last estimate asked for (0: none yet) */
+  uint64_t read_avg_ns;       /* a source read's time, running average (0: none timed) */
+  uint64_t cpu_ns;            /* CPU time the threads took (user + system), so far */
   uint64_t parks;         /* forks the threads were parked for */
   uint64_t park_timeouts; /* threads a fork did not find parked in time (10 s) */
 } opt4_prefetcher_stats;

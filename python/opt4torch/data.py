@@ -818,8 +818,8 @@ def handover_spare(plan: Plan, window: int) -> int:
 #: ahead that the cache does not keep (BYPASSes).
 STAGING_BUDGET = 4 << 20
 
-#: The most prefetch threads reading at once, by default: the depth grows
-#: to this while the workers load misses themselves (src/io/prefetcher.c, "Depth").
+#: The most prefetch threads reading at once, by default: the depth follows
+#: what the workers need, up to this (src/io/prefetcher.c, "Depth").
 PREFETCH_MAX_THREADS = 64
 
 #: Bytes added to each given item size for the record header (type, shape).
@@ -1039,9 +1039,10 @@ class DataLoader(tud.DataLoader):
         only, worth it when loading waits on I/O; on by default for the
         object store's :class:`opt4torch.S3ImageFolder` and
         :class:`opt4torch.S3TarShards`). ``prefetch_threads`` read
-        at the start; while the workers load misses themselves (too few reads
-        in flight for what they take) more are added, half again each time, up
-        to ``prefetch_max_threads`` (default 64; equal to
+        at the start; then the depth follows what the workers take (misses
+        a second times a read's time, twice over), and grows by half again
+        whenever they load misses themselves, between 2 and
+        ``prefetch_max_threads`` (default 64; equal to
         ``prefetch_threads`` for a fixed count). ``lookahead`` bounds how far
         ahead, in positions, and
         ``staging_slots`` how many items that bypass the cache may wait in

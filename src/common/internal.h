@@ -60,6 +60,12 @@ void opt4__futex_wake(_Atomic uint32_t *word, int shared);
  * the nanoseconds it kept the thread, not counted against the timeout. */
 void opt4__pool_set_safe_point(opt4_pool *pool, uint64_t (*fn)(void *ctx), void *ctx,
                                const _Atomic uint32_t *park);
+/* Another handle on src's pool, with a process record of its own, sharing
+ * src's mappings rather than mapping the segments again (the last of them
+ * closed unmaps): a page one of them touched is mapped for all, so threads
+ * of one process that write the pool (the prefetcher's) do not each fault
+ * on every page. Not thread-safe against other calls on src. */
+int opt4__pool_attach_shared(opt4_pool *src, opt4_pool **out);
 /* The consumers' progress (the pool's head: the furthest position asked
  * for, rounded down to a multiple of 32). */
 uint64_t opt4__pool_head(const opt4_pool *pool);
@@ -76,6 +82,10 @@ void opt4__pool_head_kick(opt4_pool *pool);
 /* Whether the prefetch window (lookahead positions past head) has nothing
  * left to claim: the cursor has reached its end, or the plan's. */
 int opt4__pool_prefetch_window_full(opt4_pool *pool, uint64_t lookahead);
+/* The misses (ADMITs and BYPASSes: what a prefetcher loads) among the
+ * positions [from, from + span), cut at the plan's end; *positions gets how
+ * many positions that is. O(span). */
+uint64_t opt4__pool_misses_in(const opt4_pool *pool, uint64_t from, uint64_t span, uint64_t *positions);
 
 /* ---- hashing (XXH3-64) ---- */
 typedef struct opt4__hasher opt4__hasher;

@@ -14,23 +14,37 @@
  *
  * Depth. The threads reading at once are the reads in flight: a blocking
  * source (pread, a Python call) has one read per thread. How many the
- * consumers need is what they take per second times the time a read takes,
- * which the prefetcher learns only by running. It starts opts.threads
- * threads reading and keeps up to max_threads more asleep (dormant: no pool
- * handle, no buffers yet), each waiting on the gate word. Every
- * ADAPT_PERIOD_NS one reading thread (whichever first finds the period
- * over; a compare-and-swap on adapt_at) reads the pool's counters: if the
- * consumers were short of reads in flight since the last look (pf_short:
- * they loaded a miss themselves, or spent half the time waiting for reads
- * in flight), it attaches handles for half again as many threads, raises
- * active and opens the gate, all under the registry lock (taken with a
- * trylock: a fork or a stop under way skips one look), so that fork and
- * stop see active and the handles below it settled. Depth only grows: a thread with nothing to do
- * sleeps on the consumers' progress word and costs a wake-up when they
- * move, not a read; taking threads away would save those wake-ups at the
- * price of stalls when the consumers speed up again. A dormant thread holds
- * nothing, so its wait is a safe point for fork (below); it leaves when it
- * is activated, stopped, or the plan has no more misses (ended).
+ * consumers need is what they take per second times the time a read takes
+ * (Little's law), which the prefetcher learns only by running. It starts
+ * opts.threads threads reading and keeps up to max_threads more asleep
+ * (dormant: no pool handle, no buffers yet), each waiting on the gate word.
+ * Every ADAPT_PERIOD_NS one reading thread (whichever first finds the
+ * period over; a compare-and-swap on adapt_at) looks at the depth:
+ *  - the estimate (pf_wanted, renewed every RATE_PERIOD_NS): the positions
+ *    the consumers passed per second, times the share of misses in the
+ *    MISS_SPAN positions ahead of them in the plan, times the average time
+ *    of a source read (timed by the threads), twice over (batches come in
+ *    bursts). The rate is taken over RATE_MIN_POSITIONS positions at
+ *    least, or over RATE_LONGEST_NS; none when the consumers did not move
+ *    (a head start, between epochs);
+ *  - short (pf_short): since the last look the consumers loaded a miss
+ *    themselves, or spent half the time waiting for reads in flight. A rate
+ *    measured while the reads held the consumers back is what the threads
+ *    supplied, not what the consumers would take, so a short look adds half
+ *    again as many threads whatever the estimate says.
+ * It grows to the larger of the two; it shrinks to the estimate when that
+ * is half the depth or less and the consumers were not short (the threads
+ * above the depth hand over what they hold and wait at the gate, handle
+ * kept). Growing attaches handles for the threads that never had one and
+ * opens the gate; growing and shrinking hold the registry lock (taken with
+ * a trylock: a fork or a stop under way skips one look), so that fork and
+ * stop see the depth and the handles settled. Idle threads sleep on the
+ * consumers' progress word and cost a wake-up whenever it moves: a depth
+ * that follows the estimate down (at 2 ms a read, a quarter of the 64 the
+ * first epoch's compulsory misses grew it to) saves those wake-ups. A
+ * dormant thread holds no lock, so its wait is a safe point for fork
+ * (below); it leaves when it is activated, stopped, or the plan has no
+ * more misses (ended).
  *
  * Fork. No process may fork while one of these threads can hold a lock (the
  * allocator's, stdio's, a sanitizer's): the child would inherit the lock
@@ -96,6 +110,13 @@
 #define IDLE_WAIT_NS ((uint64_t)20 * 1000000u)
 /* How often the depth is looked at (see "Depth" above). */
 #define ADAPT_PERIOD_NS ((uint64_t)10 * 1000000u)
+/* How long the consumers' rate is measured over, the fewest positions they
+ * must pass in that time for it to count, and how far ahead the misses are
+ * counted (see "Depth"). */
+#define RATE_PERIOD_NS ((uint64_t)50 * 1000000u)
+#define RATE_MIN_POSITIONS 64u
+#define RATE_LONGEST_NS ((uint64_t)1000 * 1000000u)
+#define MISS_SPAN 2048u
 
 typedef struct pf_thread {
   opt4_prefetcher *pf;
@@ -122,11 +143,18 @@ struct opt4_prefetcher {
    * bumped (and woken) when active grows, at stop, at the end of the plan
    * and when a parking round opens. Handles of threads [0, active) are
    * attached before active covers them (release/acquire on active). */
-  _Atomic uint32_t active, gate, ended, grows;
+  _Atomic uint32_t active, gate, ended, grows, shrinks;
+  /* Threads [0, attached) have a pool handle; at most limit can (an attach
+   * failed: every process record in use). Both move under reg_lock only. */
+  uint32_t attached, limit;
+  /* What the depth's estimate learns: the source reads' time since the last
+   * estimate (ns, count), its running average, the consumers' head and the
+   * time at the last estimate, and the depth it asked for (0: none yet). */
+  _Atomic uint64_t read_ns, reads_timed, read_avg_ns, rate_head, rate_ns;
+  _Atomic uint32_t wanted;
   _Atomic uint64_t adapt_at;      /* when the depth is looked at next */
   /* At the last look: the consumers' own loads, their waits (ns), when. */
   _Atomic uint64_t adapt_loads, adapt_wait_ns, adapt_last_ns;
-  char pool_name[72];             /* what added threads attach */
   _Atomic uint32_t stop;
   _Atomic uint32_t park; /* the open parking round, 0 when none */
   uint32_t round;        /* the last round opened (under reg_lock) */
@@ -209,9 +237,8 @@ static uint32_t park_locked(int count) {
     pf_open_gate(pf);
     /* The idle ones sleep on their pool's progress word: they see park
      * after the kick (opt4__pool_head_wait checks it). Only threads below
-     * active have a handle; active does not move under reg_lock. */
-    const uint32_t active = atomic_load(&pf->active);
-    for (uint32_t i = 0; i < active; i++) opt4__pool_head_kick(pf->threads[i].pool);
+     * attached have a handle; it does not move under reg_lock. */
+    for (uint32_t i = 0; i < pf->attached; i++) opt4__pool_head_kick(pf->threads[i].pool);
   }
   uint64_t deadline = now_ns() + PARK_TIMEOUT_NS;
   for (opt4_prefetcher *pf = reg_head; pf != NULL; pf = pf->reg_next) {
@@ -346,9 +373,14 @@ static int pf_load(pf_thread *th, pf_item *it) {
   rd.item = job.item;
   rd.dst = it->buf + head;
   rd.cap = (size_t)(pf->buf_len - OPT4_FRAME_CAP);
+  const uint64_t r0 = now_ns();
   if (!bad) bad = opt4_source_submit(pf->src, &rd, 1) != 0;
   if (!bad && opt4_source_reap(pf->src, &rd, 1, 0) != 0) bad = 1;
   const uint64_t len = rd.len;
+  if (!bad && rd.status == 0) {
+    atomic_fetch_add_explicit(&pf->read_ns, now_ns() - r0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pf->reads_timed, 1, memory_order_relaxed);
+  }
   if (bad || rd.status != 0) {
     atomic_fetch_add_explicit(&pf->errors, 1, memory_order_relaxed);
     opt4_pool_prefetch_release(th->pool, job.t);
@@ -379,31 +411,87 @@ static int pf_short(opt4_prefetcher *pf, const opt4_pool_stats *st, uint64_t now
   return loads > loads_before || (st->stall_ns - waited_before) * 2 > now - last;
 }
 
+/* The depth the consumers need, by Little's law: the misses they take per
+ * second times the time a read takes, twice over (their batches come in
+ * bursts). 0 when it cannot tell: the consumers did not move since the last
+ * estimate (waiting for a head start, between epochs) or no read has been
+ * timed yet. A new estimate once the consumers have passed
+ * RATE_MIN_POSITIONS over RATE_PERIOD_NS at least, or RATE_LONGEST_NS went
+ * by; in between, the last one. Called by the adapting thread only
+ * (adapt_at's CAS). */
+static uint32_t pf_wanted(pf_thread *th, uint64_t now) {
+  opt4_prefetcher *pf = th->pf;
+  const uint64_t last_ns = atomic_load_explicit(&pf->rate_ns, memory_order_relaxed);
+  const uint64_t head = opt4__pool_head(th->pool);
+  const uint64_t last_head = atomic_load_explicit(&pf->rate_head, memory_order_relaxed);
+  /* A rate over RATE_PERIOD_NS and RATE_MIN_POSITIONS at least; or over
+   * RATE_LONGEST_NS, whatever the consumers passed (none: no estimate). */
+  if (now - last_ns < RATE_PERIOD_NS ||
+      (last_ns != 0 && head < last_head + RATE_MIN_POSITIONS && now - last_ns < RATE_LONGEST_NS))
+    return atomic_load_explicit(&pf->wanted, memory_order_relaxed);
+  atomic_store_explicit(&pf->rate_head, head, memory_order_relaxed);
+  atomic_store_explicit(&pf->rate_ns, now, memory_order_relaxed);
+  const uint64_t rn = atomic_exchange_explicit(&pf->read_ns, 0, memory_order_relaxed);
+  const uint64_t rc = atomic_exchange_explicit(&pf->reads_timed, 0, memory_order_relaxed);
+  uint64_t avg = atomic_load_explicit(&pf->read_avg_ns, memory_order_relaxed);
+  if (rc > 0) avg = avg == 0 ? rn / rc : (avg * 3 + rn / rc) / 4;
+  atomic_store_explicit(&pf->read_avg_ns, avg, memory_order_relaxed);
+  uint32_t want = 0;
+  if (last_ns != 0 && avg != 0 && head > last_head) {
+    uint64_t span = 0;
+    const uint64_t misses = opt4__pool_misses_in(th->pool, head, MISS_SPAN, &span);
+    if (span > 0) {
+      /* positions/ns x misses/position x ns/read x 2 */
+      const double need = (double)(head - last_head) / (double)(now - last_ns) * (double)misses /
+                          (double)span * (double)avg * 2.0;
+      want = need >= (double)pf->n ? pf->n : (uint32_t)need + 1;
+      if (want < 2) want = 2;
+    }
+  }
+  atomic_store_explicit(&pf->wanted, want, memory_order_relaxed);
+  return want;
+}
+
+/* Look at the depth (see "Depth" above), every ADAPT_PERIOD_NS, by whichever
+ * reading thread first finds the period over. Cheap when it is not. */
 static void pf_adapt(pf_thread *th) {
   opt4_prefetcher *pf = th->pf;
-  if (atomic_load_explicit(&pf->active, memory_order_relaxed) >= pf->n) return;
+  if (pf->n == pf->opts.threads) return; /* a fixed depth */
   uint64_t now = now_ns(), at = atomic_load_explicit(&pf->adapt_at, memory_order_relaxed);
   if (now < at || !atomic_compare_exchange_strong(&pf->adapt_at, &at, now + ADAPT_PERIOD_NS)) return;
   opt4_pool_stats st;
   if (opt4_pool_stats_get(th->pool, &st) != 0) return;
-  if (!pf_short(pf, &st, now) || pthread_mutex_trylock(&reg_lock) != 0) return;
+  const int short_ = pf_short(pf, &st, now);
+  const uint32_t little = pf_wanted(th, now);
   const uint32_t a = atomic_load(&pf->active);
-  uint32_t want = a + (a / 2 > 1 ? a / 2 : 1);
-  if (want > pf->n) want = pf->n;
-  uint32_t k = a;
-  /* A handle each, attached before active covers the thread; a thread
-   * whose handle cannot be attached (every process record in use) is not
-   * added, nor those after it. */
-  for (; k < want; k++) {
-    if (opt4_pool_attach(pf->pool_name, &pf->threads[k].pool) != 0) break;
-    opt4__pool_set_safe_point(pf->threads[k].pool, pf_safe_point, &pf->threads[k], &pf->park);
-  }
-  if (k > a) {
-    atomic_store(&pf->active, k);
-    atomic_fetch_add_explicit(&pf->grows, 1, memory_order_relaxed);
-    pf_open_gate(pf);
+  uint32_t want = a;
+  if (short_) want = a + (a / 2 > 1 ? a / 2 : 1);
+  if (little > want) want = little;
+  else if (!short_ && little != 0 && little * 2 <= a) want = little; /* fewer: half or less */
+  if (want > pf->limit) want = pf->limit;
+  if (want == a || pthread_mutex_trylock(&reg_lock) != 0) return;
+  if (want > a) {
+    /* A handle each, attached before active covers the thread; a thread
+     * whose handle cannot be attached (every process record in use) is not
+     * added, nor those after it. */
+    uint32_t k = pf->attached;
+    for (; k < want; k++) {
+      if (opt4__pool_attach_shared(pf->threads[0].pool, &pf->threads[k].pool) != 0) break;
+      opt4__pool_set_safe_point(pf->threads[k].pool, pf_safe_point, &pf->threads[k], &pf->park);
+    }
+    pf->attached = k;
+    if (k < want) pf->limit = want = k;
+    if (want > a) {
+      atomic_store(&pf->active, want);
+      atomic_fetch_add_explicit(&pf->grows, 1, memory_order_relaxed);
+      pf_open_gate(pf);
+    }
   } else {
-    atomic_store(&pf->adapt_at, UINT64_MAX); /* no handle to be had: stop growing */
+    /* The threads above want finish what they hold and go dormant (pf_main);
+     * those asleep on the consumers' progress are woken to see it. */
+    atomic_store(&pf->active, want);
+    atomic_fetch_add_explicit(&pf->shrinks, 1, memory_order_relaxed);
+    opt4__pool_head_kick(th->pool);
   }
   pthread_mutex_unlock(&reg_lock);
 }
@@ -476,11 +564,19 @@ static void *pf_main(void *arg) {
     /* Freed slots go back after the held ones, in the same array. */
     uint32_t in_use = kept;
     held = kept;
-    if (!end && held == allocated && allocated < cap && pf_budget_take(pf)) {
+    /* Above the depth (it shrank): claim nothing more; once what is held is
+     * handed over, wait at the gate (a safe point, the handle kept) until
+     * the depth grows again, the plan ends or a stop. */
+    const int retiring = (uint32_t)(th - pf->threads) >= atomic_load_explicit(&pf->active, memory_order_acquire);
+    if (retiring && held == 0 && !end) {
+      if (!pf_gate(th)) break;
+      continue;
+    }
+    if (!end && !retiring && held == allocated && allocated < cap && pf_budget_take(pf)) {
       if ((items[allocated].buf = malloc((size_t)pf->buf_len)) != NULL) allocated++;
       else atomic_fetch_add(&pf->pending_left, pf->buf_len);
     }
-    if (!end && held < allocated) {
+    if (!end && !retiring && held < allocated) {
       /* The free slot: one not in order[0 .. held). */
       uint32_t slot = 0;
       for (; slot < allocated; slot++) {
@@ -569,10 +665,8 @@ int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src, const 
   if (o.max_threads > MAX_THREADS)
     return opt4__fail(OPT4_EINVAL, "max_threads %u is too many (at most %u)", o.max_threads, MAX_THREADS);
   if (o.max_threads < o.threads)
-    return opt4__fail(OPT4_EINVAL, "max_threads %u is below threads %u: the depth starts at threads and only grows",
+    return opt4__fail(OPT4_EINVAL, "max_threads %u is below threads %u: the depth starts at threads and stays at most max_threads",
                       o.max_threads, o.threads);
-  if (strlen(pool_name) >= sizeof ((opt4_prefetcher *)0)->pool_name)
-    return opt4__fail(OPT4_EINVAL, "\"%s\" is not an opt4 pool name (too long)", pool_name);
   if (o.lookahead == 0) o.lookahead = DEFAULT_LOOKAHEAD;
   uint64_t max_len = 0;
   int rc = opt4__source_max_size(src, &max_len);
@@ -599,12 +693,15 @@ int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src, const 
     return opt4__fail(OPT4_ENOMEM, "no memory for %u prefetch threads", o.max_threads);
   }
   pf->n = o.max_threads;
-  snprintf(pf->pool_name, sizeof pf->pool_name, "%s", pool_name);
   for (uint32_t i = 0; i < pf->n; i++) pf->threads[i].pf = pf;
   atomic_store(&pf->active, o.threads);
+  pf->limit = pf->n;
   for (uint32_t i = 0; i < o.threads; i++) {
-    rc = opt4_pool_attach(pool_name, &pf->threads[i].pool);
+    /* One mapping for all the threads (opt4__pool_attach_shared). */
+    rc = i == 0 ? opt4_pool_attach(pool_name, &pf->threads[i].pool)
+                : opt4__pool_attach_shared(pf->threads[0].pool, &pf->threads[i].pool);
     if (rc != 0) goto fail;
+    pf->attached = i + 1;
     opt4__pool_set_safe_point(pf->threads[i].pool, pf_safe_point, &pf->threads[i], &pf->park);
   }
   {
@@ -654,10 +751,22 @@ int opt4_prefetcher_stats_get(opt4_prefetcher *pf, opt4_prefetcher_stats *out) {
   out->idle_ns = atomic_load(&pf->idle_ns);
   out->parks = atomic_load(&pf->parks);
   out->park_timeouts = atomic_load(&pf->park_timeouts);
-  for (uint32_t i = 0; i < pf->n; i++) out->threads += (uint32_t)pf->threads[i].started;
+  for (uint32_t i = 0; i < pf->n; i++) {
+    if (!pf->threads[i].started) continue;
+    out->threads++;
+    /* A started thread lives until opt4_prefetcher_stop joins it (a done one
+     * rests), so its CPU clock can be read here. */
+    clockid_t clock;
+    struct timespec ts;
+    if (!pf->orphan && pthread_getcpuclockid(pf->threads[i].tid, &clock) == 0 && clock_gettime(clock, &ts) == 0)
+      out->cpu_ns += (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  }
   out->finished = atomic_load(&pf->finished);
   out->active = atomic_load(&pf->active);
   out->grows = atomic_load(&pf->grows);
+  out->shrinks = atomic_load(&pf->shrinks);
+  out->wanted = atomic_load(&pf->wanted);
+  out->read_avg_ns = atomic_load(&pf->read_avg_ns);
   return 0;
 }
 
@@ -677,9 +786,8 @@ void opt4_prefetcher_stop(opt4_prefetcher *pf) {
     opt4__futex_wake(&pf->park, 0);
     /* A thread may be waiting to store an item (for the items it replaces
      * to be read): interrupt, so it gives the item back at once. */
-    /* active and the handles below it do not move under reg_lock. */
-    const uint32_t active = atomic_load(&pf->active);
-    for (uint32_t i = 0; i < active; i++)
+    /* The handles (below attached) do not move under reg_lock. */
+    for (uint32_t i = 0; i < pf->attached; i++)
       if (pf->threads[i].pool != NULL) opt4_pool_interrupt(pf->threads[i].pool);
     for (uint32_t i = 0; i < pf->n; i++)
       if (pf->threads[i].started) pthread_join(pf->threads[i].tid, NULL);

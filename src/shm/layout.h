@@ -282,6 +282,9 @@ struct opt4_pool {
    * checks it after announcing itself, so a parking round opened as the
    * thread goes to sleep is never slept through. NULL: none. */
   const _Atomic uint32_t *park;
+  /* Handles that share this one's mappings (opt4__pool_attach_shared),
+   * counted: the last one closed unmaps them. NULL: mappings of its own. */
+  _Atomic uint32_t *map_refs;
 };
 
 /* ---- procs.c ---- */

@@ -336,6 +336,16 @@ int opt4__pool_prefetch_window_full(opt4_pool *pool, uint64_t lookahead) {
   return atomic_load_explicit(&pool->h->pf_cursor, memory_order_acquire) >= limit;
 }
 
+uint64_t opt4__pool_misses_in(const opt4_pool *pool, uint64_t from, uint64_t span, uint64_t *positions) {
+  const uint64_t T = pool->h->accesses;
+  uint64_t to = from + span;
+  if (to > T || to < from) to = T;
+  uint64_t n = 0;
+  for (uint64_t t = from; t < to; t++) n += RT_KIND(pool->rt[t]) != OPT4_OP_HIT;
+  *positions = to > from ? to - from : 0;
+  return n;
+}
+
 int opt4_pool_prefetch_pending(opt4_pool *pool, uint64_t from, uint64_t to, uint64_t *pending) {
   if (pool == NULL || pending == NULL) return opt4__fail(OPT4_EINVAL, "pool or pending is NULL");
   if (to > pool->h->accesses) to = pool->h->accesses;

@@ -278,8 +278,11 @@ static void pool_free(opt4_pool *pool) {
     lock_fd_release(pool->lock_fd);
   }
   pool->lock_fd = -1;
-  if (pool->base != NULL) munmap(pool->base, pool->size);
-  if (pool->meta != NULL) munmap(pool->meta, pool->meta_size);
+  if (pool->map_refs == NULL || atomic_fetch_sub(pool->map_refs, 1) == 1) {
+    if (pool->base != NULL) munmap(pool->base, pool->size);
+    if (pool->meta != NULL) munmap(pool->meta, pool->meta_size);
+    if (pool->map_refs != NULL) opt4__free(pool->map_refs, sizeof *pool->map_refs);
+  }
   opt4__free(pool, sizeof *pool);
 }
 
@@ -584,6 +587,35 @@ int opt4_pool_attach(const char *name, opt4_pool **out) {
   int rc = map_pool(name, 1, &pool);
   if (rc != 0) return rc;
   rc = opt4__pool_register(pool);
+  if (rc != 0) {
+    pool_free(pool);
+    return rc;
+  }
+  *out = pool;
+  return 0;
+}
+
+int opt4__pool_attach_shared(opt4_pool *src, opt4_pool **out) {
+  opt4__clear_detail();
+  *out = NULL;
+  if (src->map_refs == NULL) {
+    src->map_refs = opt4__calloc(1, sizeof *src->map_refs);
+    if (src->map_refs == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a pool handle");
+    atomic_store(src->map_refs, 1);
+  }
+  opt4_pool *pool = opt4__calloc(1, sizeof *pool);
+  if (pool == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a pool handle");
+  pool->rec = UINT32_MAX;
+  pool->lock_fd = -1;
+  memcpy(pool->name, src->name, sizeof pool->name);
+  pool->base = src->base;
+  pool->size = src->size;
+  pool->meta = src->meta;
+  pool->meta_size = src->meta_size;
+  pool->map_refs = src->map_refs;
+  atomic_fetch_add(pool->map_refs, 1);
+  bind_views(pool);
+  int rc = opt4__pool_register(pool);
   if (rc != 0) {
     pool_free(pool);
     return rc;

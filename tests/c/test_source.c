@@ -583,6 +583,66 @@ static void test_depth_grows(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* A slow consumer over 1 ms reads needs few reads in flight (Little's law:
+ * under 2,000 positions a second, about two thirds misses, twice over:
+ * fewer than 12 even under TSan), so a depth started at 24 goes down to the
+ * estimate. A fork while the threads above it hand over what they hold and
+ * go dormant finds them all parked; every position is served exactly. */
+static void test_depth_shrinks(void) {
+  const uint32_t N = 300;
+  uint32_t items = N;
+  opt4_source *src = NULL;
+  ASSERT_OK(opt4_source_create(&slow_ops, &items, &src));
+  opt4_plan *plan = random_plan(3000, N, 90, 41);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 16};
+  opt4_pool *pool = NULL;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  opt4_prefetcher_opts po = {24, 32, 64, NULL, NULL, 0};
+  opt4_prefetcher *pf = NULL;
+  ASSERT_OK(opt4_prefetcher_start_source(opt4_pool_name(pool), src, &po, &pf));
+  served c = {0, 0, 0, 0};
+  int forked = 0;
+  for (uint64_t t = 0; t < in.accesses; t++) {
+    opt4_prefetcher_stats ps;
+    ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
+    if (!forked && (ps.shrinks > 0 || t == in.accesses - 1)) {
+      forked = 1;
+      pid_t pid = fork();
+      ASSERT(pid >= 0);
+      if (pid == 0) _exit(0);
+      int ws = 0;
+      ASSERT(waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    }
+    serve(pool, src, t, &c);
+    struct timespec pause = {0, 500000};
+    nanosleep(&pause, NULL);
+  }
+  opt4_prefetcher_stats ps;
+  ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
+  opt4_prefetcher_stop(pf);
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  fprintf(stderr, "    %u reading at the end (estimate %u, a read %.2f ms) after %u raises and %u cuts; %llu of %llu "
+          "misses prefetched\n", ps.active, ps.wanted, (double)ps.read_avg_ns / 1e6, ps.grows, ps.shrinks,
+          (unsigned long long)c.prefetched, (unsigned long long)in.misses);
+  ASSERT_U64_EQ(c.wrong, 0);
+  ASSERT_U64_EQ(st.fallbacks, 0);
+  ASSERT_U64_EQ(c.hits, in.hits + c.prefetched);
+  ASSERT_U64_EQ(c.prefetched + c.loads, in.misses);
+  ASSERT_U64_EQ(ps.parks, 1);
+  ASSERT_U64_EQ(ps.park_timeouts, 0);
+  ASSERT(ps.shrinks >= 1);
+  ASSERT(ps.wanted >= 2 && ps.wanted <= 12);
+  ASSERT(ps.read_avg_ns >= 1000000u);
+  ASSERT_OK(opt4_pool_unlink(pool));
+  opt4_pool_close(pool);
+  opt4_plan_close(plan);
+  opt4_source_close(src);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 /* Threads that never read (no consumer ever stalls): a fork parks them at
  * their gate, and stop wakes and joins them; none took a pool handle. */
 static void test_dormant_threads(void) {
@@ -630,6 +690,7 @@ int main(void) {
   RUN(test_stop_wakes_sleepers);
   RUN(test_early_park);
   RUN(test_depth_grows);
+  RUN(test_depth_shrinks);
   RUN(test_dormant_threads);
   return 0;
 }

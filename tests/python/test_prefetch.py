@@ -378,6 +378,31 @@ def test_prefetch_depth_grows_while_the_workers_stall(record_path: str, source: 
         loader.cache.close()
 
 
+def test_prefetch_depth_follows_the_estimate_down(record_path: str) -> None:
+    """A slow loop over fast reads needs few reads in flight (Little's law:
+    about 530 positions a second, two thirds of them misses, reads of a few
+    ms, twice over: under 12 even on a loaded machine; a short lookahead
+    keeps the threads reading all along). Started at 24
+    threads, the depth goes down to the estimate (src/io/prefetcher.c,
+    "Depth"); samples and hits are unchanged."""
+    rf = RecordFile(record_path, latency=0.001)
+    expected = [RecordFile(record_path)[i] for i in range(N_ITEMS)]
+    loader = opt4torch.DataLoader(rf, batch_size=BATCH, shuffle=True, seed=3, cache_items=CAPACITY, epochs=2,
+                                  prefetch=True, prefetch_threads=24, prefetch_max_threads=32, lookahead=64,
+                                  collate_fn=list)
+    try:
+        for _ in range(2):
+            for batch in loader:
+                assert all(sample in expected for sample in batch)
+                time.sleep(0.03)
+        st = loader.cache.stats()
+        pf = st["prefetcher"]
+        assert st["hits"] == st["plan_hits"] and st["fallbacks"] == 0, st
+        assert pf["shrinks"] >= 1 and 2 <= pf["wanted"] <= 12 and pf["read_seconds"] >= 0.001, pf
+    finally:
+        loader.cache.close()
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 def test_head_start_does_not_wait_out_the_timeout(record_path: str) -> None:
     """A cache much smaller than the head start (the batches handed out

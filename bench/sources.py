@@ -164,6 +164,8 @@ def run_config(config: str, source: str, ds: Any, items: list[Any], args: argpar
                    fallbacks=st["fallbacks"], kind=st.get("prefetcher", {}).get("kind"),
                    threads_reading=st.get("prefetcher", {}).get("active"),
                    prefetch_cpu_s=st.get("prefetcher", {}).get("cpu_seconds"),
+                   depth_grows=st.get("prefetcher", {}).get("grows"),
+                   depth_shrinks=st.get("prefetcher", {}).get("shrinks"),
                    spare_pages=st.get("spare_pages", 0), page_size=st["page_size"],
                    capacity_bytes=st["capacity_bytes"], shm_bytes=st["shm_bytes"],
                    plan_miss_bytes=int(ds.item_sizes()[plan.seq[plan.kinds != opt4torch.HIT]].sum()))

@@ -1220,13 +1220,15 @@ typedef int (*opt4_frame_fn)(void *ctx, uint32_t item, uint64_t len, uint8_t *he
 typedef struct opt4_prefetcher_opts {
   uint32_t threads;   /* threads reading at the start; 0: 8; at most 256 */
   /* Depth: at most this many threads read at once (0: threads, a fixed
-   * count; at most 256). Otherwise the depth starts at `threads` and
+   * count; at most 256). Otherwise (even when equal to threads) the depth
+   * starts at `threads` and
    * follows what the consumers need, looked at every 10 ms: the misses they
    * take per second (their progress, and the plan's misses ahead) times the
    * average time of a read, twice over; and half again as many readers
    * whenever they were short (they loaded misses no thread had come to, or
-   * spent over half their time waiting for reads in flight). It goes down
-   * (to as few as 2) when the estimate is half the depth or less. Added
+   * spent over half their time waiting for reads in flight). It goes down,
+   * to twice the estimate (at least 4), when that is half the depth or less
+   * and it has not grown for a second. Added
    * readers attach their pool handle (one process record each) and their
    * buffers when they first read, and keep them while dormant. */
   uint32_t max_threads;

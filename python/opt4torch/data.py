@@ -37,7 +37,7 @@ import torch.utils.data as tud
 
 from . import _engine, _live, _messages
 from ._codec import decode, decode_at, encode, encoded_size, make_arrays
-from ._plan import ADMIT, Plan, plan as build_plan
+from ._plan import ADMIT, HIT, Plan, plan as build_plan
 from .capture import capture_epochs
 
 __all__ = [
@@ -258,6 +258,15 @@ class OPTCache:
         from ._prefetch import CallbackPrefetcher, RecordPrefetcher
 
         dataset, depth, allow_pickle = self._prefetch_spec
+        if depth["max_threads"] == depth["threads"]:
+            depth = dict(depth, max_threads=0)  # a fixed depth (the engine's max_threads 0)
+        elif head_start is not None:
+            # The head start's misses are all wanted at once: as many
+            # readers as it has (up to the most), rather than rounds of
+            # prefetch_threads reads; the depth follows the workers after.
+            first, last = head_start
+            misses = int((self.plan.kinds[first:last] != HIT).sum())
+            depth = dict(depth, threads=min(depth["max_threads"], max(depth["threads"], misses)))
         with self._lock:
             if self._prefetch_box[0] is not None or self._pool.closed:
                 return
@@ -1039,10 +1048,11 @@ class DataLoader(tud.DataLoader):
         only, worth it when loading waits on I/O; on by default for the
         object store's :class:`opt4torch.S3ImageFolder` and
         :class:`opt4torch.S3TarShards`). ``prefetch_threads`` read
-        at the start; then the depth follows what the workers take (misses
-        a second times a read's time, twice over), and grows by half again
-        whenever they load misses themselves, between 2 and
-        ``prefetch_max_threads`` (default 64; equal to
+        at the start (more, up to the most, when the batches handed out
+        first hold more misses); then the depth follows what the workers take (misses
+        a second times a read's time, twice over), grows by half again
+        whenever they load misses themselves, and goes down when they need
+        a quarter of it or less, up to ``prefetch_max_threads`` (default 64; equal to
         ``prefetch_threads`` for a fixed count). ``lookahead`` bounds how far
         ahead, in positions, and
         ``staging_slots`` how many items that bypass the cache may wait in

@@ -32,10 +32,13 @@
  *    measured while the reads held the consumers back is what the threads
  *    supplied, not what the consumers would take, so a short look adds half
  *    again as many threads whatever the estimate says.
- * It grows to the larger of the two; it shrinks to the estimate when that
- * is half the depth or less and the consumers were not short (the threads
- * above the depth hand over what they hold and wait at the gate, handle
- * kept). Growing attaches handles for the threads that never had one and
+ * It grows to the larger of the two. It shrinks, to twice the estimate,
+ * when that is half the depth or less, the consumers were not short, and
+ * the depth has not grown for SHRINK_AFTER_NS: shrinking to the estimate
+ * itself, a callback source at 2 ms a read (reads that wait for the GIL
+ * too) flapped, grown again by every short look, and stalled 0.8-1.1 % of
+ * its accesses where it stalled none before. The threads above the depth
+ * hand over what they hold and wait at the gate, handle kept. Growing attaches handles for the threads that never had one and
  * opens the gate; growing and shrinking hold the registry lock (taken with
  * a trylock: a fork or a stop under way skips one look), so that fork and
  * stop see the depth and the handles settled. Idle threads sleep on the
@@ -116,6 +119,8 @@
 #define RATE_PERIOD_NS ((uint64_t)50 * 1000000u)
 #define RATE_MIN_POSITIONS 64u
 #define RATE_LONGEST_NS ((uint64_t)1000 * 1000000u)
+/* The depth goes down no sooner than this after it went up. */
+#define SHRINK_AFTER_NS ((uint64_t)1000 * 1000000u)
 #define MISS_SPAN 2048u
 
 typedef struct pf_thread {
@@ -139,6 +144,7 @@ struct opt4_prefetcher {
   _Atomic uint64_t pending_left;
   pf_thread *threads;
   uint32_t n; /* threads started: opts.max_threads */
+  int fixed;  /* opts.max_threads was 0: the depth stays at opts.threads */
   /* Depth: threads [0, active) read; the others wait on gate, which is
    * bumped (and woken) when active grows, at stop, at the end of the plan
    * and when a parking round opens. Handles of threads [0, active) are
@@ -150,7 +156,7 @@ struct opt4_prefetcher {
   /* What the depth's estimate learns: the source reads' time since the last
    * estimate (ns, count), its running average, the consumers' head and the
    * time at the last estimate, and the depth it asked for (0: none yet). */
-  _Atomic uint64_t read_ns, reads_timed, read_avg_ns, rate_head, rate_ns;
+  _Atomic uint64_t read_ns, reads_timed, read_avg_ns, rate_head, rate_ns, grown_at;
   _Atomic uint32_t wanted;
   _Atomic uint64_t adapt_at;      /* when the depth is looked at next */
   /* At the last look: the consumers' own loads, their waits (ns), when. */
@@ -456,7 +462,7 @@ static uint32_t pf_wanted(pf_thread *th, uint64_t now) {
  * reading thread first finds the period over. Cheap when it is not. */
 static void pf_adapt(pf_thread *th) {
   opt4_prefetcher *pf = th->pf;
-  if (pf->n == pf->opts.threads) return; /* a fixed depth */
+  if (pf->fixed) return;
   uint64_t now = now_ns(), at = atomic_load_explicit(&pf->adapt_at, memory_order_relaxed);
   if (now < at || !atomic_compare_exchange_strong(&pf->adapt_at, &at, now + ADAPT_PERIOD_NS)) return;
   opt4_pool_stats st;
@@ -466,8 +472,12 @@ static void pf_adapt(pf_thread *th) {
   const uint32_t a = atomic_load(&pf->active);
   uint32_t want = a;
   if (short_) want = a + (a / 2 > 1 ? a / 2 : 1);
-  if (little > want) want = little;
-  else if (!short_ && little != 0 && little * 2 <= a) want = little; /* fewer: half or less */
+  if (little > want) {
+    want = little;
+  } else if (!short_ && little != 0 && little * 4 <= a &&
+             now - atomic_load_explicit(&pf->grown_at, memory_order_relaxed) >= SHRINK_AFTER_NS) {
+    want = little * 2; /* twice the estimate, when that is half the depth or less */
+  }
   if (want > pf->limit) want = pf->limit;
   if (want == a || pthread_mutex_trylock(&reg_lock) != 0) return;
   if (want > a) {
@@ -484,6 +494,7 @@ static void pf_adapt(pf_thread *th) {
     if (want > a) {
       atomic_store(&pf->active, want);
       atomic_fetch_add_explicit(&pf->grows, 1, memory_order_relaxed);
+      atomic_store_explicit(&pf->grown_at, now, memory_order_relaxed);
       pf_open_gate(pf);
     }
   } else {
@@ -693,6 +704,7 @@ int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src, const 
     return opt4__fail(OPT4_ENOMEM, "no memory for %u prefetch threads", o.max_threads);
   }
   pf->n = o.max_threads;
+  pf->fixed = opts == NULL || opts->max_threads == 0;
   for (uint32_t i = 0; i < pf->n; i++) pf->threads[i].pf = pf;
   atomic_store(&pf->active, o.threads);
   pf->limit = pf->n;

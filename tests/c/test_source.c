@@ -261,6 +261,31 @@ static void serve(opt4_pool *pool, opt4_source *src, uint64_t t, served *c) {
   }
 }
 
+/* Fork a child that exits at once, and reap it: the fork's handlers park
+ * and let go every prefetch thread. */
+static void fork_and_reap(void) {
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) _exit(0);
+  int ws = 0;
+  ASSERT(waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+}
+
+/* After a run with one fork: every position served right, the hits the
+ * plan's (a prefetched miss is served as a hit), each miss loaded once,
+ * the fork found every thread parked in time. */
+static void assert_served_exactly(opt4_pool *pool, const opt4_plan_info *in, const served *c,
+                                  const opt4_prefetcher_stats *ps) {
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(c->wrong, 0);
+  ASSERT_U64_EQ(st.fallbacks, 0);
+  ASSERT_U64_EQ(c->hits, in->hits + c->prefetched);
+  ASSERT_U64_EQ(c->prefetched + c->loads, in->misses);
+  ASSERT_U64_EQ(ps->parks, 1);
+  ASSERT_U64_EQ(ps->park_timeouts, 0);
+}
+
 /* A user's queued source behind the prefetcher: every miss is prefetched
  * through submit + reap, the bytes are right, the hits are the plan's. And
  * while the consumers pause, the prefetch threads sleep on the pool's
@@ -455,11 +480,7 @@ static void test_early_park(void) {
   usleep(100000);
   ASSERT_U64_EQ(atomic_load(&gil_reads), parked_at); /* parked: no reads */
   pthread_mutex_lock(&gil);
-  pid_t pid = fork();
-  ASSERT(pid >= 0);
-  if (pid == 0) _exit(0);
-  int ws = 0;
-  ASSERT(waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  fork_and_reap();
   pthread_mutex_unlock(&gil);
   opt4_prefetcher_stats ps;
   ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
@@ -543,29 +564,16 @@ static void test_depth_grows(void) {
     ASSERT_OK(opt4_prefetcher_start_source(opt4_pool_name(pool), src, &po, &pf));
     served c = {0, 0, 0, 0};
     for (uint64_t t = 0; t < in.accesses; t++) {
-      if (t == in.accesses / 2) {
-        pid_t pid = fork();
-        ASSERT(pid >= 0);
-        if (pid == 0) _exit(0);
-        int ws = 0;
-        ASSERT(waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
-      }
+      if (t == in.accesses / 2) fork_and_reap();
       serve(pool, src, t, &c);
     }
     opt4_prefetcher_stats ps;
     ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
     opt4_prefetcher_stop(pf);
-    opt4_pool_stats st;
-    ASSERT_OK(opt4_pool_stats_get(pool, &st));
     fprintf(stderr, "    %s: %u threads started, %u reading at the end after %u raises; %llu of %llu misses "
             "prefetched\n", fixed ? "fixed" : "growing", ps.threads, ps.active, ps.grows,
             (unsigned long long)c.prefetched, (unsigned long long)in.misses);
-    ASSERT_U64_EQ(c.wrong, 0);
-    ASSERT_U64_EQ(st.fallbacks, 0);
-    ASSERT_U64_EQ(c.hits, in.hits + c.prefetched);
-    ASSERT_U64_EQ(c.prefetched + c.loads, in.misses);
-    ASSERT_U64_EQ(ps.parks, 1);
-    ASSERT_U64_EQ(ps.park_timeouts, 0);
+    assert_served_exactly(pool, &in, &c, &ps);
     if (fixed) {
       ASSERT_EQ(ps.threads, 2);
       ASSERT_EQ(ps.active, 2);
@@ -609,11 +617,7 @@ static void test_depth_shrinks(void) {
     ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
     if (!forked && (ps.shrinks > 0 || t == in.accesses - 1)) {
       forked = 1;
-      pid_t pid = fork();
-      ASSERT(pid >= 0);
-      if (pid == 0) _exit(0);
-      int ws = 0;
-      ASSERT(waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+      fork_and_reap();
     }
     serve(pool, src, t, &c);
     struct timespec pause = {0, 500000};
@@ -622,17 +626,10 @@ static void test_depth_shrinks(void) {
   opt4_prefetcher_stats ps;
   ASSERT_OK(opt4_prefetcher_stats_get(pf, &ps));
   opt4_prefetcher_stop(pf);
-  opt4_pool_stats st;
-  ASSERT_OK(opt4_pool_stats_get(pool, &st));
   fprintf(stderr, "    %u reading at the end (estimate %u, a read %.2f ms) after %u raises and %u cuts; %llu of %llu "
           "misses prefetched\n", ps.active, ps.wanted, (double)ps.read_avg_ns / 1e6, ps.grows, ps.shrinks,
           (unsigned long long)c.prefetched, (unsigned long long)in.misses);
-  ASSERT_U64_EQ(c.wrong, 0);
-  ASSERT_U64_EQ(st.fallbacks, 0);
-  ASSERT_U64_EQ(c.hits, in.hits + c.prefetched);
-  ASSERT_U64_EQ(c.prefetched + c.loads, in.misses);
-  ASSERT_U64_EQ(ps.parks, 1);
-  ASSERT_U64_EQ(ps.park_timeouts, 0);
+  assert_served_exactly(pool, &in, &c, &ps);
   ASSERT(ps.shrinks >= 1);
   ASSERT(ps.wanted >= 2 && ps.wanted <= 12);
   ASSERT(ps.read_avg_ns >= 1000000u);

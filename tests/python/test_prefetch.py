@@ -287,6 +287,38 @@ def test_thread_prefetch_for_any_dataset(tmp_path) -> None:
         loader.cache.close()
 
 
+def test_head_start_starts_as_many_readers_as_it_has_misses(record_path: str) -> None:
+    """The batches handed out first are wanted at once: the prefetcher
+    starts with as many readers as they hold misses (at least
+    prefetch_threads, at most prefetch_max_threads), rather than reading
+    them prefetch_threads at a time; prefetch_max_threads=prefetch_threads
+    keeps the depth fixed."""
+    rf = RecordFile(record_path, latency=0.005)
+    for threads, most, expected in ((2, 64, None), (3, 3, 3)):
+        loader = opt4torch.DataLoader(rf, batch_size=BATCH, shuffle=True, seed=4, cache_items=CAPACITY, epochs=1,
+                                      prefetch=True, prefetch_threads=threads, prefetch_max_threads=most,
+                                      collate_fn=list)
+        try:
+            it = iter(loader)
+            next(it)  # starts the prefetcher, after the head start
+            plan = loader.cache.plan
+            misses = int((plan.kinds[:BATCH] != opt4torch.HIT).sum())
+            pf = loader.cache.stats()["prefetcher"]
+            if expected is None:
+                expected = min(most, max(threads, misses))
+                assert expected > threads, misses  # the first batch of a cold cache: all misses
+            # Nothing can have moved the depth yet: no grow without a short
+            # look, no estimate (so no shrink) before the loop passes 64
+            # positions or a second goes by.
+            assert pf["active"] == expected and pf["grows"] == 0 and pf["shrinks"] == 0, pf
+            for _ in it:
+                pass
+            if most == threads:
+                assert loader.cache.stats()["prefetcher"]["active"] == threads
+        finally:
+            loader.cache.close()
+
+
 def test_prefetch_threads_stop_with_the_cache(record_path: str) -> None:
     assert wait_for_no_threads_of_ours() == []  # an earlier test's, ended
     # Slow enough loads that the threads cannot have loaded every miss of
@@ -352,7 +384,8 @@ def test_prefetch_argument_errors(record_path: str) -> None:
 def test_prefetch_depth_grows_while_the_workers_stall(record_path: str, source: str) -> None:
     """One thread reading 10 ms at a time cannot keep up with a loop that
     takes a batch at once: the loop stalls, and the prefetcher adds threads
-    (src/io/prefetcher.c, "Depth"), up to prefetch_max_threads. Every
+    (src/io/prefetcher.c, "Depth"), up to prefetch_max_threads (40: the
+    head start's 16 positions start it at 16 at most). Every
     sample is still what the dataset returns, and the hits are the plan's."""
     if source == "records":
         ds: object = RecordFile(record_path, latency=0.01)
@@ -361,7 +394,7 @@ def test_prefetch_depth_grows_while_the_workers_stall(record_path: str, source: 
         ds = CountingSlow(N_ITEMS, None, delay=0.01)
         expected = [CountingSlow.expected(i) for i in range(N_ITEMS)]
     loader = opt4torch.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=3, cache_items=CAPACITY, epochs=1,
-                                  prefetch=True, prefetch_threads=1, prefetch_max_threads=12, collate_fn=list)
+                                  prefetch=True, prefetch_threads=1, prefetch_max_threads=40, collate_fn=list)
     try:
         for batch in loader:
             for sample in batch:
@@ -373,7 +406,7 @@ def test_prefetch_depth_grows_while_the_workers_stall(record_path: str, source: 
         st = loader.cache.stats()
         pf = st["prefetcher"]
         assert st["hits"] == st["plan_hits"] and st["fallbacks"] == 0, st
-        assert pf["threads"] == 12 and pf["grows"] >= 1 and 1 < pf["active"] <= 12, pf
+        assert pf["threads"] == 40 and pf["grows"] >= 1 and 1 < pf["active"] <= 40, pf
     finally:
         loader.cache.close()
 

@@ -805,8 +805,8 @@ def markdown(result: dict[str, Any]) -> str:
                 read += " (plan: " + ("equal" if v.get("exact") else _mb(v["plan_miss_bytes"])) + ")"
             lines.append(
                 f"| {c} | {v['epoch_s']:.2f} s | {v['samples_per_s']:,.0f} | "
-                f"{(base / v['seconds']) if base else float('nan'):.2f}x | "
-                f"{(v['seconds'] / mem) if mem else float('nan'):.2f}x | {v['hit_rate']:.1%}"
+                f"{format(base / v['seconds'], '.2f') + 'x' if base else '–'} | "
+                f"{format(v['seconds'] / mem, '.2f') + 'x' if mem else '–'} | {v['hit_rate']:.1%}"
                 f"{' (of bytes)' if v.get('hit_rate_note') == 'bytes' else ''} | {read} | "
                 f"{'–' if v.get('storage_reads') is None else format(int(v['storage_reads']), ',')} | "
                 f"{'–' if v.get('stall_rate') is None else format(v['stall_rate'], '.1%')} | {v['cpu_s']:.1f} s | "

@@ -150,9 +150,11 @@ struct opt4_prefetcher {
    * and when a parking round opens. Handles of threads [0, active) are
    * attached before active covers them (release/acquire on active). */
   _Atomic uint32_t active, gate, ended, grows, shrinks;
-  /* Threads [0, attached) have a pool handle; at most limit can (an attach
-   * failed: every process record in use). Both move under reg_lock only. */
-  uint32_t attached, limit;
+  /* Threads [0, attached) have a pool handle (moves under reg_lock only);
+   * at most limit can (lowered, under reg_lock, when an attach failed:
+   * every process record in use; read without it by the adapting thread). */
+  uint32_t attached;
+  _Atomic uint32_t limit;
   /* What the depth's estimate learns: the source reads' time since the last
    * estimate (ns, count), its running average, the consumers' head and the
    * time at the last estimate, and the depth it asked for (0: none yet). */
@@ -478,7 +480,8 @@ static void pf_adapt(pf_thread *th) {
              now - atomic_load_explicit(&pf->grown_at, memory_order_relaxed) >= SHRINK_AFTER_NS) {
     want = little * 2; /* twice the estimate, when that is half the depth or less */
   }
-  if (want > pf->limit) want = pf->limit;
+  const uint32_t limit = atomic_load_explicit(&pf->limit, memory_order_relaxed);
+  if (want > limit) want = limit;
   if (want == a || pthread_mutex_trylock(&reg_lock) != 0) return;
   if (want > a) {
     /* A handle each, attached before active covers the thread; a thread
@@ -490,7 +493,10 @@ static void pf_adapt(pf_thread *th) {
       opt4__pool_set_safe_point(pf->threads[k].pool, pf_safe_point, &pf->threads[k], &pf->park);
     }
     pf->attached = k;
-    if (k < want) pf->limit = want = k;
+    if (k < want) {
+      atomic_store_explicit(&pf->limit, k, memory_order_relaxed);
+      want = k;
+    }
     if (want > a) {
       atomic_store(&pf->active, want);
       atomic_fetch_add_explicit(&pf->grows, 1, memory_order_relaxed);
@@ -707,7 +713,7 @@ int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src, const 
   pf->fixed = opts == NULL || opts->max_threads == 0;
   for (uint32_t i = 0; i < pf->n; i++) pf->threads[i].pf = pf;
   atomic_store(&pf->active, o.threads);
-  pf->limit = pf->n;
+  atomic_store(&pf->limit, pf->n);
   for (uint32_t i = 0; i < o.threads; i++) {
     /* One mapping for all the threads (opt4__pool_attach_shared). */
     rc = i == 0 ? opt4_pool_attach(pool_name, &pf->threads[i].pool)

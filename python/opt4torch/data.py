@@ -1052,7 +1052,7 @@ class DataLoader(tud.DataLoader):
         first hold more misses); then the depth follows what the workers take (misses
         a second times a read's time, twice over), grows by half again
         whenever they load misses themselves, and goes down when they need
-        a quarter of it or less, up to ``prefetch_max_threads`` (default 64; equal to
+        a quarter of it or less; at most ``prefetch_max_threads`` (default 64; equal to
         ``prefetch_threads`` for a fixed count). ``lookahead`` bounds how far
         ahead, in positions, and
         ``staging_slots`` how many items that bypass the cache may wait in

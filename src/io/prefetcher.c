@@ -38,13 +38,14 @@
  * itself, a callback source at 2 ms a read (reads that wait for the GIL
  * too) flapped, grown again by every short look, and stalled 0.8-1.1 % of
  * its accesses where it stalled none before. The threads above the depth
- * hand over what they hold and wait at the gate, handle kept. Growing attaches handles for the threads that never had one and
- * opens the gate; growing and shrinking hold the registry lock (taken with
- * a trylock: a fork or a stop under way skips one look), so that fork and
- * stop see the depth and the handles settled. Idle threads sleep on the
+ * hand over what they hold and wait at the gate, handle kept. Growing
+ * attaches handles for the threads that never had one and opens the gate;
+ * growing and shrinking hold the registry lock (taken with a trylock: a
+ * fork or a stop under way skips one look), so that fork and stop see the
+ * depth and the handles settled. Idle threads sleep on the
  * consumers' progress word and cost a wake-up whenever it moves: a depth
- * that follows the estimate down (at 2 ms a read, a quarter of the 64 the
- * first epoch's compulsory misses grew it to) saves those wake-ups. A
+ * that follows the estimate down saves those wake-ups (test_depth_shrinks:
+ * a slow consumer over 1 ms reads, from 24 threads to 4). A
  * dormant thread holds no lock, so its wait is a safe point for fork
  * (below); it leaves when it is activated, stopped, or the plan has no
  * more misses (ended).

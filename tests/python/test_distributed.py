@@ -32,11 +32,18 @@ def torchrun(tmp_path, *args: str) -> list[dict]:
     out = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), os.path.join(HERE, "ddp_run.py"), "--out", str(out), *args]
+    # PYTHONFAULTHANDLER: a rank killed by a signal (a SIGABRT of rank 1
+    # was seen once, at the end of test_a_state_one_rank_refuses_is_refused_on_every_rank,
+    # with nothing printed) dumps every thread's Python stack to stderr.
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
-    # Every rank's traceback, not only the last one torchrun prints.
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
+    # Every rank's traceback, not only the last one torchrun prints; and what
+    # a rank printed before a signal killed it.
     errors = "\n".join(line for line in r.stderr.splitlines() if line.startswith("[rank"))
-    assert r.returncode == 0, r.stdout[-2000:] + errors[-12000:] + r.stderr[-2000:]
+    dumps = "\n".join(line for line in r.stderr.splitlines()
+                      if line.startswith(("Fatal Python error", "Thread 0x", "Current thread", "  File ",
+                                          "terminate called", "what()")))
+    assert r.returncode == 0, r.stdout[-2000:] + errors[-12000:] + dumps[-12000:] + r.stderr[-2000:]
     return json.loads(out.read_text())
 
 

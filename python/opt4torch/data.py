@@ -1242,7 +1242,12 @@ class DataLoader(tud.DataLoader):
             # Every rank of a shared pool prefetches: claims keep each miss to one loader.
             self.cache.configure_prefetch(dataset, **prefetch_opts)
         self.shared_across_ranks = share_across_ranks
-        self._group = (group, rank, world) if group is not None else None
+        # The node's process group, held weakly: a loader that kept it would
+        # keep gloo's threads alive past destroy_process_group, to be torn
+        # down in the interpreter's finalization, where a thread that drops a
+        # collective's tensors dies taking the GIL and aborts the process
+        # (std::terminate; seen as rank 1 of a torchrun test dying of SIGABRT).
+        self._group = (weakref.ref(group), rank, world) if group is not None else None
         #: The global position the last load_state_dict() resumed at.
         self.resumed_at: int | None = None
         cached = PlannedDataset(dataset, self.cache.name, plan.accesses, n_items, transform=transform,
@@ -1616,7 +1621,13 @@ class DataLoader(tud.DataLoader):
             # Every rank checks its state first and all hear of a refusal.
             import torch.distributed as dist
 
-            group, rank, world = self._group
+            group_ref, rank, world = self._group
+            group = group_ref()
+            if group is None:
+                raise RuntimeError("load_state_dict with share_across_ranks=True is a collective call on the "
+                                   "process group the loader was built on, which is gone "
+                                   "(torch.distributed.destroy_process_group was called): resume in a loader "
+                                   "built after init_process_group")
             try:
                 epoch, samples = self._check_state(state)
                 error: BaseException | None = None

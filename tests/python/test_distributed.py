@@ -32,9 +32,9 @@ def torchrun(tmp_path, *args: str) -> list[dict]:
     out = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), os.path.join(HERE, "ddp_run.py"), "--out", str(out), *args]
-    # PYTHONFAULTHANDLER: a rank killed by a signal (a SIGABRT of rank 1
-    # was seen once, at the end of test_a_state_one_rank_refuses_is_refused_on_every_rank,
-    # with nothing printed) dumps every thread's Python stack to stderr.
+    # PYTHONFAULTHANDLER: a rank killed by a signal dumps every thread's
+    # Python stack to stderr (how the SIGABRT at exit of
+    # test_the_loader_does_not_keep_the_process_group_alive was first seen).
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
     # Every rank's traceback, not only the last one torchrun prints; and what
@@ -154,3 +154,41 @@ def test_ranks_sharing_a_pool_refuse_each_others_states(tmp_path) -> None:
     assert len(ranks) == 2 and all(r["resumed_at"] is None for r in ranks), ranks
     assert "state['rank'] is 1 but this is rank 0" in ranks[0]["refused"], ranks
     assert "state['rank'] is 0 but this is rank 1" in ranks[1]["refused"], ranks
+
+
+def test_the_loader_does_not_keep_the_process_group_alive(tmp_path) -> None:
+    """A loader shared across ranks holds its process group weakly. Held
+    strongly, destroy_process_group left gloo's threads running until the
+    loader was collected in the interpreter's finalization, where a gloo
+    thread dropping a collective's tensors dies taking the GIL and the rank
+    aborts (std::terminate: rank 1 of a torchrun test died of SIGABRT at
+    exit, 6 times in 17 runs of a script that kept a reference, under load).
+    Once the group is gone, a collective load_state_dict says so."""
+    script = tmp_path / "one_rank.py"
+    script.write_text(f"""
+import gc, sys, weakref
+import torch.distributed as dist
+sys.path.insert(0, {HERE!r})
+from datasets_for_tests import Checked
+import opt4torch
+
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+loader = opt4torch.DataLoader(Checked(40), batch_size=4, shuffle=True, cache_items=10, epochs=1,
+                              share_across_ranks=True, seed=3)
+assert sum(len(y) for _, y in loader) == 40
+state = loader.state_dict()
+group = weakref.ref(dist.group.WORLD)
+dist.destroy_process_group()
+gc.collect()
+print("group alive after destroy:", group() is not None)
+try:
+    loader.load_state_dict(state)
+except RuntimeError as exc:
+    print("refused:", exc)
+loader.cache.close()
+""")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "group alive after destroy: False" in r.stdout, r.stdout
+    assert "refused: load_state_dict with share_across_ranks=True is a collective call" in r.stdout, r.stdout

@@ -24,7 +24,10 @@ on a 2-core machine the CPU our threads take comes out of it), three ways:
 
 Every configuration of a source runs once per repeat, interleaved; medians
 are reported. Per row: time and CPU time (user + system of the process with
-its threads, plus its workers once joined) against in memory, the part of it
+its threads, plus its workers once joined) against in memory; the same split
+in two, the loop's (the process over the training loop, plus the persistent
+workers' clocks read at its end) and the setup's (building the loader: the
+capture, the plan, the pool; in memory, wrapping the list); the part of it
 the prefetch threads took (their CPU clocks), the stall rate
 (accesses that waited for their data), hits against the plan's, and the bytes
 read from storage against the plan's miss bytes (the read lengths of the
@@ -44,6 +47,7 @@ import io
 import json
 import multiprocessing
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -133,6 +137,23 @@ def open_source(name: str, data: dict[str, Any], latency: float) -> Any:
     return CountedFileItems(data["flat"], data["offsets"], data["sizes"], latency)
 
 
+def self_cpu_seconds() -> float:
+    """User + system time of this process (all its threads)."""
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    return s.ru_utime + s.ru_stime
+
+
+def workers_cpu_seconds(loader: Any) -> float:
+    """User + system time of a live loader's worker processes (/proc)."""
+    it = getattr(loader, "_iterator", None)
+    total = 0
+    for w in getattr(it, "_workers", []) or []:
+        with open(f"/proc/{w.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def run_config(config: str, source: str, ds: Any, items: list[Any], args: argparse.Namespace,
                work: tuple[torch.Tensor, int, float]) -> dict[str, Any]:
     common = dict(batch_size=args.batch, num_workers=args.workers, collate_fn=list,
@@ -155,8 +176,13 @@ def run_config(config: str, source: str, ds: Any, items: list[Any], args: argpar
         loader = opt4torch.DataLoader(ds, shuffle=True, seed=0, epochs=args.epochs,
                                       prefetch=config == "OPT + prefetch", prefetch_threads=args.threads,
                                       **sizing, **common)
+    cpu_setup = cpu_seconds() - cpu0
+    self0 = self_cpu_seconds()
     seconds, n = train(loader, args.epochs, work[0], work[1])
-    out.update(seconds=seconds, samples=n)
+    # The loop's CPU: this process and its threads over the loop, and the
+    # persistent workers' clocks, read while they live (they started in it).
+    out.update(seconds=seconds, samples=n, setup_cpu_s=cpu_setup,
+               loop_cpu_s=self_cpu_seconds() - self0 + workers_cpu_seconds(loader))
     if isinstance(loader, opt4torch.DataLoader):
         st = loader.cache.stats()
         plan = loader.cache.plan
@@ -180,17 +206,21 @@ def run_config(config: str, source: str, ds: Any, items: list[Any], args: argpar
 
 
 def table(results: dict[str, Any]) -> str:
-    rows = ["| source | read | configuration | time | vs in memory | CPU | CPU vs in memory | of which prefetch threads "
+    rows = ["| source | read | configuration | time | vs in memory | CPU | CPU vs in memory | loop CPU "
+            "| loop CPU vs in memory | setup CPU | of which prefetch threads "
             "| stall rate | hits (plan) | bytes read (plan's miss bytes) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, runs in results.items():
         source, lat = key.split("@")
         med = {c: statistics.median(x["seconds"] for x in runs[c]) for c in runs}
         cpu = {c: statistics.median(x["cpu_s"] for x in runs[c]) for c in runs}
+        loop = {c: statistics.median(x["loop_cpu_s"] for x in runs[c]) for c in runs}
+        setup = {c: statistics.median(x["setup_cpu_s"] for x in runs[c]) for c in runs}
         for c in runs:
             x = runs[c][-1]
             row = [source, f"{float(lat) * 1e3:g} ms", c, f"{med[c]:.2f} s", f"{med[c] / med['in memory']:.2f}x",
-                   f"{cpu[c]:.2f} s", f"{cpu[c] / cpu['in memory']:.2f}x"]
+                   f"{cpu[c]:.2f} s", f"{cpu[c] / cpu['in memory']:.2f}x", f"{loop[c]:.2f} s",
+                   f"{loop[c] / loop['in memory']:.2f}x", f"{setup[c]:.2f} s"]
             if c == "in memory":
                 row += ["–", "–", "–", "–"]
             else:

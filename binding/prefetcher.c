@@ -228,10 +228,10 @@ static PyObject *prefetcher_stats(PrefetcherObject *self, PyObject *Py_UNUSED(ig
   if (self->pf == NULL) return PyErr_Format(PyExc_ValueError, "the prefetcher is stopped");
   opt4_prefetcher_stats st;
   opt4_prefetcher_stats_get(self->pf, &st);
-  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:d,s:I,s:I,s:I,s:I,s:I,s:I,s:d,s:d,s:K,s:K}", "loaded",
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:d,s:K,s:I,s:I,s:I,s:I,s:I,s:I,s:d,s:d,s:K,s:K}", "loaded",
                        (unsigned long long)st.loaded, "bytes", (unsigned long long)st.bytes, "stored",
                        (unsigned long long)st.stored, "errors", (unsigned long long)st.errors, "idle_seconds",
-                       (double)st.idle_ns / 1e9, "threads", st.threads, "finished", st.finished, "active", st.active,
+                       (double)st.idle_ns / 1e9, "idle_waits", (unsigned long long)st.idle_waits, "threads", st.threads, "finished", st.finished, "active", st.active,
                        "grows", st.grows, "shrinks", st.shrinks, "wanted", st.wanted, "read_seconds",
                        (double)st.read_avg_ns / 1e9, "cpu_seconds", (double)st.cpu_ns / 1e9, "parks", (unsigned long long)st.parks, "park_timeouts",
                        (unsigned long long)st.park_timeouts);

@@ -1249,6 +1249,7 @@ typedef struct opt4_prefetcher_stats {
   uint64_t stored;  /* handed over to their consumers */
   uint64_t errors;  /* reads that failed (their consumers load them) */
   uint64_t idle_ns; /* time the threads found nothing to do in the window */
+  uint64_t idle_waits; /* times a thread slept for want of work (woken, or its bound ran out) */
   uint32_t threads, finished; /* threads started, and those done */
   uint32_t active;            /* threads reading (the depth): from opts.threads up to max_threads */
   uint32_t grows;             /* times the depth was raised */

@@ -53,6 +53,11 @@ void opt4__clear_detail(void);
  * memory shared between processes. */
 int opt4__futex_wait(_Atomic uint32_t *word, uint32_t expect, uint64_t timeout_ns, int shared);
 void opt4__futex_wake(_Atomic uint32_t *word, int shared);
+/* The same, for the sleepers whose bits meet the waker's (bits != 0;
+ * 0xFFFFFFFF: every sleeper, and a sleeper woken by every waker). */
+int opt4__futex_wait_bits(_Atomic uint32_t *word, uint32_t expect, uint64_t timeout_ns, int shared,
+                          uint32_t bits);
+void opt4__futex_wake_bits(_Atomic uint32_t *word, int shared, uint32_t bits);
 
 /* ---- pools: what other areas may ask of a handle (src/shm). ----
  * fn is called, with ctx, inside the handle's bounded waits, where its
@@ -76,6 +81,18 @@ uint64_t opt4__pool_head(const opt4_pool *pool);
  * park word) is nonzero. 1 if the time ran out, else 0. */
 int opt4__pool_head_wait(opt4_pool *pool, uint64_t seen, uint64_t timeout_ns,
                          const _Atomic uint32_t *unless);
+/* Sleep until head reaches target (head >= target), for at most
+ * timeout_ns, woken only by a move that reaches target's block (or by an
+ * interrupt or a kick), with the same early returns. A return is not a
+ * promise that head reached target: callers look again. */
+int opt4__pool_head_wait_for(opt4_pool *pool, uint64_t target, uint64_t timeout_ns,
+                             const _Atomic uint32_t *unless);
+/* The head at which a prefetcher's loaded item t (claimed by pool) may find
+ * its place: the block of the last planned read of what its pages hold (an
+ * ADMIT), or of the BYPASS before it in its staging slot, and at the latest
+ * t's own block less one (the consumers are then near: the store waits
+ * there rather than return). */
+uint64_t opt4__pool_prefetch_ready_at(const opt4_pool *pool, uint64_t t);
 /* Wake every thread sleeping in opt4__pool_head_wait on this pool (in any
  * process): they re-check their condition. */
 void opt4__pool_head_kick(opt4_pool *pool);

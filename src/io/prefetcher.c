@@ -112,6 +112,11 @@
  * woken: a bound (what it waits for may change without the consumers moving:
  * a floor raised, a claim given back), not a poll interval. */
 #define IDLE_WAIT_NS ((uint64_t)20 * 1000000u)
+/* The same bound for a thread that waits only for the consumers to reach
+ * the block where its held item may be handed over: what else could let it
+ * go sooner (a floor raised, a stop, a fork, the depth lowered) wakes every
+ * sleeper. */
+#define HOLD_WAIT_NS ((uint64_t)200 * 1000000u)
 /* How often the depth is looked at (see "Depth" above). */
 #define ADAPT_PERIOD_NS ((uint64_t)10 * 1000000u)
 /* How long the consumers' rate is measured over, the fewest positions they
@@ -169,7 +174,7 @@ struct opt4_prefetcher {
   uint32_t round;        /* the last round opened (under reg_lock) */
   int orphan;            /* a forked child's copy: its threads are not here */
   opt4_prefetcher *reg_next;
-  _Atomic uint64_t loaded, bytes, stored, errors, idle_ns, parks, park_timeouts;
+  _Atomic uint64_t loaded, bytes, stored, errors, idle_ns, idle_waits, parks, park_timeouts;
   _Atomic uint32_t finished;
   /* Bumped whenever a claim is settled (stored, given up, given back) or a
    * thread is done: what opt4_prefetcher_wait sleeps on. */
@@ -627,10 +632,24 @@ static void *pf_main(void *arg) {
       /* Idle: sleep until the consumers move (what it holds, and the
        * window, wait for them), a fork opens a parking round (the park word
        * is checked in the wait, and fork_prepare kicks the word), or a stop
-       * interrupts the handle. */
+       * interrupts the handle. A thread that can claim more wakes at their
+       * next move (the window moved). One that can only hand over what it
+       * holds sleeps until they reach the block where its earliest item
+       * may find its place (opt4__pool_prefetch_ready_at), not at every
+       * move: the idle threads used to wake all at once every 32 positions,
+       * most of them to find that their item still had to wait. */
+      uint64_t target = seen + 1, bound = IDLE_WAIT_NS;
+      if (held > 0 && (end || retiring || held == allocated)) {
+        const uint64_t ready = opt4__pool_prefetch_ready_at(th->pool, items[order[0]].t);
+        if (ready > seen) {
+          target = ready;
+          bound = HOLD_WAIT_NS;
+        }
+      }
       uint64_t t0 = now_ns();
-      opt4__pool_head_wait(th->pool, seen, IDLE_WAIT_NS, &pf->park);
+      opt4__pool_head_wait_for(th->pool, target, bound, &pf->park);
       atomic_fetch_add_explicit(&pf->idle_ns, now_ns() - t0, memory_order_relaxed);
+      atomic_fetch_add_explicit(&pf->idle_waits, 1, memory_order_relaxed);
     }
   }
   /* Stopped: give back what is still held; its consumers load it. */
@@ -768,6 +787,7 @@ int opt4_prefetcher_stats_get(opt4_prefetcher *pf, opt4_prefetcher_stats *out) {
   out->stored = atomic_load(&pf->stored);
   out->errors = atomic_load(&pf->errors);
   out->idle_ns = atomic_load(&pf->idle_ns);
+  out->idle_waits = atomic_load(&pf->idle_waits);
   out->parks = atomic_load(&pf->parks);
   out->park_timeouts = atomic_load(&pf->park_timeouts);
   for (uint32_t i = 0; i < pf->n; i++) {

@@ -62,6 +62,10 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free");
 #define PS_READY 2u   /* holds its generation's bytes */
 #define PS_FAILED 3u  /* its generation gave up: no bytes, nothing to wait for */
 #define NO_GEN UINT32_MAX
+/* head moves in blocks of HEAD_BLOCK positions; a sleeper on head_seq
+ * waits on bit (block % 32), or on all of them. */
+#define HEAD_BLOCK 32u
+#define HEAD_ALL_BLOCKS 0xFFFFFFFFu
 
 #define PS_WORD(gen, st) (((uint64_t)(gen) << 32) | (uint64_t)(st))
 #define PS_GEN(w) ((uint32_t)((w) >> 32))
@@ -124,7 +128,9 @@ typedef struct pool_header {
   /* Prefetchers that wait for the consumers sleep on head_seq (a futex word
    * is 32 bits; head is 64), which advance_head bumps whenever it moves
    * head, and wakes only while head_waiters says someone sleeps (layout 4;
-   * runtime.c, "waiting for the consumers"). */
+   * runtime.c, "waiting for the consumers"): each sleeper on the bit of the
+   * head block it waits for, and a move wakes the bits of the blocks it
+   * reached. */
   _Atomic uint32_t head_seq;
   uint64_t procs_off;
   uint64_t states_off;

@@ -156,13 +156,13 @@ static void gather_into(uint8_t *dst, const opt4_iovec *parts, size_t n_parts) {
 #define FAR_WAIT_NS ((uint64_t)50 * 1000000u)
 static int far_ahead(opt4_pool *pool, uint64_t t) {
   return !atomic_load_explicit(&pool->interrupted, memory_order_relaxed) &&
-         atomic_load_explicit(&pool->h->head, memory_order_relaxed) + 32 <= t;
+         atomic_load_explicit(&pool->h->head, memory_order_relaxed) + HEAD_BLOCK <= t;
 }
 
 static int consumers_behind(opt4_pool *pool, uint64_t t, waiter *w) {
   if (atomic_load_explicit(&pool->interrupted, memory_order_relaxed)) return 0;
   uint64_t head = atomic_load_explicit(&pool->h->head, memory_order_relaxed);
-  if (head + 32 > t) return 0;
+  if (head + HEAD_BLOCK > t) return 0;
   if (pool->safe_point != NULL) pool->safe_point(pool->safe_ctx);
   opt4__pool_head_wait(pool, head, FAR_WAIT_NS, NULL);
   w->spins = 0; /* the timeout starts when they arrive */
@@ -326,6 +326,25 @@ static int prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, 
   if (RT_KIND(v) == OPT4_OP_ADMIT)
     return store_admit(pool, t, v, claim, parts, n_parts, total, try_only, stored);
   return store_bypass(pool, t, v, claim, parts, n_parts, total, try_only, stored);
+}
+
+uint64_t opt4__pool_prefetch_ready_at(const opt4_pool *pool, uint64_t t) {
+  const uint64_t latest = t >= HEAD_BLOCK - 1 ? t - (HEAD_BLOCK - 1) : 0;
+  if (t >= pool->h->accesses) return latest;
+  const uint32_t v = pool->rt[t];
+  uint64_t ready = 0;
+  if (RT_KIND(v) == OPT4_OP_ADMIT) {
+    const gen_rec *gen = &pool->gens[RT_GEN(v)];
+    for (uint32_t i = 0; i < gen->npages; i++) {
+      const uint32_t prev = pool->list[gen->list_off + i].prev_gen;
+      if (prev != NO_GEN && pool->gens[prev].last_read > ready) ready = pool->gens[prev].last_read;
+    }
+  } else if (RT_KIND(v) == OPT4_OP_BYPASS && pool->h->staging_slots != 0) {
+    const uint64_t b = RT_GEN(v);
+    if (b >= pool->h->staging_slots) ready = pool->bpos[b - pool->h->staging_slots];
+  }
+  ready &= ~(uint64_t)(HEAD_BLOCK - 1); /* the block that reads it */
+  return ready < latest ? ready : latest;
 }
 
 int opt4__pool_prefetch_window_full(opt4_pool *pool, uint64_t lookahead) {

@@ -194,21 +194,38 @@ static void count_read(opt4_pool *pool, page_state *ps, uint32_t g) {
  * same holds for opt4_pool_interrupt and opt4__pool_head_kick, which bump
  * head_seq after they set what the sleeper checks (interrupted, park). */
 
-static void head_bump(pool_header *h) {
+static void head_bump_bits(pool_header *h, uint32_t bits) {
   atomic_fetch_add(&h->head_seq, 1);
-  if (atomic_load(&h->head_waiters) != 0) opt4__futex_wake(&h->head_seq, 1);
+  if (atomic_load(&h->head_waiters) != 0) opt4__futex_wake_bits(&h->head_seq, 1, bits);
+}
+
+/* Every sleeper: what it checks besides head changed (interrupted, park,
+ * the floor), or it is to look again (the depth shrank). */
+static void head_bump(pool_header *h) { head_bump_bits(h, HEAD_ALL_BLOCKS); }
+
+/* Which sleepers a move of head from `from` to `to` concerns: a sleeper
+ * waits for head to reach a block (a multiple of HEAD_BLOCK) and sleeps on
+ * that block's bit (its number modulo 32), so a move wakes the bits of the
+ * blocks it reached. A sleeper whose block shares a bit with a nearer one
+ * (32 blocks apart) is woken early, looks, and sleeps again. */
+static uint32_t head_bits(uint64_t from, uint64_t to) {
+  const uint64_t b0 = from / HEAD_BLOCK, b1 = to / HEAD_BLOCK;
+  if (b1 - b0 >= 32) return HEAD_ALL_BLOCKS;
+  uint32_t bits = 0;
+  for (uint64_t b = b0 + 1; b <= b1; b++) bits |= 1u << (b % 32);
+  return bits;
 }
 
 /* Consumers' progress, for the prefetchers' window: the furthest position
  * asked for, rounded down to a multiple of 32 so that a CAS on this shared
  * line is needed once per 32 positions, not per access. */
 static inline void advance_head(opt4_pool *pool, uint64_t t) {
-  uint64_t want = t & ~(uint64_t)31;
+  uint64_t want = t & ~(uint64_t)(HEAD_BLOCK - 1);
   uint64_t cur = atomic_load_explicit(&pool->h->head, memory_order_relaxed);
   while (want > cur) {
     if (atomic_compare_exchange_weak_explicit(&pool->h->head, &cur, want, memory_order_relaxed,
                                               memory_order_relaxed)) {
-      head_bump(pool->h);
+      head_bump_bits(pool->h, head_bits(cur, want));
       return;
     }
   }
@@ -226,13 +243,21 @@ void opt4__pool_head_kick(opt4_pool *pool) {
 
 int opt4__pool_head_wait(opt4_pool *pool, uint64_t seen, uint64_t timeout_ns,
                          const _Atomic uint32_t *unless) {
+  return opt4__pool_head_wait_for(pool, seen + 1, timeout_ns, unless); /* head only grows */
+}
+
+int opt4__pool_head_wait_for(opt4_pool *pool, uint64_t target, uint64_t timeout_ns,
+                             const _Atomic uint32_t *unless) {
   pool_header *h = pool->h;
+  /* head is a multiple of HEAD_BLOCK: reaching target is reaching its block. */
+  const uint64_t block = (target + HEAD_BLOCK - 1) / HEAD_BLOCK;
+  const uint32_t bit = 1u << (block % 32);
   atomic_fetch_add(&h->head_waiters, 1);
   uint32_t seq = atomic_load(&h->head_seq);
   int timed_out = 0;
-  if (atomic_load(&h->head) == seen && !atomic_load(&pool->interrupted) &&
+  if (atomic_load(&h->head) < target && !atomic_load(&pool->interrupted) &&
       (unless == NULL || atomic_load(unless) == 0) && (pool->park == NULL || atomic_load(pool->park) == 0))
-    timed_out = opt4__futex_wait(&h->head_seq, seq, timeout_ns, 1);
+    timed_out = opt4__futex_wait_bits(&h->head_seq, seq, timeout_ns, 1, bit);
   atomic_fetch_sub(&h->head_waiters, 1);
   return timed_out;
 }

@@ -6,6 +6,9 @@
  * thread's lock, as Python callbacks need the GIL). */
 #include "pool_util.h"
 
+#include "internal.h"
+#include "layout.h"
+
 #include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -680,6 +683,82 @@ static void test_dormant_threads(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* A sleeper on the consumers' head waits for its own block: moves of head
+ * below it do not wake it (the idle prefetch threads used to wake, all of
+ * them, at every move), the move that reaches it does, and a kick wakes
+ * it wherever head is. And opt4__pool_prefetch_ready_at never says later
+ * than the block before an item's own. */
+typedef struct head_waiter {
+  opt4_pool *pool;
+  uint64_t target;
+  _Atomic int done;
+  _Atomic uint64_t head_at_return;
+  int timed_out;
+} head_waiter;
+
+static void *wait_for_head(void *arg) {
+  head_waiter *w = arg;
+  w->timed_out = opt4__pool_head_wait_for(w->pool, w->target, (uint64_t)10 * 1000000000u, NULL);
+  atomic_store(&w->head_at_return, opt4__pool_head(w->pool));
+  atomic_store(&w->done, 1);
+  return NULL;
+}
+
+static int wait_done(head_waiter *w, int ms) {
+  for (int i = 0; i < ms && !atomic_load(&w->done); i++) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  return atomic_load(&w->done);
+}
+
+static void test_head_wait_for_its_block(void) {
+  const uint32_t N = 100;
+  uint32_t items = N;
+  opt4_source *src = NULL;
+  ASSERT_OK(opt4_source_create(&slow_ops, &items, &src));
+  opt4_plan *plan = random_plan(2000, N, 50, 43);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 8};
+  opt4_pool *pool = NULL, *other = NULL;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  ASSERT_OK(opt4_pool_attach(opt4_pool_name(pool), &other));
+  for (uint64_t t = 0; t < in.accesses; t++) {
+    const uint64_t r = opt4__pool_prefetch_ready_at(pool, t);
+    ASSERT(r + HEAD_BLOCK - 1 <= t || (t < HEAD_BLOCK - 1 && r == 0));
+  }
+  served c = {0, 0, 0, 0};
+  head_waiter w = {other, 10 * HEAD_BLOCK, 0, 0, 0};
+  pthread_t th;
+  ASSERT(pthread_create(&th, NULL, wait_for_head, &w) == 0);
+  uint64_t t = 0;
+  for (; t < 7 * HEAD_BLOCK; t++) serve(pool, src, t, &c); /* head moves through blocks 1 to 6 */
+  ASSERT_U64_EQ(opt4__pool_head(pool), 6 * HEAD_BLOCK);
+  ASSERT(!wait_done(&w, 50)); /* none of those moves woke it */
+  for (; t <= 10 * HEAD_BLOCK; t++) serve(pool, src, t, &c);
+  ASSERT(wait_done(&w, 5000));
+  ASSERT(!w.timed_out);
+  ASSERT(atomic_load(&w.head_at_return) >= 10 * HEAD_BLOCK);
+  ASSERT(pthread_join(th, NULL) == 0);
+  /* Far ahead, then a kick: it wakes at once, head short of its block. */
+  head_waiter far = {other, 40 * HEAD_BLOCK, 0, 0, 0};
+  ASSERT(pthread_create(&th, NULL, wait_for_head, &far) == 0);
+  ASSERT(!wait_done(&far, 30));
+  opt4__pool_head_kick(pool);
+  ASSERT(wait_done(&far, 5000));
+  ASSERT(!far.timed_out);
+  ASSERT(atomic_load(&far.head_at_return) < 40 * HEAD_BLOCK);
+  ASSERT(pthread_join(th, NULL) == 0);
+  ASSERT_U64_EQ(c.wrong, 0);
+  opt4_pool_close(other);
+  ASSERT_OK(opt4_pool_unlink(pool));
+  opt4_pool_close(pool);
+  opt4_plan_close(plan);
+  opt4_source_close(src);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 int main(void) {
   RUN(test_records_source);
   RUN(test_create_checks);
@@ -689,5 +768,6 @@ int main(void) {
   RUN(test_depth_grows);
   RUN(test_depth_shrinks);
   RUN(test_dormant_threads);
+  RUN(test_head_wait_for_its_block);
   return 0;
 }

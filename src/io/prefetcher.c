@@ -9,8 +9,10 @@
  * back so the consumer loads it. When it can do nothing (the window has
  * nothing to claim, or what it holds must wait for the consumers to come
  * near) it sleeps on the consumers' progress word in the pool, woken when
- * they move it (opt4__pool_head_wait), so a thread that is ahead costs no
- * CPU.
+ * they reach the block it waits for (opt4__pool_head_wait_for: the next
+ * one when it can claim more, else the one where its earliest held item
+ * may find its place), so a thread that is ahead costs no CPU, and one
+ * whose item must wait is not woken by every move of the consumers.
  *
  * Depth. The threads reading at once are the reads in flight: a blocking
  * source (pread, a Python call) has one read per thread. How many the

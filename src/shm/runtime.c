@@ -190,7 +190,10 @@ static void count_read(opt4_pool *pool, page_state *ps, uint32_t g) {
  * then bumps head_seq, then reads head_waiters, all sequentially
  * consistent. Either the mover sees the sleeper announced and wakes it, or
  * the sleeper's announcement comes after the mover's read: then its read of
- * head_seq comes after the bump, and its check sees the new head. The
+ * head_seq comes after the bump, and its check sees the new head. A sleeper
+ * waits for head to reach a block and sleeps on that block's bit; the mover
+ * wakes the bits of every block it reached, so a sleeper whose block was
+ * reached is among those woken, and the argument holds per bit. The
  * same holds for opt4_pool_interrupt and opt4__pool_head_kick, which bump
  * head_seq after they set what the sleeper checks (interrupted, park). */
 

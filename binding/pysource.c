@@ -16,6 +16,17 @@
  * is in; the prepare handler then finds them parked. A load() that forks
  * itself is the forking thread and is not waited for.
  *
+ * Thread states. A thread keeps one Python thread state for its life: the
+ * first call it makes takes one (PyGILState_Ensure, then
+ * PyEval_SaveThread, the idiom for a thread that enters Python again and
+ * again), and each call after that only takes and gives back the GIL. A
+ * thread state made and dropped per call, as PyGILState_Ensure alone does
+ * on a thread Python does not know, costs an allocation and its frame
+ * stack each time. The states are listed here and deleted when the source
+ * is closed: with the GIL, after the prefetcher has stopped (its threads
+ * are joined), in the process that made them (a forked child's Python
+ * deleted its copies of other threads' states when it forked).
+ *
  * Exit. A thread that takes the GIL while the interpreter finalizes is
  * ended by CPython on the spot; the loader stops its prefetcher before
  * that (weakref.finalize, which runs at exit), and a read that finds the
@@ -23,7 +34,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "opt4.h"
 #include "binding.h"
@@ -31,7 +45,45 @@
 typedef struct py_source {
   PyObject *load; /* strong; used and released with the GIL only */
   uint64_t items, max_size;
+  /* Each prefetch thread's own thread state (see the top), under lock. */
+  pthread_mutex_t lock;
+  PyThreadState **states;
+  size_t n_states, cap_states;
+  pid_t pid;
 } py_source;
+
+/* This thread's thread state for source s, kept since its first call here
+ * (a thread serves one prefetcher, so one source). */
+static _Thread_local const py_source *tl_source;
+
+/* Take this thread's own thread state for s, on its first call: made with
+ * the GIL, then the GIL given back with the state kept, and listed (no lock
+ * is held while the GIL is taken). When the list cannot grow, the state is
+ * dropped again and the calls go through PyGILState_Ensure alone. */
+static void own_state(py_source *s) {
+  if (tl_source == s) return;
+  PyGILState_STATE g = PyGILState_Ensure(); /* released only if it cannot be listed */
+  PyThreadState *ts = PyEval_SaveThread();
+  pthread_mutex_lock(&s->lock);
+  int ok = s->n_states < s->cap_states;
+  if (!ok) {
+    size_t cap = s->cap_states ? 2 * s->cap_states : 16;
+    PyThreadState **grown = realloc(s->states, cap * sizeof *grown);
+    if (grown != NULL) {
+      s->states = grown;
+      s->cap_states = cap;
+      ok = 1;
+    }
+  }
+  if (ok) s->states[s->n_states++] = ts;
+  pthread_mutex_unlock(&s->lock);
+  if (ok) {
+    tl_source = s;
+  } else {
+    PyEval_RestoreThread(ts);
+    PyGILState_Release(g);
+  }
+}
 
 static int finalizing(void) {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -110,7 +162,8 @@ static int ps_submit(void *state, opt4_source_read *reads, size_t n) {
       reads[i].status = OPT4_EIO;
       continue;
     }
-    PyGILState_STATE g = PyGILState_Ensure();
+    own_state(s);
+    PyGILState_STATE g = PyGILState_Ensure(); /* this thread's own state: the GIL only */
     reads[i].status = ps_call(s, &reads[i]);
     PyGILState_Release(g);
   }
@@ -119,7 +172,16 @@ static int ps_submit(void *state, opt4_source_read *reads, size_t n) {
 
 static void ps_close(void *state) {
   py_source *s = state;
-  /* Closed with the GIL held (the Prefetcher's dealloc, or a failed start). */
+  /* Closed with the GIL held (the Prefetcher's dealloc, or a failed start),
+   * the threads joined: their states go, in the process that made them. */
+  if (getpid() == s->pid) {
+    for (size_t i = 0; i < s->n_states; i++) {
+      PyThreadState_Clear(s->states[i]);
+      PyThreadState_Delete(s->states[i]);
+    }
+  }
+  free(s->states);
+  pthread_mutex_destroy(&s->lock);
   Py_XDECREF(s->load);
   PyMem_RawFree(s);
 }
@@ -139,6 +201,8 @@ int opt4py_py_source(PyObject *load, uint64_t items, uint64_t max_size, opt4_sou
   s->load = Py_NewRef(load);
   s->items = items;
   s->max_size = max_size;
+  pthread_mutex_init(&s->lock, NULL);
+  s->pid = getpid();
   return opt4_source_create(&ops, s, out); /* closes s when it fails */
 }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import numpy as np
@@ -285,6 +286,52 @@ def test_thread_prefetch_for_any_dataset(tmp_path) -> None:
         assert counter.stat().st_size - probed == st["plan_misses"], st
     finally:
         loader.cache.close()
+
+
+class PerThreadHandle(torch.utils.data.Dataset):
+    """Opens a "handle" once per thread, kept in a threading.local, as
+    datasets do with files, LMDB environments or object-store clients."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.local = threading.local()
+        self.opens: list[int] = []  # list.append is atomic
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if getattr(self.local, "handle", None) is None:
+            self.local.handle = object()
+            self.opens.append(threading.get_ident())
+        time.sleep(0.0005)
+        return torch.full((4,), i)
+
+
+def test_a_prefetch_thread_keeps_its_python_thread_state() -> None:
+    """Each C prefetch thread calls the dataset with one Python thread state
+    for its life (binding/pysource.c), so what the dataset keeps in a
+    threading.local lasts: a handle is opened once per thread, not once per
+    load. With a thread state made and dropped per call, every prefetched
+    load opened one again."""
+    ds = PerThreadHandle(N_ITEMS)
+    loader = opt4torch.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=5, num_workers=0, cache_items=CAPACITY,
+                                  epochs=EPOCHS, prefetch=True, prefetch_threads=4, prefetch_max_threads=4)
+    try:
+        seq = loader.cache.plan.seq
+        t = 0
+        for _ in range(EPOCHS):
+            for x in loader:
+                for row in x:
+                    assert int(row[0]) == int(seq[t])
+                    t += 1
+        st = loader.cache.stats()
+        assert st["hits"] == st["plan_hits"] and st["prefetched"] > 50, st
+        threads = st["prefetcher"]["threads"]
+    finally:
+        loader.cache.close()
+    # The main thread's (sizing, and the misses it loaded itself), and one a prefetch thread.
+    assert len(ds.opens) <= 1 + threads, (len(ds.opens), st["prefetched"])
 
 
 def test_head_start_starts_as_many_readers_as_it_has_misses(record_path: str) -> None:

@@ -550,18 +550,27 @@ static const opt4_source_ops slow_ops = {
  * so the prefetcher adds threads, up to max_threads. A fork in the middle
  * finds every thread, reading or dormant, parked. Every position is served
  * exactly. With max_threads 0 (the same as threads) the depth is fixed. */
+/* A plan of T accesses over n items (capacity c, from seed) and a pool for
+ * it with `slots` staging slots; *in gets the plan's figures (if not NULL). */
+static opt4_pool *slow_pool(uint64_t T, uint64_t n, uint64_t c, uint64_t seed, uint64_t slots, opt4_plan **plan,
+                            opt4_plan_info *in) {
+  *plan = random_plan(T, n, c, seed);
+  if (in != NULL) ASSERT_OK(opt4_plan_info_get(*plan, in));
+  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = slots};
+  opt4_pool *pool = NULL;
+  ASSERT_OK(opt4_pool_create(*plan, &o, &pool));
+  return pool;
+}
+
 static void test_depth_grows(void) {
   const uint32_t N = 300;
   uint32_t items = N;
   opt4_source *src = NULL;
   ASSERT_OK(opt4_source_create(&slow_ops, &items, &src));
   for (int fixed = 0; fixed < 2; fixed++) {
-    opt4_plan *plan = random_plan(3000, N, 90, 31 + (uint64_t)fixed);
+    opt4_plan *plan = NULL;
     opt4_plan_info in;
-    ASSERT_OK(opt4_plan_info_get(plan, &in));
-    opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 16};
-    opt4_pool *pool = NULL;
-    ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+    opt4_pool *pool = slow_pool(3000, N, 90, 31 + (uint64_t)fixed, 16, &plan, &in);
     opt4_prefetcher_opts po = {fixed ? 2 : 1, fixed ? 0 : 24, 256, NULL, NULL, 0};
     opt4_prefetcher *pf = NULL;
     ASSERT_OK(opt4_prefetcher_start_source(opt4_pool_name(pool), src, &po, &pf));
@@ -604,12 +613,9 @@ static void test_depth_shrinks(void) {
   uint32_t items = N;
   opt4_source *src = NULL;
   ASSERT_OK(opt4_source_create(&slow_ops, &items, &src));
-  opt4_plan *plan = random_plan(3000, N, 90, 41);
+  opt4_plan *plan = NULL;
   opt4_plan_info in;
-  ASSERT_OK(opt4_plan_info_get(plan, &in));
-  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 16};
-  opt4_pool *pool = NULL;
-  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  opt4_pool *pool = slow_pool(3000, N, 90, 41, 16, &plan, &in);
   opt4_prefetcher_opts po = {24, 32, 64, NULL, NULL, 0};
   opt4_prefetcher *pf = NULL;
   ASSERT_OK(opt4_prefetcher_start_source(opt4_pool_name(pool), src, &po, &pf));
@@ -650,10 +656,8 @@ static void test_dormant_threads(void) {
   uint32_t items = N;
   opt4_source *src = NULL;
   ASSERT_OK(opt4_source_create(&slow_ops, &items, &src));
-  opt4_plan *plan = random_plan(1000, N, 30, 37);
-  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 8};
-  opt4_pool *pool = NULL;
-  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  opt4_plan *plan = NULL;
+  opt4_pool *pool = slow_pool(1000, N, 30, 37, 8, &plan, NULL);
   opt4_pool_info before;
   ASSERT_OK(opt4_pool_info_get(pool, &before));
   opt4_prefetcher_opts po = {2, 50, 64, NULL, NULL, 0};
@@ -717,12 +721,9 @@ static void test_head_wait_for_its_block(void) {
   uint32_t items = N;
   opt4_source *src = NULL;
   ASSERT_OK(opt4_source_create(&slow_ops, &items, &src));
-  opt4_plan *plan = random_plan(2000, N, 50, 43);
+  opt4_plan *plan = NULL;
   opt4_plan_info in;
-  ASSERT_OK(opt4_plan_info_get(plan, &in));
-  opt4_pool_opts o = {.page_size = PAGE, .wait_timeout_ms = 20000, .staging_slots = 8};
-  opt4_pool *pool = NULL, *other = NULL;
-  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  opt4_pool *pool = slow_pool(2000, N, 50, 43, 8, &plan, &in), *other = NULL;
   ASSERT_OK(opt4_pool_attach(opt4_pool_name(pool), &other));
   for (uint64_t t = 0; t < in.accesses; t++) {
     const uint64_t r = opt4__pool_prefetch_ready_at(pool, t);

@@ -25,7 +25,12 @@
  * stack each time. The states are listed here and deleted when the source
  * is closed: with the GIL, after the prefetcher has stopped (its threads
  * are joined), in the process that made them (a forked child's Python
- * deleted its copies of other threads' states when it forked).
+ * deleted its copies of other threads' states when it forked). Up to
+ * Python 3.11 only: from 3.12 on, deleting a thread state bound to another
+ * thread unbinds the deleting thread's own (pystate.c,
+ * unbind_gilstate_tstate clears the caller's slot), so there each call
+ * makes and drops its state as before, and a thread-local of the dataset
+ * lasts one call.
  *
  * Exit. A thread that takes the GIL while the interpreter finalizes is
  * ended by CPython on the spot; the loader stops its prefetcher before
@@ -60,8 +65,14 @@ static _Thread_local const py_source *tl_source;
  * the GIL, then the GIL given back with the state kept, and listed (no lock
  * is held while the GIL is taken). When the list cannot grow, the state is
  * dropped again and the calls go through PyGILState_Ensure alone. */
+#if PY_VERSION_HEX < 0x030C0000
+#define KEEP_STATES 1
+#else
+#define KEEP_STATES 0
+#endif
+
 static void own_state(py_source *s) {
-  if (tl_source == s) return;
+  if (!KEEP_STATES || tl_source == s) return;
   PyGILState_STATE g = PyGILState_Ensure(); /* released only if it cannot be listed */
   PyThreadState *ts = PyEval_SaveThread();
   pthread_mutex_lock(&s->lock);

@@ -45,8 +45,9 @@
  * growing and shrinking hold the registry lock (taken with a trylock: a
  * fork or a stop under way skips one look), so that fork and stop see the
  * depth and the handles settled. Idle threads sleep on the
- * consumers' progress word and cost a wake-up whenever it moves: a depth
- * that follows the estimate down saves those wake-ups (test_depth_shrinks:
+ * consumers' progress word and cost a wake-up whenever the consumers reach
+ * the block they wait for: a depth that follows the estimate down saves
+ * those wake-ups (test_depth_shrinks:
  * a slow consumer over 1 ms reads, from 24 threads to 4). A
  * dormant thread holds no lock, so its wait is a safe point for fork
  * (below); it leaves when it is activated, stopped, or the plan has no

@@ -27,24 +27,26 @@ static int get_array(PyObject *obj, Py_ssize_t itemsize, int writable, const cha
 
 static PyObject *node_dict(const opt4_cluster_node *s) {
   return Py_BuildValue(
-      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "accesses", (unsigned long long)s->accesses,
+      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "accesses", (unsigned long long)s->accesses,
       "local_hits", (unsigned long long)s->local_hits, "peer_hits", (unsigned long long)s->peer_hits,
       "admits", (unsigned long long)s->admits, "bypasses", (unsigned long long)s->bypasses,
       "storage_bytes", (unsigned long long)s->storage_bytes, "homed", (unsigned long long)s->homed,
       "peer_items_sent", (unsigned long long)s->peer_items_sent, "peer_items_received",
       (unsigned long long)s->peer_items_received, "peer_bytes_sent", (unsigned long long)s->peer_bytes_sent,
       "peer_bytes_received", (unsigned long long)s->peer_bytes_received, "peak_resident",
-      (unsigned long long)s->peak_resident);
+      (unsigned long long)s->peak_resident, "late", (unsigned long long)s->late);
 }
 
 static PyObject *py_cluster_place(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"plan", "node_of", "capacities", "kinds", "nodes", "item_sizes", "item_bytes", NULL};
-  PyObject *plan_obj, *node_of_obj, *cap_obj, *kinds_obj, *nodes_obj, *sizes_obj = Py_None;
+  static char *kwlist[] = {"plan",       "node_of",    "capacities", "kinds", "nodes",
+                           "item_sizes", "item_bytes", "window_of",  NULL};
+  PyObject *plan_obj, *node_of_obj, *cap_obj, *kinds_obj, *nodes_obj, *sizes_obj = Py_None,
+                                                                        *window_obj = Py_None;
   unsigned long long item_bytes = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|OK", kwlist, &plan_obj, &node_of_obj, &cap_obj,
-                                   &kinds_obj, &nodes_obj, &sizes_obj, &item_bytes))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|OKO", kwlist, &plan_obj, &node_of_obj, &cap_obj,
+                                   &kinds_obj, &nodes_obj, &sizes_obj, &item_bytes, &window_obj))
     return NULL;
-  Py_buffer node_of = {0}, caps = {0}, kinds = {0}, nodes = {0}, sizes = {0};
+  Py_buffer node_of = {0}, caps = {0}, kinds = {0}, nodes = {0}, sizes = {0}, windows = {0};
   opt4_cluster_node *stats = NULL;
   PyObject *result = NULL, *per_node = NULL;
   opt4_plan *plan = NULL;
@@ -53,14 +55,16 @@ static PyObject *py_cluster_place(PyObject *Py_UNUSED(m), PyObject *args, PyObje
   if (get_array(kinds_obj, 1, 1, "kinds", &kinds) < 0) goto leave;
   if (get_array(nodes_obj, 4, 1, "nodes", &nodes) < 0) goto leave;
   if (sizes_obj != Py_None && get_array(sizes_obj, 8, 0, "item_sizes", &sizes) < 0) goto leave;
+  if (window_obj != Py_None && get_array(window_obj, 4, 0, "window_of", &windows) < 0) goto leave;
   Py_ssize_t n_nodes = caps.shape[0];
   if (n_nodes < 1 || (uint64_t)n_nodes >= OPT4_MAX_NODES) {
     PyErr_Format(PyExc_ValueError, "between 1 and %llu nodes, got %zd",
                  (unsigned long long)OPT4_MAX_NODES - 1, n_nodes);
     goto leave;
   }
-  if (kinds.shape[0] != nodes.shape[0] || node_of.shape[0] < kinds.shape[0]) {
-    PyErr_SetString(PyExc_ValueError, "node_of, kinds and nodes must have one entry per position");
+  if (kinds.shape[0] != nodes.shape[0] || node_of.shape[0] < kinds.shape[0] ||
+      (window_obj != Py_None && windows.shape[0] < kinds.shape[0])) {
+    PyErr_SetString(PyExc_ValueError, "node_of, kinds, nodes and window_of must have one entry per position");
     goto leave;
   }
   plan = opt4py_plan_enter(plan_obj);
@@ -84,6 +88,7 @@ static PyObject *py_cluster_place(PyObject *Py_UNUSED(m), PyObject *args, PyObje
   opts.capacity = caps.buf;
   opts.item_sizes = sizes_obj != Py_None ? sizes.buf : NULL;
   opts.item_bytes = item_bytes;
+  opts.window_of = window_obj != Py_None ? windows.buf : NULL;
   opt4_cluster_info info;
   int rc;
   Py_BEGIN_ALLOW_THREADS rc = opt4_cluster_place(plan, &opts, kinds.buf, nodes.buf,
@@ -100,13 +105,14 @@ static PyObject *py_cluster_place(PyObject *Py_UNUSED(m), PyObject *args, PyObje
     PyList_SET_ITEM(per_node, n, d);
   }
   result = Py_BuildValue(
-      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}O", "accesses", (unsigned long long)info.accesses,
+      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}O", "accesses", (unsigned long long)info.accesses,
       "hits", (unsigned long long)info.hits, "local_hits", (unsigned long long)info.local_hits,
       "peer_hits", (unsigned long long)info.peer_hits, "admits", (unsigned long long)info.admits,
       "bypasses", (unsigned long long)info.bypasses, "remote_admits", (unsigned long long)info.remote_admits,
       "storage_bytes", (unsigned long long)info.storage_bytes, "peer_bytes",
       (unsigned long long)info.peer_bytes, "capacity", (unsigned long long)info.capacity, "unplaced",
-      (unsigned long long)info.unplaced, "unplaced_hits", (unsigned long long)info.unplaced_hits, "checksum",
+      (unsigned long long)info.unplaced, "unplaced_hits", (unsigned long long)info.unplaced_hits, "late",
+      (unsigned long long)info.late, "checksum",
       (unsigned long long)info.checksum, per_node);
 
 leave:
@@ -118,12 +124,14 @@ leave:
   if (kinds.obj != NULL) PyBuffer_Release(&kinds);
   if (nodes.obj != NULL) PyBuffer_Release(&nodes);
   if (sizes.obj != NULL) PyBuffer_Release(&sizes);
+  if (windows.obj != NULL) PyBuffer_Release(&windows);
   return result;
 }
 
 static PyMethodDef cluster_functions[] = {
     {"cluster_place", (PyCFunction)(void (*)(void))py_cluster_place, METH_VARARGS | METH_KEYWORDS,
-     "cluster_place(plan, node_of, capacities, kinds, nodes, item_sizes=None, item_bytes=0) -> (info, per_node)"},
+     "cluster_place(plan, node_of, capacities, kinds, nodes, item_sizes=None, item_bytes=0, window_of=None) "
+     "-> (info, per_node)"},
     {NULL, NULL, 0, NULL}};
 
 int opt4py_cluster_init(PyObject *m) {
@@ -131,6 +139,7 @@ int opt4py_cluster_init(PyObject *m) {
       PyModule_AddIntConstant(m, "CLUSTER_PEER_HIT", OPT4_CLUSTER_PEER_HIT) < 0 ||
       PyModule_AddIntConstant(m, "CLUSTER_ADMIT", OPT4_CLUSTER_ADMIT) < 0 ||
       PyModule_AddIntConstant(m, "CLUSTER_BYPASS", OPT4_CLUSTER_BYPASS) < 0 ||
+      PyModule_AddIntConstant(m, "CLUSTER_LATE", OPT4_CLUSTER_LATE) < 0 ||
       PyModule_AddIntConstant(m, "CLUSTER_NONE", (long)OPT4_CLUSTER_NONE) < 0)
     return -1;
   return PyModule_AddFunctions(m, cluster_functions);

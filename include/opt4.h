@@ -357,11 +357,38 @@ int opt4_plan_load_buffer(const void *buf, size_t len, opt4_plan **out);
  *   BYPASS     read from storage by the reader and not kept (node:
  *              OPT4_CLUSTER_NONE). An aggregate ADMIT that no HIT ever reads
  *              (the aggregate plan evicts it before its next use) is a
- *              BYPASS here: keeping it anywhere would serve nothing. */
+ *              BYPASS here: keeping it anywhere would serve nothing;
+ *   LATE       with windows only (below): a read of a generation that a node
+ *              holds, or will hold, but that cannot reach the reader in time;
+ *              read from storage by the reader and not kept (node: the
+ *              generation's home). The generation goes on for its later
+ *              reads.
+ *
+ * Windows. At run time the nodes exchange items in windows of a fixed
+ * number of steps: in window k every node sends each other node what that
+ * node reads from it in window k + 1, and it can send only what it holds
+ * when window k starts (docs/cluster.md, "The run time"). With window_of
+ * (each position's window, non-decreasing) the placement keeps to that.
+ * A generation admitted at position s, in window w = window_of[s]:
+ *   - kept by its reader's node (home == reader): that node reads it
+ *     locally from s on, and can send it from window w + 1, so a peer reads
+ *     it from window w + 2 on;
+ *   - kept elsewhere: the reader sends it to its home in window w + 1, so
+ *     the home reads it from window w + 2 on and sends it from there, and a
+ *     peer reads it from window w + 3 on.
+ * A read of the generation before that is LATE. Rule 1 above then takes the
+ * next reader's node only if that is the reader's own or its next read is
+ * in window w + 2 or later; otherwise rules 2 and 3 as before. A
+ * generation kept away that ends with no read in time would be sent for
+ * nothing: its ADMIT is a BYPASS then (its home's capacity stays counted
+ * for it, as placed). Without
+ * window_of (NULL) nothing is ever LATE: the plan assumes transfers arrive
+ * whenever they are due. */
 #define OPT4_CLUSTER_LOCAL_HIT 0u
 #define OPT4_CLUSTER_PEER_HIT 1u
 #define OPT4_CLUSTER_ADMIT 2u
 #define OPT4_CLUSTER_BYPASS 3u
+#define OPT4_CLUSTER_LATE 4u
 #define OPT4_CLUSTER_NONE UINT32_MAX
 /* Node ids are below this. */
 #define OPT4_MAX_NODES ((uint64_t)1 << 20)
@@ -380,6 +407,9 @@ typedef struct opt4_cluster_opts {
    * the plan's own item sizes). */
   const uint64_t *item_sizes;
   uint64_t item_bytes;
+  /* Each position's transfer window (T entries, non-decreasing), or NULL
+   * for none: see "Windows" above. */
+  const uint32_t *window_of;
 } opt4_cluster_opts;
 
 /* One node's share of a cluster plan. */
@@ -388,19 +418,20 @@ typedef struct opt4_cluster_node {
   uint64_t local_hits;
   uint64_t peer_hits;      /* its reads served by a peer */
   uint64_t admits;         /* its storage reads that are kept (here or at a peer) */
-  uint64_t bypasses;       /* its storage reads that are not kept */
+  uint64_t bypasses;       /* its storage reads that are not kept, LATE ones included */
   uint64_t storage_bytes;  /* bytes it reads from storage (admits + bypasses) */
   uint64_t homed;          /* generations kept here */
   uint64_t peer_items_sent, peer_items_received;
   uint64_t peer_bytes_sent, peer_bytes_received;
   uint64_t peak_resident;  /* most generations (pages) held here at once, <= capacity */
+  uint64_t late;           /* its LATE reads (counted in bypasses too) */
 } opt4_cluster_node;
 
 /* The cluster's totals. */
 typedef struct opt4_cluster_info {
   uint64_t accesses;
   uint64_t hits;           /* local_hits + peer_hits: the aggregate plan's hits,
-                            * less unplaced_hits */
+                            * less unplaced_hits and late */
   uint64_t local_hits, peer_hits;
   uint64_t admits, bypasses;
   uint64_t remote_admits;  /* admits kept away from the node that read them */
@@ -411,9 +442,12 @@ typedef struct opt4_cluster_info {
    * pages (free pages spread over nodes), and the aggregate plan's hits of
    * them; those reads are BYPASSes. 0 for plans in items. */
   uint64_t unplaced, unplaced_hits;
+  /* With windows: the aggregate plan's hits that are LATE. */
+  uint64_t late;
   /* XXH3-64 of the plan's fingerprint and capacity, the node count and
-   * capacities, and every position's reader, kind and node (native byte
-   * order): equal on every rank that planned the same cluster. */
+   * capacities, every position's reader, kind and node, and the windows
+   * when given (native byte order): equal on every rank that planned the
+   * same cluster. */
   uint64_t checksum;
 } opt4_cluster_info;
 
@@ -427,7 +461,8 @@ typedef struct opt4_cluster_info {
  * OPT4_ETOOBIG (n_nodes >= OPT4_MAX_NODES), OPT4_ENOPLAN (a plan without
  * decisions), OPT4_ECAPACITY (the nodes' total is 0 or smaller than the
  * plan's slots, or pages; the detail gives both),
- * OPT4_ERANGE (a node id >= n_nodes; the detail names the position),
+ * OPT4_ERANGE (a node id >= n_nodes, or a window smaller than the one
+ * before it; the detail names the position),
  * OPT4_ECORRUPT (a plan whose residents would not fit: not one the engine
  * built or validated), OPT4_ENOMEM. On failure the buffers hold nothing
  * meaningful. Thread safety: reads the plan only; any number of threads may

@@ -35,6 +35,7 @@ CLUSTER_LOCAL_HIT: int
 CLUSTER_PEER_HIT: int
 CLUSTER_ADMIT: int
 CLUSTER_BYPASS: int
+CLUSTER_LATE: int
 CLUSTER_NONE: int
 
 class Opt4Error(Exception):
@@ -93,7 +94,7 @@ def mem_stats() -> dict[str, int]: ...
 # binding/cluster.c: fills kinds (uint8) and nodes (uint32), one per position;
 # returns the totals and one dict of counts per node.
 def cluster_place(plan: Plan, node_of: Buffer, capacities: Buffer, kinds: Buffer, nodes: Buffer,
-                  item_sizes: Buffer | None = None, item_bytes: int = 0
+                  item_sizes: Buffer | None = None, item_bytes: int = 0, window_of: Buffer | None = None
                   ) -> tuple[dict[str, int], list[dict[str, int]]]: ...
 def mem_peak_reset() -> None: ...
 

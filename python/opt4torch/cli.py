@@ -932,7 +932,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="items of lognormal sizes (mean --item-bytes, S the sigma of the log), caches in "
                         "bytes (default: %(default)s: one size, caches in items)")
     p.add_argument("--window", type=int, default=8, metavar="STEPS",
-                   help="steps per all_to_all window for the busiest-link column (default: %(default)s)")
+                   help="steps per all_to_all window: the busiest-link column, and late_hit_rate, the "
+                        "hits a plan for such windows reads from storage (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="what to print (default: %(default)s)")

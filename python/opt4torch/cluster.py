@@ -13,7 +13,11 @@ is then
 * ``LOCAL_HIT``: the reader's node holds the item;
 * ``PEER_HIT``: another node holds it and sends a copy (the item stays);
 * ``ADMIT``: read from storage by the reader and kept at its home node;
-* ``BYPASS``: read from storage and not kept.
+* ``BYPASS``: read from storage and not kept;
+* ``LATE`` (with ``window=``, see :func:`cluster_plan`): a read of a
+  generation another node holds, or its home receives, that cannot arrive in
+  time at run time, where nodes exchange items a window ahead: read from
+  storage and not kept.
 
 This is the planning side of issue 18; the transfers between nodes at run
 time (torch.distributed, gloo) are not built yet (docs/cluster.md).
@@ -33,13 +37,14 @@ from ._engine import InvalidInputError
 from ._plan import Plan, as_sequence
 from ._plan import plan as build_plan
 
-__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "NODE_ENV", "NODE_KEYS", "ClusterPlan", "Timeline",
+__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_ENV", "NODE_KEYS", "ClusterPlan", "Timeline",
            "cluster_plan", "global_timeline", "interleave", "job_plan", "node_of_this_rank"]
 
 LOCAL_HIT: int = _engine.CLUSTER_LOCAL_HIT
 PEER_HIT: int = _engine.CLUSTER_PEER_HIT
 ADMIT: int = _engine.CLUSTER_ADMIT
 BYPASS: int = _engine.CLUSTER_BYPASS
+LATE: int = _engine.CLUSTER_LATE
 _NONE = _engine.CLUSTER_NONE
 
 #: The per-node counts :meth:`ClusterPlan.node_stats` gives. ``local_hits``,
@@ -49,7 +54,7 @@ _NONE = _engine.CLUSTER_NONE
 NODE_KEYS: tuple[str, ...] = (
     "capacity", "accesses", "local_hits", "peer_hits", "storage_reads", "admits", "bypasses",
     "plan_storage_bytes", "homed", "peer_items_sent", "peer_items_received", "peer_bytes_sent",
-    "peer_bytes_received", "peak_resident",
+    "peer_bytes_received", "peak_resident", "late",
 )
 
 
@@ -169,12 +174,12 @@ class ClusterPlan:
     node its counts, and a checksum that every rank planning the same cluster
     gets. Build one with :func:`cluster_plan`."""
 
-    __slots__ = ("plan", "timeline", "reader", "capacities", "kinds", "page_size", "_nodes", "_info",
+    __slots__ = ("plan", "timeline", "reader", "capacities", "kinds", "page_size", "window", "_nodes", "_info",
                  "_per_node", "_sizes", "_item_bytes")
 
     def __init__(self, plan: Plan, timeline: Timeline, reader: np.ndarray, capacities: np.ndarray,
                  kinds: np.ndarray, nodes: np.ndarray, info: dict[str, int], per_node: list[dict[str, int]],
-                 sizes: np.ndarray | None, item_bytes: int, page_size: int = 0) -> None:
+                 sizes: np.ndarray | None, item_bytes: int, page_size: int = 0, window: int | None = None) -> None:
         #: The aggregate plan (Belady over the timeline at the total capacity).
         self.plan = plan
         self.timeline = timeline
@@ -185,7 +190,9 @@ class ClusterPlan:
         self.capacities = capacities
         #: 0 for a plan in items.
         self.page_size = page_size
-        #: LOCAL_HIT, PEER_HIT, ADMIT or BYPASS per position (uint8).
+        #: Steps a transfer window (``None``: transfers assumed in time).
+        self.window = window
+        #: LOCAL_HIT, PEER_HIT, ADMIT, BYPASS or LATE per position (uint8).
         self.kinds = kinds
         self._nodes = nodes
         self._info = info
@@ -199,7 +206,8 @@ class ClusterPlan:
 
     @property
     def nodes(self) -> npt.NDArray[np.int64]:
-        """Per position: an ADMIT's home, the node a hit reads, -1 for a BYPASS."""
+        """Per position: an ADMIT's home, the node a hit reads (for a LATE
+        read, the node that holds it), -1 for a BYPASS."""
         out = self._nodes.astype(np.int64)
         out[self._nodes == _NONE] = -1
         return out
@@ -219,6 +227,18 @@ class ClusterPlan:
     def unplaced_hits(self) -> int:
         """The aggregate plan's hits lost to :attr:`unplaced` generations."""
         return int(self._info["unplaced_hits"])
+
+    @property
+    def late(self) -> int:
+        """With windows: the aggregate plan's hits that cannot arrive in
+        time, read from storage instead (:data:`LATE`)."""
+        return int(self._info["late"])
+
+    def windows(self) -> npt.NDArray[np.int64]:
+        """Each position's transfer window (its step // :attr:`window`)."""
+        if self.window is None:
+            raise InvalidInputError("this plan has no windows: plan with window= (steps a window)")
+        return self.timeline.step // self.window
 
     @property
     def n_nodes(self) -> int:
@@ -254,6 +274,7 @@ class ClusterPlan:
 
     @property
     def storage_reads(self) -> int:
+        """Admits and bypasses (LATE reads included)."""
         return self.admits + self.bypasses
 
     @property
@@ -304,6 +325,7 @@ class ClusterPlan:
                 "peer_bytes_sent": d["peer_bytes_sent"],
                 "peer_bytes_received": d["peer_bytes_received"],
                 "peak_resident": d["peak_resident"],
+                "late": d["late"],
             })
         return out
 
@@ -311,7 +333,9 @@ class ClusterPlan:
         """Every transfer between nodes, in timeline order: ``position``,
         ``step``, ``src``, ``dst``, ``item``, ``bytes`` and ``kind`` (PEER_HIT:
         the holder sends a copy to the reader; ADMIT: the reader sends what
-        it read from storage to the item's home)."""
+        it read from storage to the item's home). A plan with windows adds
+        ``window``, the window the transfer is sent in: the one before the
+        peer hit's, the one after the ADMIT's."""
         kinds, raw, reader = self.kinds, self._nodes, self.reader
         peer = kinds == PEER_HIT
         away = (kinds == ADMIT) & (raw != reader)
@@ -320,8 +344,11 @@ class ClusterPlan:
         src = np.where(is_peer, raw[pos], reader[pos]).astype(np.int64)
         dst = np.where(is_peer, reader[pos], raw[pos]).astype(np.int64)
         item = self.seq[pos]
-        return {"position": pos, "step": self.timeline.step[pos], "src": src, "dst": dst, "item": item,
-                "bytes": self.item_size(item), "kind": kinds[pos]}
+        out = {"position": pos, "step": self.timeline.step[pos], "src": src, "dst": dst, "item": item,
+               "bytes": self.item_size(item), "kind": kinds[pos]}
+        if self.window is not None:
+            out["window"] = self.windows()[pos] + np.where(is_peer, -1, 1)
+        return out
 
     def for_node(self, node: int) -> dict[str, Any]:
         """The part of the plan that concerns one node: the positions it
@@ -360,6 +387,8 @@ class ClusterPlan:
             "page_size": self.page_size,
             "unplaced": self.unplaced,
             "unplaced_hits": self.unplaced_hits,
+            "window": self.window,
+            "late": self.late,
             "hit_rate": self.hits / T if T else 0.0,
             "local_hit_rate": self.local_hits / T if T else 0.0,
             "peer_hit_rate": self.peer_hits / T if T else 0.0,
@@ -403,7 +432,7 @@ def _choose_page(sizes: np.ndarray) -> int:
 def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None, capacity_per_node: Any = None,
                  *, cache_bytes: Any = None, page_size: int | None = None, items: int | None = None,
                  batch_size: int = 1, item_bytes: int = 1, item_sizes: Any = None,
-                 progress: bool | None = None) -> ClusterPlan:
+                 window: int | None = None, progress: bool | None = None) -> ClusterPlan:
     """Plan one OPT cache over several nodes.
 
     ``seqs_by_rank[r]`` is rank r's order (an array, or a list of arrays, one
@@ -424,7 +453,20 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
     item), the aggregate plan size-aware Belady (a heuristic with unequal
     sizes), and a generation needs its pages on one node; one that finds no
     such node is read from storage instead (:attr:`ClusterPlan.unplaced`).
+
+    ``window`` (steps): plan for the run time's transfers, which go a
+    window ahead. In window k each node sends each other node what it reads
+    from it in window k + 1, and only what it holds when window k starts.
+    A generation kept by the node that read it from storage serves its
+    peers from two windows after its ADMIT's; one kept elsewhere reaches
+    its home then, and its peers a window later. Earlier reads are
+    :data:`LATE` (from storage, counted in ``plan_storage_bytes``), and a
+    generation goes to its next reader's node only when it can get there in
+    time (docs/cluster.md). ``None``: transfers are assumed always in time.
     """
+    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer))
+                               or window < 1):
+        raise InvalidInputError(f"window must be a positive number of steps, or None, got {window!r}")
     timeline = global_timeline(seqs_by_rank, batch_size)
     world = len(seqs_by_rank)
     if node_of_rank is None:
@@ -477,9 +519,17 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
     reader = np.ascontiguousarray(node_of[timeline.rank], dtype=np.uint32)
     kinds = np.empty(seq.size, dtype=np.uint8)
     nodes = np.empty(seq.size, dtype=np.uint32)
-    info, per_node = _engine.cluster_place(aggregate._h, reader, caps, kinds, nodes, sizes, int(item_bytes))
+    window_of = None
+    if window is not None:
+        w = timeline.step // int(window)
+        if w.size and int(w[-1]) > 0xFFFF_FFFF:
+            raise InvalidInputError(f"window={window} makes {int(w[-1]) + 1} windows; the limit is 2**32")
+        window_of = np.ascontiguousarray(w, dtype=np.uint32)
+    info, per_node = _engine.cluster_place(aggregate._h, reader, caps, kinds, nodes, sizes, int(item_bytes),
+                                           window_of)
     return ClusterPlan(aggregate, timeline, reader, caps.astype(np.int64), kinds, nodes, info, per_node,
-                       None if sizes is None else sizes.astype(np.int64), int(item_bytes), page)
+                       None if sizes is None else sizes.astype(np.int64), int(item_bytes), page,
+                       None if window is None else int(window))
 
 
 # ---- a job under torch.distributed (torchrun) ----
@@ -534,7 +584,7 @@ def _disagreement(everyone: Sequence[dict[str, Any]]) -> str | None:
 
 def job_plan(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any = None,
              cache_bytes: Any = None, item_sizes: Any = None, item_bytes: int = 1,
-             page_size: int | None = None, progress: bool | None = None,
+             page_size: int | None = None, window: int | None = None, progress: bool | None = None,
              group: Any = None) -> tuple[ClusterPlan, int]:
     """The cluster plan of a job under torch.distributed, the same on every
     rank, and this rank's node (an index into the plan's nodes).
@@ -545,11 +595,11 @@ def job_plan(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: A
     cluster, so no plan is sent anywhere. Before planning, the ranks compare
     what must agree (the sampler's class, seed, shuffle, drop_last and
     replica count, the dataset's length, ``epochs``, ``batch_size``, the
-    capacity, how many item sizes): a difference raises ``ValueError`` on
+    capacity, the window, how many item sizes): a difference raises ``ValueError`` on
     every rank, naming the fact and each rank's value. After, they compare
     the plans' checksums, which catches what the facts cannot see (item sizes
     that differ between nodes, a sampler whose order depends on the rank's
-    own state). Node ids (:func:`node_of_this_rank`) are numbered densely in
+    own state). ``window``: as in :func:`cluster_plan`. Node ids (:func:`node_of_this_rank`) are numbered densely in
     the plan, in increasing order. The exchanges run on ``group`` (default: a
     gloo group of its own, made here: a collective, as is every call).
     """
@@ -573,7 +623,7 @@ def job_plan(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: A
     facts = {**_sampler_facts(sampler), "epochs": epochs, "batch_size": batch_size,
              "capacity_per_node": None if capacity_per_node is None else np.asarray(capacity_per_node).tolist(),
              "cache_bytes": None if cache_bytes is None else np.asarray(cache_bytes).tolist(),
-             "page_size": page_size, "item_bytes": item_bytes,
+             "page_size": page_size, "item_bytes": item_bytes, "window": window,
              "item_sizes": None if sizes is None else int(sizes.size)}
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, {"node": node, "facts": facts}, group=group)
@@ -587,7 +637,8 @@ def job_plan(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: A
     node_of_rank = [node_ids.index(int(e["node"])) for e in everyone]
     seqs = capture_ranks(sampler, epochs, progress=progress)
     plan = cluster_plan(seqs, node_of_rank, capacity_per_node, cache_bytes=cache_bytes, page_size=page_size,
-                        batch_size=batch_size, item_bytes=item_bytes, item_sizes=sizes, progress=progress)
+                        batch_size=batch_size, item_bytes=item_bytes, item_sizes=sizes, window=window,
+                        progress=progress)
     sums: list[Any] = [None] * world
     dist.all_gather_object(sums, plan.checksum, group=group)
     if any(s != sums[0] for s in sums):

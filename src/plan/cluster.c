@@ -12,6 +12,13 @@
  *     so the array serves both. A generation continues from t to next(t)
  *     exactly when the plan's op at next(t) is a HIT.
  *
+ * With windows (opts->window_of) each item's current generation also keeps
+ * where and when it was admitted, whether away from its reader, and whether
+ * a read has yet been in time (admitted[x]), which says from which window on
+ * its home reads it and a peer can (opt4.h, "Windows"). A generation kept
+ * away that ends with no read in time would have been sent for nothing: at
+ * its end its ADMIT becomes a BYPASS (forward_undo).
+ *
  * "The node with the most room" is a tournament tree over the nodes: each
  * inner entry holds the better of its two children (more room; on ties the
  * left one, whose ids are lower), so the root is the answer and a change in
@@ -29,7 +36,51 @@ typedef struct cluster_ctx {
   uint32_t *best;  /* 2 * leaves entries: best[1] is the node with most room */
   uint64_t *live;  /* n_nodes */
   uint32_t *home;  /* N: pass 1, last position seen; pass 2, current home */
+  struct admitted *admitted; /* N, with windows only: see the top */
 } cluster_ctx;
+
+struct admitted {
+  uint64_t pos;    /* the generation's ADMIT */
+  uint32_t window; /* its window */
+  uint8_t away;    /* kept away from the node that read it */
+  uint8_t served;  /* a read of it has been in time */
+};
+
+/* With windows: can node `reader` read generation x (at home `home`) in
+ * window w? */
+static int in_time(const cluster_ctx *c, uint32_t x, uint32_t home, uint32_t reader, uint64_t w) {
+  const struct admitted *a = &c->admitted[x];
+  if (reader == home) return !a->away || w >= (uint64_t)a->window + 2;
+  return w >= (uint64_t)a->window + 2 + a->away;
+}
+
+/* Count (times 1) or take back (times UINT64_MAX, that is -1 in unsigned
+ * arithmetic) one transfer of size bytes from src to dst. */
+static void count_transfer(opt4_cluster_node *stats, opt4_cluster_info *info, uint32_t src, uint32_t dst,
+                           uint64_t size, uint64_t times) {
+  stats[src].peer_items_sent += times;
+  stats[src].peer_bytes_sent += times * size;
+  stats[dst].peer_items_received += times;
+  stats[dst].peer_bytes_received += times * size;
+  info->peer_bytes += times * size;
+}
+
+/* With windows, at the end of generation x kept at `home` away from the
+ * node that read it: if no read of it was in time, nothing needed it
+ * there, so its ADMIT is a BYPASS and nothing is sent (counts undone). */
+static void forward_undo(const cluster_ctx *c, uint32_t x, uint32_t home, uint64_t size, const uint32_t *node_of,
+                         uint8_t *kinds, uint32_t *nodes, opt4_cluster_node *stats, opt4_cluster_info *info) {
+  const struct admitted *a = &c->admitted[x];
+  if (!a->away || a->served) return;
+  const uint32_t r = node_of[a->pos];
+  kinds[a->pos] = OPT4_CLUSTER_BYPASS;
+  nodes[a->pos] = OPT4_CLUSTER_NONE;
+  stats[r].admits--;
+  stats[r].bypasses++;
+  stats[home].homed--;
+  info->remote_admits--;
+  count_transfer(stats, info, r, home, size, UINT64_MAX);
+}
 
 static uint32_t better(const cluster_ctx *c, uint32_t a, uint32_t b) {
   return c->room[a] >= c->room[b] ? a : b; /* a is the lower id */
@@ -123,6 +174,8 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
   const size_t best_bytes = (size_t)c.leaves * 2 * sizeof(uint32_t);
   const size_t live_bytes = (size_t)c.n_nodes * sizeof(uint64_t);
   const size_t home_bytes = (size_t)c.N * sizeof(uint32_t);
+  const uint32_t *window_of = opts->window_of;
+  const size_t admitted_bytes = window_of != NULL ? (size_t)c.N * sizeof(struct admitted) : 0;
   const uint32_t *seq = plan->seq;
   const uint32_t *ops = plan->ops;
   const uint32_t *node_of = opts->node_of;
@@ -132,8 +185,10 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
   c.best = opt4__malloc(best_bytes);
   c.live = opt4__calloc(c.n_nodes, sizeof(uint64_t));
   c.home = opt4__malloc(home_bytes);
+  if (window_of != NULL) c.admitted = opt4__malloc(admitted_bytes);
   h = opt4__hasher_new();
-  if (c.room == NULL || c.best == NULL || c.live == NULL || c.home == NULL || h == NULL) {
+  if (c.room == NULL || c.best == NULL || c.live == NULL || c.home == NULL || h == NULL ||
+      (window_of != NULL && c.N > 0 && c.admitted == NULL)) {
     rc = opt4__fail(OPT4_ENOMEM, "no memory to place %llu items over %u nodes",
                     (unsigned long long)c.N, c.n_nodes);
     goto leave;
@@ -149,6 +204,12 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
     if (OPT4__UNLIKELY(node_of[t] >= c.n_nodes)) {
       rc = opt4__fail(OPT4_ERANGE, "node %u at position %llu is outside [0, %u)", node_of[t],
                       (unsigned long long)t, c.n_nodes);
+      goto leave;
+    }
+    if (OPT4__UNLIKELY(window_of != NULL && t > 0 && window_of[t - 1] > window_of[t])) {
+      rc = opt4__fail(OPT4_ERANGE, "window %u at position %llu comes after window %u: windows must "
+                                   "not decrease along the timeline", window_of[t],
+                      (unsigned long long)t, window_of[t - 1]);
       goto leave;
     }
     uint32_t x = seq[t];
@@ -177,20 +238,29 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
     sr->accesses++;
     if (kind == OPT4_OP_HIT && c.home[x] != OPT4_CLUSTER_NONE) {
       const uint32_t home = c.home[x];
-      if (home == r) {
-        kinds[t] = OPT4_CLUSTER_LOCAL_HIT;
-        sr->local_hits++;
+      if (window_of != NULL && !in_time(&c, x, home, r, window_of[t])) {
+        kinds[t] = OPT4_CLUSTER_LATE; /* from storage; the generation goes on */
+        sr->late++;
+        sr->bypasses++;
+        sr->storage_bytes += size;
+        info->storage_bytes += size;
+        info->late++;
       } else {
-        kinds[t] = OPT4_CLUSTER_PEER_HIT;
-        sr->peer_hits++;
-        sr->peer_items_received++;
-        sr->peer_bytes_received += size;
-        stats[home].peer_items_sent++;
-        stats[home].peer_bytes_sent += size;
-        info->peer_bytes += size;
+        if (window_of != NULL) c.admitted[x].served = 1;
+        if (home == r) {
+          kinds[t] = OPT4_CLUSTER_LOCAL_HIT;
+          sr->local_hits++;
+        } else {
+          kinds[t] = OPT4_CLUSTER_PEER_HIT;
+          sr->peer_hits++;
+          count_transfer(stats, info, home, r, size, 1);
+        }
       }
       nodes[t] = home;
-      if (!goes_on) release(&c, home, need);
+      if (!goes_on) {
+        release(&c, home, need);
+        if (window_of != NULL) forward_undo(&c, x, home, size, node_of, kinds, nodes, stats, info);
+      }
       continue;
     }
     sr->storage_bytes += size;
@@ -204,6 +274,8 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
     }
     const int64_t want = (int64_t)need;
     uint32_t home = node_of[nx];
+    /* The next reader's node, unless a transfer there cannot be in time. */
+    if (window_of != NULL && home != r && (uint64_t)window_of[nx] < (uint64_t)window_of[t] + 2) home = r;
     if (c.room[home] < want) home = r;
     if (c.room[home] < want) home = c.best[1];
     if (c.room[home] < want) {
@@ -221,17 +293,14 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
     }
     take(&c, home, need, stats);
     c.home[x] = home;
+    if (window_of != NULL) c.admitted[x] = (struct admitted){t, window_of[t], home != r, 0};
     kinds[t] = OPT4_CLUSTER_ADMIT;
     nodes[t] = home;
     sr->admits++;
     stats[home].homed++;
     if (home != r) {
       info->remote_admits++;
-      sr->peer_items_sent++;
-      sr->peer_bytes_sent += size;
-      stats[home].peer_items_received++;
-      stats[home].peer_bytes_received += size;
-      info->peer_bytes += size;
+      count_transfer(stats, info, r, home, size, 1);
     }
   }
 
@@ -249,6 +318,7 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
     opt4__hasher_update(h, node_of, (size_t)c.T * sizeof(uint32_t));
     opt4__hasher_update(h, kinds, (size_t)c.T);
     opt4__hasher_update(h, nodes, (size_t)c.T * sizeof(uint32_t));
+    if (window_of != NULL) opt4__hasher_update(h, window_of, (size_t)c.T * sizeof(uint32_t));
   }
   info->checksum = opt4__hasher_digest(h);
 
@@ -258,5 +328,6 @@ leave:
   opt4__free(c.best, best_bytes);
   opt4__free(c.live, live_bytes);
   opt4__free(c.home, home_bytes);
+  opt4__free(c.admitted, admitted_bytes);
   return rc;
 }

@@ -4,7 +4,13 @@
  * its capacity, the errors, and every allocation failing in turn. */
 #include "task.h"
 
-enum { L = OPT4_CLUSTER_LOCAL_HIT, P = OPT4_CLUSTER_PEER_HIT, A = OPT4_CLUSTER_ADMIT, B = OPT4_CLUSTER_BYPASS };
+enum {
+  L = OPT4_CLUSTER_LOCAL_HIT,
+  P = OPT4_CLUSTER_PEER_HIT,
+  A = OPT4_CLUSTER_ADMIT,
+  B = OPT4_CLUSTER_BYPASS,
+  LT = OPT4_CLUSTER_LATE
+};
 #define NONE OPT4_CLUSTER_NONE
 
 static opt4_plan *build(const uint32_t *seq, uint64_t T, uint64_t items, uint64_t capacity) {
@@ -24,8 +30,8 @@ typedef struct placed {
   opt4_cluster_info info;
 } placed;
 
-static void place(const uint32_t *seq, const uint32_t *node_of, uint64_t T, uint64_t items,
-                  const uint64_t *caps, uint32_t n_nodes, placed *out) {
+static void place_in(const uint32_t *seq, const uint32_t *node_of, const uint32_t *window_of, uint64_t T,
+                     uint64_t items, const uint64_t *caps, uint32_t n_nodes, placed *out) {
   uint64_t total = 0;
   for (uint32_t n = 0; n < n_nodes; n++) total += caps[n];
   opt4_plan *p = build(seq, T, items, total);
@@ -35,8 +41,21 @@ static void place(const uint32_t *seq, const uint32_t *node_of, uint64_t T, uint
   o.n_nodes = n_nodes;
   o.capacity = caps;
   o.item_bytes = 10;
+  o.window_of = window_of;
   ASSERT_OK(opt4_cluster_place(p, &o, out->kinds, out->nodes, 64, out->st, &out->info));
   opt4_plan_close(p);
+}
+
+static void place(const uint32_t *seq, const uint32_t *node_of, uint64_t T, uint64_t items,
+                  const uint64_t *caps, uint32_t n_nodes, placed *out) {
+  place_in(seq, node_of, NULL, T, items, caps, n_nodes, out);
+}
+
+static void expect_kinds(const placed *r, const uint8_t *kinds, const uint32_t *nodes, int T) {
+  for (int t = 0; t < T; t++) {
+    ASSERT_EQ(r->kinds[t], kinds[t]);
+    ASSERT_U64_EQ(r->nodes[t], nodes[t]);
+  }
 }
 
 /* Two nodes of one item each. Node 0 reads A, B, A at t = 0, 2, 4; node 1
@@ -53,10 +72,7 @@ static void test_golden_two_nodes(void) {
   place(seq, node_of, 6, 3, caps, 2, &r);
   const uint8_t kinds[] = {A, A, L, L, P, B};
   const uint32_t nodes[] = {1, 0, 0, 1, 1, NONE};
-  for (int t = 0; t < 6; t++) {
-    ASSERT_EQ(r.kinds[t], kinds[t]);
-    ASSERT_U64_EQ(r.nodes[t], nodes[t]);
-  }
+  expect_kinds(&r, kinds, nodes, 6);
   ASSERT_U64_EQ(r.info.hits, 3);
   ASSERT_U64_EQ(r.info.local_hits, 2);
   ASSERT_U64_EQ(r.info.peer_hits, 1);
@@ -88,6 +104,44 @@ static void test_golden_two_nodes(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* The same timeline in windows of one step: 0 0 | 1 1 | 2 2. A's next
+ * reader, node 1 in window 1, could get it from node 0 in window 2 at the
+ * earliest (node 0 sends what it holds at a window's start, for the window
+ * after): node 0 keeps it. Likewise node 1 keeps B. B at 2 and A at 3 come
+ * too early for a transfer: LATE, read from storage (node: the holder). A
+ * at 4 is node 0's own. */
+static void test_golden_two_nodes_in_windows(void) {
+  const uint32_t seq[] = {0, 1, 1, 0, 0, 2};
+  const uint32_t node_of[] = {0, 1, 0, 1, 0, 1};
+  const uint32_t window_of[] = {0, 0, 1, 1, 2, 2};
+  const uint64_t caps[] = {1, 1};
+  placed r;
+  place_in(seq, node_of, window_of, 6, 3, caps, 2, &r);
+  const uint8_t kinds[] = {A, A, LT, LT, L, B};
+  const uint32_t nodes[] = {0, 1, 1, 0, 0, NONE};
+  expect_kinds(&r, kinds, nodes, 6);
+  ASSERT_U64_EQ(r.info.hits, 1);
+  ASSERT_U64_EQ(r.info.late, 2);
+  ASSERT_U64_EQ(r.info.remote_admits, 0);
+  ASSERT_U64_EQ(r.info.peer_bytes, 0);
+  ASSERT_U64_EQ(r.info.storage_bytes, 50);
+  ASSERT_U64_EQ(r.info.bypasses, 3); /* two LATE, one BYPASS */
+  ASSERT_U64_EQ(r.st[0].late, 1);
+  ASSERT_U64_EQ(r.st[1].late, 1);
+  ASSERT_U64_EQ(r.st[0].storage_bytes, 20);
+  ASSERT_U64_EQ(r.st[1].storage_bytes, 30);
+  /* Steps two windows apart, windows {0,0,2,2,4,4}: every transfer is in
+   * time, and the placement is the one without windows. */
+  const uint32_t apart[] = {0, 0, 2, 2, 4, 4};
+  placed q, free;
+  place_in(seq, node_of, apart, 6, 3, caps, 2, &q);
+  place(seq, node_of, 6, 3, caps, 2, &free);
+  expect_kinds(&q, free.kinds, free.nodes, 6);
+  ASSERT_U64_EQ(q.info.late, 0);
+  ASSERT(q.info.checksum != free.info.checksum); /* the windows are part of it */
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 /* The tie-break. Nodes hold 1, 0 and 2 items; node 1 reads X, Y, X, Y. X's
  * next reader (node 1) has no room, nor has the node reading it now (node 1
  * again): the node with most room, node 2. Then nodes 0 and 2 have one
@@ -100,10 +154,7 @@ static void test_golden_tie_break(void) {
   place(seq, node_of, 4, 2, caps, 3, &r);
   const uint8_t kinds[] = {A, A, P, P};
   const uint32_t nodes[] = {2, 0, 2, 0};
-  for (int t = 0; t < 4; t++) {
-    ASSERT_EQ(r.kinds[t], kinds[t]);
-    ASSERT_U64_EQ(r.nodes[t], nodes[t]);
-  }
+  expect_kinds(&r, kinds, nodes, 4);
   ASSERT_U64_EQ(r.info.remote_admits, 2);
   ASSERT_U64_EQ(r.st[1].peer_hits, 2);
   ASSERT_U64_EQ(r.st[1].peer_bytes_sent, 20);
@@ -401,6 +452,11 @@ static void test_errors(void) {
   ASSERT_ERR(opt4_cluster_place(p, &o, kinds, nodes, 4, st, &info), OPT4_ERANGE);
   ASSERT(strstr(opt4_errdetail(), "position 2") != NULL);
   node_of[2] = 0;
+  const uint32_t back[] = {0, 1, 0, 1}; /* windows must not decrease */
+  o.window_of = back;
+  ASSERT_ERR(opt4_cluster_place(p, &o, kinds, nodes, 4, st, &info), OPT4_ERANGE);
+  ASSERT(strstr(opt4_errdetail(), "position 2") != NULL);
+  o.window_of = NULL;
   caps[1] = 0; /* the plan holds 2 items at once; the nodes 1 */
   ASSERT_ERR(opt4_cluster_place(p, &o, kinds, nodes, 4, st, &info), OPT4_ECAPACITY);
   caps[0] = 0;
@@ -447,10 +503,14 @@ static void plain_free(void *opaque, void *ptr) {
 
 static void test_alloc_fail(void) {
   enum { T = 500 };
-  static uint32_t seq[T], node_of[T], nodes[T];
+  static uint32_t seq[T], node_of[T], nodes[T], window_of[T];
   static uint8_t kinds[T];
   uint64_t rng = 11;
-  for (int t = 0; t < T; t++) seq[t] = (uint32_t)(test_rand(&rng) % 40), node_of[t] = (uint32_t)(t % 3);
+  for (int t = 0; t < T; t++) {
+    seq[t] = (uint32_t)(test_rand(&rng) % 40);
+    node_of[t] = (uint32_t)(t % 3);
+    window_of[t] = (uint32_t)(t / 12);
+  }
   const uint64_t caps[] = {4, 4, 4};
   opt4_plan *p = build(seq, T, 40, 12);
   opt4_cluster_opts o;
@@ -464,20 +524,23 @@ static void test_alloc_fail(void) {
   opt4_mem_stats before;
   opt4_mem_stats_get(&before);
   opt4_set_allocator(&a);
-  long k = 0;
-  for (;; k++) {
-    countdown = k;
-    int rc = opt4_cluster_place(p, &o, kinds, nodes, T, st, &info);
-    opt4_mem_stats ms;
-    opt4_mem_stats_get(&ms);
-    ASSERT_U64_EQ(ms.current_bytes, before.current_bytes);
-    if (countdown >= 0) {
-      ASSERT_OK(rc);
-      break;
+  for (int windows = 0; windows < 2; windows++) { /* without, then with windows (one more array) */
+    o.window_of = windows ? window_of : NULL;
+    long k = 0;
+    for (;; k++) {
+      countdown = k;
+      int rc = opt4_cluster_place(p, &o, kinds, nodes, T, st, &info);
+      opt4_mem_stats ms;
+      opt4_mem_stats_get(&ms);
+      ASSERT_U64_EQ(ms.current_bytes, before.current_bytes);
+      if (countdown >= 0) {
+        ASSERT_OK(rc);
+        break;
+      }
+      ASSERT_ERR(rc, OPT4_ENOMEM);
     }
-    ASSERT_ERR(rc, OPT4_ENOMEM);
+    ASSERT(k >= 4 + windows);
   }
-  ASSERT(k >= 4);
   countdown = -1;
   opt4_set_allocator(NULL);
   opt4_plan_close(p);
@@ -486,6 +549,7 @@ static void test_alloc_fail(void) {
 
 int main(void) {
   RUN(test_golden_two_nodes);
+  RUN(test_golden_two_nodes_in_windows);
   RUN(test_golden_tie_break);
   RUN(test_golden_unread_admit);
   RUN(test_random_replay);

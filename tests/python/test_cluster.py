@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import opt4torch
 from opt4torch import cluster
-from opt4torch.cluster import ADMIT, BYPASS, LOCAL_HIT, PEER_HIT, cluster_plan, global_timeline
+from opt4torch.cluster import ADMIT, BYPASS, LATE, LOCAL_HIT, PEER_HIT, cluster_plan, global_timeline
 from opt4torch.lab import reference
 from opt4torch.lab.reference_cluster import NODE_KEYS, cluster_place
 
@@ -37,19 +37,26 @@ def clusters(draw: st.DrawFn) -> tuple[list[list[int]], list[int], list[int], in
     return seqs, node_of, caps, draw(st.integers(1, 4)), items
 
 
-@given(clusters(), st.booleans())
-def test_engine_equals_reference(case: tuple, sized: bool) -> None:
+windows = st.one_of(st.none(), st.integers(1, 4))
+
+
+@given(clusters(), st.booleans(), windows)
+def test_engine_equals_reference(case: tuple, sized: bool, window: int | None) -> None:
     seqs, node_of, caps, batch, items = case
     sizes = np.arange(1, items + 1, dtype=np.int64) * 7 if sized else None
-    cp = cluster_plan(seqs, node_of, caps, items=items, batch_size=batch, item_bytes=5, item_sizes=sizes)
-    ref = cluster_place(cp.seq, cp.reader, caps, item_sizes=sizes, item_bytes=5, items=items)
+    cp = cluster_plan(seqs, node_of, caps, items=items, batch_size=batch, item_bytes=5, item_sizes=sizes,
+                      window=window)
+    ref = cluster_place(cp.seq, cp.reader, caps, item_sizes=sizes, item_bytes=5, items=items,
+                        window_of=None if window is None else cp.windows().tolist())
     assert cp.kinds.tolist() == ref.kinds
     assert cp.nodes.tolist() == ref.nodes
-    assert cp.remote_admits == ref.remote_admits
+    assert (cp.remote_admits, cp.late) == (ref.remote_admits, ref.late)
     mine = cp._per_node  # the engine's own field names
     assert [{k: d[k] for k in NODE_KEYS} for d in mine] == ref.per_node
-    # The aggregate plan is Belady at the total capacity: the hits are its.
-    assert cp.hits == reference.belady(cp.seq.tolist(), sum(caps), items=items).hits == cp.plan.hits
+    # The aggregate plan is Belady at the total capacity: the hits are its,
+    # less those that cannot arrive in time.
+    assert cp.hits + cp.late == reference.belady(cp.seq.tolist(), sum(caps), items=items).hits == cp.plan.hits
+    assert window is not None or cp.late == 0
 
 
 @given(clusters(), st.integers(1, 16), st.data())
@@ -64,17 +71,20 @@ def test_engine_equals_reference_in_bytes(case: tuple, page: int, data: st.DataO
     big = -(-max(sizes[x] for s in seqs for x in s) // page)  # pages of the largest item read
     if sum(b // page for b in node_bytes) < big:  # the plan refuses an item larger than the pool
         node_bytes[0] += big * page
+    window = data.draw(windows)
     cp = cluster_plan(seqs, node_of, cache_bytes=node_bytes, page_size=page, items=items, batch_size=batch,
-                      item_sizes=sizes)
+                      item_sizes=sizes, window=window)
     assert cp.sized and cp.page_size == page
     assert cp.capacities.tolist() == [b // page for b in node_bytes]
     ref = cluster_place(cp.seq, cp.reader, cp.capacities.tolist(), item_sizes=sizes, items=items,
-                        page_size=page, plan_sizes=sizes)
+                        page_size=page, plan_sizes=sizes,
+                        window_of=None if window is None else cp.windows().tolist())
     assert cp.kinds.tolist() == ref.kinds
     assert cp.nodes.tolist() == ref.nodes
-    assert (cp.unplaced, cp.unplaced_hits, cp.remote_admits) == (ref.unplaced, ref.unplaced_hits, ref.remote_admits)
+    assert (cp.unplaced, cp.unplaced_hits, cp.remote_admits, cp.late) == (
+        ref.unplaced, ref.unplaced_hits, ref.remote_admits, ref.late)
     assert [{k: d[k] for k in NODE_KEYS} for d in cp._per_node] == ref.per_node
-    assert cp.hits + cp.unplaced_hits == cp.plan.hits
+    assert cp.hits + cp.unplaced_hits + cp.late == cp.plan.hits
     assert all(d["peak_resident"] <= d["capacity"] for d in cp.node_stats())
 
 
@@ -143,6 +153,117 @@ def test_golden_two_nodes() -> None:
     tr = cp.transfers()
     assert list(zip(tr["position"].tolist(), tr["src"].tolist(), tr["dst"].tolist())) == [(0, 0, 1), (1, 1, 0),
                                                                                           (4, 1, 0)]
+
+
+def test_golden_two_nodes_in_windows_of_one_step() -> None:
+    """The timeline above, with windows of one step (A B | B A | A C are
+    windows 0, 1, 2). A's next reader (node 1, window 1) cannot get it from
+    node 0 before window 2, so node 0 keeps it; so does node 1 with B. Both
+    window-1 reads come too early for a transfer (LATE, from storage); node
+    0's read of A in window 2 is its own."""
+    cp = cluster_plan([[0, 1, 0], [1, 0, 2]], [0, 1], [1, 1], item_bytes=100, window=1)
+    assert cp.windows().tolist() == [0, 0, 1, 1, 2, 2]
+    assert cp.kinds.tolist() == [ADMIT, ADMIT, LATE, LATE, LOCAL_HIT, BYPASS]
+    assert cp.nodes.tolist() == [0, 1, 1, 0, 0, -1]
+    assert (cp.late, cp.hits, cp.peer_bytes, cp.remote_admits) == (2, 1, 0, 0)
+    n0, n1 = cp.node_stats()
+    assert (n0["late"], n0["storage_reads"], n0["plan_storage_bytes"]) == (1, 2, 200)
+    assert (n1["late"], n1["storage_reads"], n1["plan_storage_bytes"]) == (1, 3, 300)
+    assert cp.transfers()["position"].size == 0
+    assert cp.stats()["late"] == 2 and cp.stats()["window"] == 1
+
+
+def replay_windows(cp: cluster.ClusterPlan) -> None:
+    """Run the plan as the run time will (docs/cluster.md, "The run time"),
+    from its kinds, nodes and transfer list alone, and check that every
+    transfer is possible: at the start of window k each node sends the
+    transfers of window k, which it must hold then (a generation in its
+    pool, or an item it read from storage for another home); they arrive
+    for window k + 1. A local hit needs the item in the reader's pool, a
+    peer hit the copy sent for it, and no pool holds more than its node's
+    capacity."""
+    w = cp.windows().tolist()
+    seq, kinds, nodes, reader = cp.seq.tolist(), cp.kinds.tolist(), cp.nodes.tolist(), cp.reader.tolist()
+    nxt = reference.next_uses(seq)
+    tr = cp.transfers()
+    by_window: dict[int, list[tuple[int, int, int, int, int]]] = {}
+    for row in zip(tr["window"].tolist(), tr["position"].tolist(), tr["src"].tolist(), tr["dst"].tolist(),
+                   tr["item"].tolist(), tr["kind"].tolist()):
+        by_window.setdefault(row[0], []).append(row[1:])
+    assert all(k >= 0 for k in by_window)
+    pool: list[set[int]] = [set() for _ in range(cp.n_nodes)]
+    outbox: list[set[int]] = [set() for _ in range(cp.n_nodes)]
+    copies: set[tuple[int, int]] = set()  # (position, item) sent to a peer hit
+    pos_of_window: dict[int, list[int]] = {}
+    for t, k in enumerate(w):
+        pos_of_window.setdefault(k, []).append(t)
+    last = max([*w, *by_window]) if w else -1
+    sent = 0
+    for k in range(last + 1):
+        arriving: list[tuple[int, int]] = []
+        for t, src, dst, x, kind in by_window.get(k, []):
+            if kind == PEER_HIT:
+                assert x in pool[src], f"window {k}: node {src} sends item {x} (for position {t}) it does not hold"
+                assert w[t] == k + 1
+                copies.add((t, x))
+            else:
+                assert kind == ADMIT and x in outbox[src], f"window {k}: node {src} forwards {x} it did not read"
+                outbox[src].discard(x)
+                arriving.append((dst, x))
+            sent += 1
+        for t in pos_of_window.get(k, []):
+            x, r = seq[t], reader[t]
+            if kinds[t] == LOCAL_HIT:
+                assert x in pool[r], f"position {t}: node {r} reads item {x} before it arrives"
+            elif kinds[t] == PEER_HIT:
+                assert (t, x) in copies, f"position {t}: no copy of {x} was sent for it"
+            elif kinds[t] == ADMIT:
+                (pool[r] if nodes[t] == r else outbox[r]).add(x)
+            else:
+                assert kinds[t] in (BYPASS, LATE)
+            ends = nxt[t] == len(seq) or kinds[nxt[t]] not in (LOCAL_HIT, PEER_HIT, LATE)
+            if kinds[t] in (LOCAL_HIT, PEER_HIT, LATE, ADMIT) and ends:
+                pool[nodes[t]].discard(x)
+        for dst, x in arriving:
+            pool[dst].add(x)
+        assert all(len(p) <= c for p, c in zip(pool, cp.capacities.tolist()))
+    assert sent == tr["position"].size
+    assert not any(outbox)
+
+
+@given(clusters(), st.integers(1, 4))
+def test_windows_keep_every_transfer_possible(case: tuple, window: int) -> None:
+    seqs, node_of, caps, batch, items = case
+    cp = cluster_plan(seqs, node_of, caps, items=items, batch_size=batch, window=window)
+    replay_windows(cp)
+    assert cp.storage_reads == cp.plan.misses + cp.late
+
+
+def test_windows_replay_a_distributed_shuffle() -> None:
+    """4 nodes of 25 %, 3 epochs of DistributedSampler-style shuffles, windows
+    of 4 steps: the transfers all work out, few hits are late, and a window
+    as long as the run makes every transfer impossible."""
+    n, world, epochs = 400, 4, 3
+    rng = np.random.default_rng(5)
+    perms = [rng.permutation(n) for _ in range(epochs)]
+    seqs = [[p[r::world] for p in perms] for r in range(world)]
+    free = cluster_plan(seqs, None, n // 4, batch_size=8)
+    cp = cluster_plan(seqs, None, n // 4, batch_size=8, window=4)
+    replay_windows(cp)
+    assert cp.plan.hits == free.plan.hits and cp.hits + cp.late == free.hits
+    assert 0 < cp.late < 0.05 * cp.accesses
+    whole = cluster_plan(seqs, None, n // 4, batch_size=8, window=cp.timeline.steps)
+    assert whole.peer_hits == whole.remote_admits == 0 and whole.transfers()["position"].size == 0
+    assert whole.local_hits + whole.late == free.hits
+    assert cp.checksum != free.checksum
+
+
+def test_bad_window_is_refused() -> None:
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(opt4torch.InvalidInputError, match="window"):
+            cluster_plan([[0, 1]], None, 1, window=bad)
+    with pytest.raises(opt4torch.InvalidInputError, match="no windows"):
+        cluster_plan([[0, 1]], None, 1).windows()
 
 
 def test_golden_tie_break() -> None:

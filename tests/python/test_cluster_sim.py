@@ -56,6 +56,21 @@ def test_aggregate_holding_the_dataset(nodes: int) -> None:
     assert r["per-node OPT"]["storage_reads"] >= distinct
 
 
+def test_late_hits_grow_with_the_window() -> None:
+    """The share of the plan's hits that windows of transfers make late:
+    none outside the cluster rows, the windowed plan's own count, and more
+    as the window nears an epoch (16 steps here)."""
+    late = []
+    for window in (1, 4, 16):
+        setup = ClusterSetup(nodes=4, items=512, epochs=3, batch_size=8, item_bytes=1, seed=6, window=window)
+        r = rows_by_policy(simulate_cluster(setup, "25%"))
+        assert r["no cache"]["late_hit_rate"] == r["per-node OPT"]["late_hit_rate"] == 0.0
+        cp = cluster_plan(rank_orders(setup), None, 128, items=512, batch_size=8, window=window)
+        assert r["cluster OPT"]["late_hit_rate"] == cp.late / cp.accesses
+        late.append(cp.late)
+    assert late[0] < late[1] < late[2]
+
+
 def test_aggregate_below_the_dataset() -> None:
     setup = ClusterSetup(nodes=8, items=4096, epochs=3, batch_size=8, item_bytes=1, seed=4)
     r = rows_by_policy(simulate_cluster(setup, "agg50%"))

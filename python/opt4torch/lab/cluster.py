@@ -16,7 +16,10 @@ Besides totals, each cluster row has the network load the plan implies:
 the bytes a node receives from its peers per step (mean and the largest
 over nodes and steps), and per window of ``window`` steps, the bytes on the
 busiest (sender, receiver) pair, which is what one ``all_to_all`` of that
-window carries on its largest link. What this does not simulate: time. It
+window carries on its largest link, and ``late_hit_rate``: the share of
+accesses that are hits of the plan but, with transfers a window ahead as the
+run time makes them, cannot arrive in time (the plan with ``window=``, whose
+LATE reads go to storage). What this does not simulate: time. It
 counts bytes; docs/cluster.md turns them into seconds with a bandwidth model.
 """
 
@@ -45,7 +48,7 @@ FIELDS: tuple[str, ...] = (
     "accesses", "steps", "storage_reads", "storage_bytes", "storage_bytes_after_first_epoch", "peer_bytes",
     "local_hit_rate", "peer_hit_rate", "hit_rate", "ingress_mean_per_step", "ingress_max_per_step",
     "window", "pair_max_per_window", "storage_max_per_step", "storage_mean_per_step_after_first_epoch",
-    "unplaced_hits",
+    "unplaced_hits", "late_hit_rate",
 )
 
 
@@ -167,7 +170,8 @@ def simulate_cluster(setup: ClusterSetup, capacity: str | int = "25%") -> list[d
     all_bytes = np.full(T, B, dtype=np.int64) if sizes is None else sizes[tl.seq]
     base = {**asdict(setup),
             "config": label, "capacity": cap, "capacity_fraction": cap / whole,
-            "aggregate_fraction": cap * setup.nodes / whole, "accesses": T, "steps": steps, "unplaced_hits": 0}
+            "aggregate_fraction": cap * setup.nodes / whole, "accesses": T, "steps": steps, "unplaced_hits": 0,
+            "late_hit_rate": 0.0}
     rows = []
 
     # No cache: every access from storage.
@@ -202,16 +206,20 @@ def simulate_cluster(setup: ClusterSetup, capacity: str | int = "25%") -> list[d
                  **_storage_per_step(tl.step, miss, all_bytes, steps, first_steps)})
 
     # Cluster OPT: one plan over the aggregate memory.
-    if sizes is None:
-        cp = cluster_plan(orders, node_of_rank.tolist(), cap, items=D, batch_size=setup.batch_size, item_bytes=B)
-    else:
-        cp = cluster_plan(orders, node_of_rank.tolist(), cache_bytes=cap, page_size=page, item_sizes=sizes,
-                          items=D, batch_size=setup.batch_size)
+    def plan_cluster(window: int | None) -> ClusterPlan:
+        if sizes is None:
+            return cluster_plan(orders, node_of_rank.tolist(), cap, items=D, batch_size=setup.batch_size,
+                                item_bytes=B, window=window)
+        return cluster_plan(orders, node_of_rank.tolist(), cache_bytes=cap, page_size=page, item_sizes=sizes,
+                            items=D, batch_size=setup.batch_size, window=window)
+
+    cp = plan_cluster(None)
+    late = plan_cluster(setup.window).late
     cmiss = cp.kinds >= 2  # ADMIT or BYPASS: read from storage
     rows.append({**base, "policy": "cluster OPT", "storage_reads": cp.storage_reads,
                  "storage_bytes": cp.storage_bytes, "unplaced_hits": cp.unplaced_hits,
                  "storage_bytes_after_first_epoch": int(all_bytes[first_epoch_end:][cmiss[first_epoch_end:]].sum()),
-                 "peer_bytes": cp.peer_bytes, "local_hit_rate": cp.local_hits / T,
+                 "peer_bytes": cp.peer_bytes, "local_hit_rate": cp.local_hits / T, "late_hit_rate": late / T,
                  "peer_hit_rate": cp.peer_hits / T, "hit_rate": cp.hits / T, **link_load(cp, setup.window),
                  **_storage_per_step(tl.step, cmiss, all_bytes, steps, first_steps)})
     return rows

@@ -13,6 +13,16 @@ it always fits):
 3. A generation's home, chosen at its ADMIT among the nodes with room: the
    node that reads it next; else the node that reads it now; else the node
    with the most room, the lowest id on ties.
+4. With windows (``window_of``, each position's transfer window): a
+   generation admitted in window w is read by its home from window w + 2
+   when the home is not the node that admitted it (from its ADMIT on when
+   it is), and by another node from one window after its home could send
+   it (w + 1 for the node that admitted it, w + 2 for another home), so from
+   w + 2 or w + 3. Earlier reads are LATE (from storage). Rule 3's first
+   choice, the next reader's node, is taken only if it is the reader's own
+   or its read is in window w + 2 or later. A generation kept away from
+   the node that read it that ends with no read in time was sent for
+   nothing: its ADMIT becomes a BYPASS, and nothing is sent.
 
 In bytes (``page_size`` and ``plan_sizes`` given) the aggregate plan is
 :func:`~opt4torch.lab.reference.belady_sized` over the nodes' pages, room is
@@ -29,14 +39,14 @@ from .reference import ADMIT as PLAN_ADMIT
 from .reference import HIT as PLAN_HIT
 from .reference import belady, belady_sized, next_uses
 
-__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "NODE_KEYS", "ReferenceCluster", "cluster_place"]
+__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_KEYS", "ReferenceCluster", "cluster_place"]
 
-LOCAL_HIT, PEER_HIT, ADMIT, BYPASS = 0, 1, 2, 3
+LOCAL_HIT, PEER_HIT, ADMIT, BYPASS, LATE = 0, 1, 2, 3, 4
 
 #: Per-node counts, named as the C engine's opt4_cluster_node fields.
 NODE_KEYS = ("accesses", "local_hits", "peer_hits", "admits", "bypasses", "storage_bytes", "homed",
              "peer_items_sent", "peer_items_received", "peer_bytes_sent", "peer_bytes_received",
-             "peak_resident")
+             "peak_resident", "late")
 
 
 @dataclass
@@ -50,12 +60,14 @@ class ReferenceCluster:
     remote_admits: int = 0
     unplaced: int = 0
     unplaced_hits: int = 0
+    late: int = 0
 
 
 def cluster_place(seq: Sequence[int], node_of: Sequence[int], capacities: Sequence[int], *,
                   item_sizes: Sequence[int] | None = None, item_bytes: int = 0,
                   items: int | None = None, page_size: int | None = None,
-                  plan_sizes: Sequence[int] | None = None) -> ReferenceCluster:
+                  plan_sizes: Sequence[int] | None = None,
+                  window_of: Sequence[int] | None = None) -> ReferenceCluster:
     """Plan ``seq`` (the global timeline; ``node_of[t]`` reads position t)
     over nodes holding ``capacities[n]`` items each (pages of ``page_size``
     bytes each, with ``plan_sizes`` the items' sizes for the plan)."""
@@ -79,6 +91,30 @@ def cluster_place(seq: Sequence[int], node_of: Sequence[int], capacities: Sequen
     out = ReferenceCluster(per_node=[dict.fromkeys(NODE_KEYS, 0) for _ in caps])
     live = [0] * len(caps)
     home: dict[int, int] = {}
+    #: With windows: per item, its generation's ADMIT position and window,
+    #: whether it was kept away from the node that read it, and whether a
+    #: read of it has been in time.
+    admitted: dict[int, list[int]] = {}
+
+    def in_time(x: int, h: int, reader: int, w: int) -> bool:
+        _, at, away, _ = admitted[x]
+        if reader == h:
+            return not away or w >= at + 2
+        return w >= at + 2 + away
+
+    def forward_undo(x: int, h: int, size: int) -> None:
+        s, _, away, served = admitted[x]
+        if not away or served:
+            return
+        r = node_of[s]
+        out.kinds[s], out.nodes[s] = BYPASS, -1
+        out.per_node[r]["admits"] -= 1
+        out.per_node[r]["bypasses"] += 1
+        out.per_node[h]["homed"] -= 1
+        out.remote_admits -= 1
+        for key, d in (("sent", r), ("received", h)):
+            out.per_node[d][f"peer_items_{key}"] -= 1
+            out.per_node[d][f"peer_bytes_{key}"] -= size
 
     def size_of(x: int) -> int:
         if item_sizes is not None:
@@ -101,17 +137,28 @@ def cluster_place(seq: Sequence[int], node_of: Sequence[int], capacities: Sequen
         goes_on = nxt[t] != never and kinds_plan[nxt[t]] == PLAN_HIT
         if kinds_plan[t] == PLAN_HIT and home.get(x, -1) >= 0:
             h = home[x]
-            if h == r:
-                out.kinds.append(LOCAL_HIT)
-                me["local_hits"] += 1
+            if window_of is not None and not in_time(x, h, r, int(window_of[t])):
+                out.kinds.append(LATE)
+                me["late"] += 1
+                me["bypasses"] += 1
+                me["storage_bytes"] += size
+                out.late += 1
             else:
-                out.kinds.append(PEER_HIT)
-                me["peer_hits"] += 1
-                transfer(h, r, size)
+                if window_of is not None:
+                    admitted[x][3] = 1
+                if h == r:
+                    out.kinds.append(LOCAL_HIT)
+                    me["local_hits"] += 1
+                else:
+                    out.kinds.append(PEER_HIT)
+                    me["peer_hits"] += 1
+                    transfer(h, r, size)
             out.nodes.append(h)
             if not goes_on:
                 live[h] -= need[x]
                 del home[x]
+                if window_of is not None:
+                    forward_undo(x, h, size)
             continue
         me["storage_bytes"] += size
         if kinds_plan[t] == PLAN_HIT:  # a generation that found no home
@@ -124,6 +171,8 @@ def cluster_place(seq: Sequence[int], node_of: Sequence[int], capacities: Sequen
             me["bypasses"] += 1
             continue
         candidates = [node_of[nxt[t]], r]
+        if window_of is not None and candidates[0] != r and window_of[nxt[t]] < window_of[t] + 2:
+            candidates = [r]  # the next reader's node cannot get it in time
         h = next((n for n in candidates if caps[n] - live[n] >= need[x]), None)
         if h is None:
             h = max(range(len(caps)), key=lambda n: (caps[n] - live[n], -n))
@@ -140,6 +189,8 @@ def cluster_place(seq: Sequence[int], node_of: Sequence[int], capacities: Sequen
         out.per_node[h]["peak_resident"] = max(out.per_node[h]["peak_resident"], live[h])
         out.per_node[h]["homed"] += 1
         home[x] = h
+        if window_of is not None:
+            admitted[x] = [t, int(window_of[t]), int(h != r), 0]
         out.kinds.append(ADMIT)
         out.nodes.append(h)
         me["admits"] += 1

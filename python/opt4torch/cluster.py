@@ -19,8 +19,9 @@ is then
   time at run time, where nodes exchange items a window ahead: read from
   storage and not kept.
 
-This is the planning side of issue 18; the transfers between nodes at run
-time (torch.distributed, gloo) are not built yet (docs/cluster.md).
+This is the planning side of issue 18, down to each node's own plan
+(:meth:`ClusterPlan.node_plan`); the transfers between nodes at run time
+(torch.distributed, gloo) are not built yet (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from ._engine import InvalidInputError
 from ._plan import Plan, as_sequence
 from ._plan import plan as build_plan
 
-__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_ENV", "NODE_KEYS", "ClusterPlan", "Timeline",
+__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_ENV", "NODE_KEYS", "ClusterPlan", "NodePlan",
+           "Timeline", "WORKER", "RECEIVE", "SEND", "FROM_POOL", "FROM_STORAGE", "FROM_PEER",
            "cluster_plan", "global_timeline", "interleave", "job_plan", "node_of_this_rank"]
 
 LOCAL_HIT: int = _engine.CLUSTER_LOCAL_HIT
@@ -70,6 +72,49 @@ class Timeline:
     @property
     def steps(self) -> int:
         return int(self.step[-1]) + 1 if self.step.size else 0
+
+
+#: A node plan's roles (:meth:`ClusterPlan.node_plan`): a read by one of the
+#: node's ranks, an item from a peer stored in the node's pool, a read of the
+#: node's pool to send an item to a peer.
+WORKER, RECEIVE, SEND = 0, 1, 2
+#: Where the bytes of a node plan's ADMIT or BYPASS come from.
+FROM_POOL, FROM_STORAGE, FROM_PEER = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node's part of a windowed cluster plan, as its pool will run it
+    (docs/cluster.md, "The run time"): the node's own positions in order,
+    per window first the RECEIVEs (items sent to be kept here, stored in
+    the pool), then the SENDs (this node's pool read for a peer), then the
+    reads of the node's ranks (WORKER), in timeline order.
+
+    Per position: ``seq`` the item, ``op`` the pool's decision
+    (:data:`opt4torch.HIT`, ``ADMIT``, ``BYPASS``), ``role``, ``source`` (a
+    HIT's bytes are the pool's; an ADMIT's or BYPASS's come from storage or
+    from a peer), ``forward`` (a WORKER read whose bytes this node sends to
+    the item's home, in the next window), ``window`` and ``position``: the
+    global timeline position it serves (the read itself; a RECEIVE's ADMIT
+    at its reader; a SEND's peer hit).
+    """
+
+    node: int
+    seq: npt.NDArray[np.int64]
+    op: npt.NDArray[np.uint8]
+    role: npt.NDArray[np.uint8]
+    source: npt.NDArray[np.uint8]
+    forward: npt.NDArray[np.bool_]
+    window: npt.NDArray[np.int64]
+    position: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return int(self.seq.size)
+
+    @property
+    def reads(self) -> npt.NDArray[np.int64]:
+        """The node plan's positions of its ranks' reads, in timeline order."""
+        return np.flatnonzero(self.role == WORKER)
 
 
 def _epochs_of(obj: Any, r: int) -> list[np.ndarray]:
@@ -349,6 +394,48 @@ class ClusterPlan:
         if self.window is not None:
             out["window"] = self.windows()[pos] + np.where(is_peer, -1, 1)
         return out
+
+    def node_plan(self, node: int) -> NodePlan:
+        """Node ``node``'s plan for its pool (:class:`NodePlan`), from a plan
+        with windows. Every generation the node keeps lives in its pool from
+        its ADMIT (a read from storage here, or a RECEIVE) to its last read
+        here (its ranks' or a SEND), which is inside the span the cluster
+        plan charges to the node, so the pool never holds more than the
+        node's capacity."""
+        if self.window is None:
+            raise InvalidInputError("a node plan needs a plan with windows: plan with window= (steps a window)")
+        node = int(node)
+        if not 0 <= node < self.n_nodes:
+            raise InvalidInputError(f"node {node} is outside [0, {self.n_nodes})")
+        hit, admit, bypass = _engine.OP_HIT, _engine.OP_ADMIT, _engine.OP_BYPASS
+        w = self.windows()
+        raw = self._nodes
+        mine = np.flatnonzero(self.reader == node)
+        k = self.kinds[mine]
+        op = np.full(mine.size, bypass, dtype=np.uint8)
+        op[k == LOCAL_HIT] = hit
+        op[(k == ADMIT) & (raw[mine] == node)] = admit
+        source = np.where(k == LOCAL_HIT, FROM_POOL, np.where(k == PEER_HIT, FROM_PEER, FROM_STORAGE))
+        forward = (k == ADMIT) & (raw[mine] != node)
+        tr = self.transfers()
+        recv = np.flatnonzero((tr["kind"] == ADMIT) & (tr["dst"] == node))
+        send = np.flatnonzero((tr["kind"] == PEER_HIT) & (tr["src"] == node))
+        n_r, n_s = recv.size, send.size
+        window = np.concatenate([w[mine], tr["window"][recv] + 1, tr["window"][send]])
+        role = np.concatenate([np.full(mine.size, WORKER), np.full(n_r, RECEIVE), np.full(n_s, SEND)])
+        position = np.concatenate([mine, tr["position"][recv], tr["position"][send]])
+        # By window, then RECEIVE, SEND, WORKER, then position (lexsort's last key is its first).
+        order = np.lexsort((position, np.where(role == WORKER, 2, role - 1), window))
+        return NodePlan(
+            node=node,
+            seq=self.seq[position[order]].astype(np.int64),
+            op=np.concatenate([op, np.full(n_r, admit), np.full(n_s, hit)]).astype(np.uint8)[order],
+            role=role.astype(np.uint8)[order],
+            source=np.concatenate([source, np.full(n_r, FROM_PEER), np.full(n_s, FROM_POOL)]).astype(np.uint8)[order],
+            forward=np.concatenate([forward, np.zeros(n_r + n_s, dtype=bool)])[order],
+            window=window.astype(np.int64)[order],
+            position=position.astype(np.int64)[order],
+        )
 
     def for_node(self, node: int) -> dict[str, Any]:
         """The part of the plan that concerns one node: the positions it

@@ -239,6 +239,91 @@ def test_windows_keep_every_transfer_possible(case: tuple, window: int) -> None:
     assert cp.storage_reads == cp.plan.misses + cp.late
 
 
+def check_node_plans(cp: cluster.ClusterPlan, need: list[int] | None = None) -> None:
+    """Each node's plan, as its pool will run it: every HIT reads a
+    generation the node admitted (from storage or a RECEIVE) and still
+    holds; the generations live at once (ADMIT to last read here) never take
+    more than the node's capacity (``need[x]`` places an item); its storage
+    bytes are the cluster plan's for it. Across nodes: a SEND for each peer
+    hit, in the window before it, read by a WORKER from a peer; a RECEIVE
+    for each forward, two windows after the read that forwards it."""
+    w = cp.windows()
+    sizes = cp.item_size(np.arange(cp.plan.items))
+    sends: list[int] = []
+    receives: list[int] = []
+    worker_at: dict[int, tuple[int, int, bool]] = {}  # position: (node, source, forward)
+    for n in range(cp.n_nodes):
+        npn = cp.node_plan(n)
+        assert (np.diff(npn.window) >= 0).all()
+        reads = npn.reads
+        assert npn.position[reads].tolist() == np.flatnonzero(cp.reader == n).tolist()
+        seq, op = npn.seq.tolist(), npn.op.tolist()
+        ends: dict[int, int] = {}  # per ADMIT: its generation's last read here
+        admitted_at: dict[int, int] = {}
+        for i, x in enumerate(seq):
+            if op[i] == opt4torch.ADMIT:
+                ends[i] = admitted_at[x] = i
+            elif op[i] == opt4torch.HIT and x in admitted_at:
+                ends[admitted_at[x]] = i
+        held: dict[int, int] = {}  # item: its generation's last read here
+        used = 0
+        for i, x in enumerate(seq):
+            for y in [y for y, e in held.items() if e < i]:
+                del held[y]
+                used -= need[y] if need else 1
+            if op[i] == opt4torch.HIT:
+                assert x in held, f"node {n}, position {i}: a HIT of {x}, which the pool does not hold"
+            elif op[i] == opt4torch.ADMIT:
+                assert x not in held
+                held[x] = ends[i]
+                used += need[x] if need else 1
+                assert used <= int(cp.capacities[n]), f"node {n} holds more than its capacity at {i}"
+        worker = npn.role == cluster.WORKER
+        storage = worker & (npn.source == cluster.FROM_STORAGE)
+        assert int(sizes[npn.seq[storage]].sum()) == cp.node_stats()[n]["plan_storage_bytes"]
+        assert (npn.op[worker & (npn.source == cluster.FROM_POOL)] == opt4torch.HIT).all()
+        for i in np.flatnonzero(npn.role == cluster.SEND).tolist():
+            sends.append(int(npn.position[i]))
+            assert npn.window[i] == w[npn.position[i]] - 1 and npn.op[i] == opt4torch.HIT
+        for i in np.flatnonzero(npn.role == cluster.RECEIVE).tolist():
+            receives.append(int(npn.position[i]))
+            assert npn.window[i] == w[npn.position[i]] + 2 and npn.op[i] == opt4torch.ADMIT
+        for i in reads.tolist():
+            worker_at[int(npn.position[i])] = (n, int(npn.source[i]), bool(npn.forward[i]))
+    assert sorted(sends) == np.flatnonzero(cp.kinds == PEER_HIT).tolist()
+    assert all(worker_at[t][1] == cluster.FROM_PEER for t in sends)
+    assert sum(src == cluster.FROM_PEER for _, src, _ in worker_at.values()) == len(sends)
+    assert sorted(receives) == sorted(t for t, (_, _, fwd) in worker_at.items() if fwd)
+    assert len(receives) == cp.remote_admits
+
+
+@given(clusters(), st.integers(1, 4))
+def test_node_plans_run_the_cluster_plan(case: tuple, window: int) -> None:
+    seqs, node_of, caps, batch, items = case
+    cp = cluster_plan(seqs, node_of, caps, items=items, batch_size=batch, window=window, item_bytes=3)
+    check_node_plans(cp)
+
+
+@given(clusters(), st.integers(1, 16), st.integers(1, 4), st.data())
+def test_node_plans_in_bytes(case: tuple, page: int, window: int, data: st.DataObject) -> None:
+    seqs, node_of, caps, batch, items = case
+    sizes = data.draw(st.lists(st.integers(1, 40), min_size=items, max_size=items))
+    node_bytes = [c * page * 3 for c in caps]
+    big = -(-max(sizes[x] for s in seqs for x in s) // page)
+    if sum(b // page for b in node_bytes) < big:
+        node_bytes[0] += big * page
+    cp = cluster_plan(seqs, node_of, cache_bytes=node_bytes, page_size=page, items=items, batch_size=batch,
+                      item_sizes=sizes, window=window)
+    check_node_plans(cp, need=[-(-v // page) for v in sizes])
+
+
+def test_node_plan_needs_windows() -> None:
+    with pytest.raises(opt4torch.InvalidInputError, match="windows"):
+        cluster_plan([[0, 1]], None, 1).node_plan(0)
+    with pytest.raises(opt4torch.InvalidInputError, match="outside"):
+        cluster_plan([[0, 1]], None, 1, window=1).node_plan(1)
+
+
 def test_windows_replay_a_distributed_shuffle() -> None:
     """4 nodes of 25 %, 3 epochs of DistributedSampler-style shuffles, windows
     of 4 steps: the transfers all work out, few hits are late, and a window

@@ -331,16 +331,17 @@ static int get_progress(PyObject *obj, Py_buffer *view, volatile uint64_t **out)
 }
 
 static PyObject *py_build_plan(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"seq", "items", "capacity", "bypass", "progress", "item_sizes",
-                           "capacity_bytes", "page_size", NULL};
-  PyObject *obj, *prog_obj = NULL, *sizes_obj = NULL;
+  static char *kwlist[] = {"seq",       "items",     "capacity", "bypass", "progress", "item_sizes",
+                           "capacity_bytes", "page_size", "kinds",  NULL};
+  PyObject *obj, *prog_obj = NULL, *sizes_obj = NULL, *kinds_obj = NULL;
   unsigned long long items, capacity, capacity_bytes = 0, page_size = 0;
   int bypass = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OKK|pOOKK", kwlist, &obj, &items, &capacity,
-                                   &bypass, &prog_obj, &sizes_obj, &capacity_bytes, &page_size))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OKK|pOOKKO", kwlist, &obj, &items, &capacity, &bypass,
+                                   &prog_obj, &sizes_obj, &capacity_bytes, &page_size, &kinds_obj))
     return NULL;
-  Py_buffer view, prog_view, sizes_view;
+  Py_buffer view, prog_view, sizes_view, kinds_view = {0};
   int have_sizes = sizes_obj != NULL && sizes_obj != Py_None;
+  int have_kinds = kinds_obj != NULL && kinds_obj != Py_None;
   opt4_seq seq;
   opt4_plan_opts opts;
   memset(&opts, 0, sizeof opts);
@@ -366,17 +367,35 @@ static PyObject *py_build_plan(PyObject *Py_UNUSED(m), PyObject *args, PyObject 
     if (have_sizes) PyBuffer_Release(&sizes_view);
     return NULL;
   }
+  /* Given kinds (opt4_plan_from_kinds): one uint8 per position. */
+  if (have_kinds) {
+    int bad = PyObject_GetBuffer(kinds_obj, &kinds_view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0;
+    if (!bad && (kinds_view.itemsize != 1 || (uint64_t)kinds_view.len != seq.len || !bypass)) {
+      PyErr_Format(PyExc_ValueError, "kinds must be a 1-D uint8 buffer with one entry per position (%llu), "
+                   "with bypass=True", (unsigned long long)seq.len);
+      PyBuffer_Release(&kinds_view);
+      bad = 1;
+    }
+    if (bad) {
+      PyBuffer_Release(&view);
+      if (opts.progress != NULL) PyBuffer_Release(&prog_view);
+      if (have_sizes) PyBuffer_Release(&sizes_view);
+      return NULL;
+    }
+  }
   opts.capacity = capacity;
   opts.capacity_bytes = capacity_bytes;
   opts.page_size = page_size;
   opts.flags = bypass ? 0 : OPT4_PLAN_NOBYPASS;
   opt4_plan *plan = NULL;
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = opt4_plan_build(&seq, &opts, &plan);
+  Py_BEGIN_ALLOW_THREADS rc = have_kinds ? opt4_plan_from_kinds(&seq, kinds_view.buf, &opts, &plan)
+                                         : opt4_plan_build(&seq, &opts, &plan);
   Py_END_ALLOW_THREADS PyBuffer_Release(&view);
   if (opts.progress != NULL) PyBuffer_Release(&prog_view);
   if (have_sizes) PyBuffer_Release(&sizes_view);
-  if (rc != 0) return opt4py_raise(rc, "build plan");
+  if (have_kinds) PyBuffer_Release(&kinds_view);
+  if (rc != 0) return opt4py_raise(rc, have_kinds ? "plan from kinds" : "build plan");
   return plan_wrap(plan);
 }
 
@@ -453,7 +472,7 @@ static PyObject *py_load_plan_bytes(PyObject *Py_UNUSED(m), PyObject *arg) {
 static PyMethodDef plan_functions[] = {
     {"build_plan", (PyCFunction)(void (*)(void))py_build_plan, METH_VARARGS | METH_KEYWORDS,
      "build_plan(seq, items, capacity, bypass=True, progress=None, item_sizes=None, "
-     "capacity_bytes=0, page_size=0) -> Plan"},
+     "capacity_bytes=0, page_size=0, kinds=None) -> Plan (kinds: the decisions given, opt4_plan_from_kinds)"},
     {"plan_from_seq", py_plan_from_seq, METH_VARARGS,
      "plan_from_seq(seq, items) -> Plan holding the sequence only"},
     {"replan", (PyCFunction)(void (*)(void))py_replan, METH_VARARGS | METH_KEYWORDS,

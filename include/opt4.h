@@ -236,6 +236,24 @@ typedef struct opt4_plan opt4_plan;
 int opt4_plan_build(const opt4_seq *seq, const opt4_plan_opts *opts,
                     opt4_plan **out);
 
+/* A plan whose decisions are given, not planned: kinds[t] (OPT4_OP_HIT,
+ * OPT4_OP_ADMIT or OPT4_OP_BYPASS) for each position of seq, such as one
+ * node's part of a cluster plan (opt4torch.cluster.NodePlan), which a pool
+ * then runs as it runs any plan. A HIT reads its item's latest ADMIT. A
+ * generation (an ADMIT and its HITs) holds its place from its ADMIT to its
+ * last HIT (its ADMIT alone when none). The engine hands out the places
+ * from a stack of free ones, as opt4_plan_build does: slots
+ * (opts->capacity items), or pages (opts with
+ * item_sizes, capacity_bytes and page_size, as opt4_plan_build takes them),
+ * and checks the result as it checks a plan file's. opts->flags must be 0.
+ *
+ * Errors: as opt4_plan_build; OPT4_EINVAL also for kinds NULL, a kind
+ * above OPT4_OP_BYPASS, or a HIT of an item no ADMIT before it holds, and
+ * OPT4_ECAPACITY when an ADMIT finds no free place: the live generations
+ * need more than the capacity (opt4_errdetail() names the position). */
+int opt4_plan_from_kinds(const opt4_seq *seq, const uint8_t *kinds, const opt4_plan_opts *opts,
+                         opt4_plan **out);
+
 /* A plan that holds the sequence only (capacity 0, no decisions): what the
  * earlier design's precompute step wrote before a cache size was known.
  * Replan it with opt4_plan_replan(). Errors as opt4_plan_build(). */

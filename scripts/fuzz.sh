@@ -6,6 +6,7 @@
 # skips.
 #
 # Targets (tests/fuzz/): fuzz_plan_load (the plan-file loader),
+# fuzz_plan_kinds (plans of given decisions, opt4_plan_from_kinds),
 # fuzz_pool_header (the checks before a pool found in /dev/shm is used, then
 # the runtime over whatever passed), fuzz_pool_ops (random operation
 # sequences against the engine in one process, with oracles), fuzz_records

@@ -437,6 +437,27 @@ class ClusterPlan:
             position=position.astype(np.int64)[order],
         )
 
+    def pool_plan(self, node: int, node_plan: NodePlan | None = None) -> Plan:
+        """The engine plan of ``node``'s pool: its :meth:`node_plan`'s
+        decisions, given (``opt4_plan_from_kinds``), at the node's capacity
+        (its pages of :attr:`page_size` bytes, for a plan in bytes). The
+        engine hands out the slots or pages and checks that the node plan
+        fits its capacity, as a pool needs. A node that holds nothing gets
+        one place, which it never uses."""
+        np_ = self.node_plan(node) if node_plan is None else node_plan
+        seq = np.ascontiguousarray(np_.seq, dtype=np.uint32)
+        items = self.plan.items
+        kinds = np.ascontiguousarray(np_.op, dtype=np.uint8)
+        cap = max(int(self.capacities[np_.node]), 1)
+        if self.sized:
+            assert self._sizes is not None
+            sizes = np.ascontiguousarray(self._sizes, dtype=np.uint64)
+            handle = _engine.build_plan(seq, items, 0, item_sizes=sizes, capacity_bytes=cap * self.page_size,
+                                        page_size=self.page_size, kinds=kinds)
+        else:
+            handle = _engine.build_plan(seq, items, cap, kinds=kinds)
+        return Plan(handle)
+
     def for_node(self, node: int) -> dict[str, Any]:
         """The part of the plan that concerns one node: the positions it
         reads with their kinds and nodes (``reads``), what it sends and what

@@ -153,6 +153,13 @@ struct opt4_plan {
 };
 
 opt4_plan *opt4__plan_alloc(void);
+/* plan.c: opt4_plan_opts checked as opt4_plan_build does; the sequence
+ * copied into the plan as uint32 ids (and fingerprinted). */
+int opt4__plan_check_opts(const opt4_plan_opts *opts);
+/* What every plan-making call does first: the detail cleared, *out NULL,
+ * the sequence and the options checked. */
+int opt4__plan_begin(const opt4_seq *seq, const opt4_plan_opts *opts, opt4_plan **out);
+int opt4__plan_attach_seq(opt4_plan *plan, const opt4_seq *seq);
 
 /* min(capacity, items, accesses): no valid plan uses a slot at or above it. */
 static inline uint64_t opt4__slot_count(const opt4_plan_info *in) {
@@ -173,6 +180,11 @@ int opt4__belady(const opt4_seq *seq, const opt4_plan_opts *opts, uint32_t *ops,
 /* Size-aware Belady (sized plans): fills plan's ops, generations, pages and
  * sizes, and the totals. */
 int opt4__belady_sized(const opt4_seq *seq, const opt4_plan_opts *opts, opt4_plan *plan);
+
+/* Sized plans: the pages opts' capacity_bytes holds (checked against the
+ * limits) and the items' sizes as uint32 (items entries, the caller's to
+ * free; each checked to be at most 4 GiB). */
+int opt4__sized_pages(const opt4_plan_opts *opts, uint64_t items, uint64_t *pages, uint32_t **sizes);
 
 /* Pages an item of size bytes takes. */
 static inline uint64_t opt4__pages_for(uint64_t size, uint64_t page_size) {

@@ -54,7 +54,7 @@ static int check_opts(const opt4_plan_opts *opts) {
 }
 
 /* Take ownership of a converted sequence and fingerprint it. */
-static int attach_seq(opt4_plan *plan, const opt4_seq *seq) {
+int opt4__plan_attach_seq(opt4_plan *plan, const opt4_seq *seq) {
   size_t bytes;
   int rc = opt4__mul_size((size_t)seq->len, sizeof(uint32_t), &bytes);
   if (rc != 0) return opt4__fail(rc, "sequence too long");
@@ -80,7 +80,7 @@ int opt4_plan_from_seq(const opt4_seq *seq, opt4_plan **out) {
   if (plan == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a plan");
   plan->info.items = seq->items;
   plan->info.accesses = seq->len;
-  rc = attach_seq(plan, seq);
+  rc = opt4__plan_attach_seq(plan, seq);
   if (rc != 0) goto leave;
   /* Count distinct ids so that compulsory misses are known without a plan. */
   rc = opt4__count_distinct(plan->seq, seq->len, seq->items, &plan->info.compulsory);
@@ -94,13 +94,17 @@ leave:
   return 0;
 }
 
-int opt4_plan_build(const opt4_seq *seq, const opt4_plan_opts *opts,
-                    opt4_plan **out) {
+int opt4__plan_begin(const opt4_seq *seq, const opt4_plan_opts *opts, opt4_plan **out) {
   opt4__clear_detail();
   if (out == NULL) return opt4__fail(OPT4_EINVAL, "out is NULL");
   *out = NULL;
   int rc = opt4__seq_check(seq);
-  if (rc == 0) rc = check_opts(opts);
+  return rc != 0 ? rc : check_opts(opts);
+}
+
+int opt4_plan_build(const opt4_seq *seq, const opt4_plan_opts *opts,
+                    opt4_plan **out) {
+  int rc = opt4__plan_begin(seq, opts, out);
   if (rc != 0) return rc;
 
   opt4_plan *plan = opt4__plan_alloc();
@@ -122,7 +126,7 @@ int opt4_plan_build(const opt4_seq *seq, const opt4_plan_opts *opts,
     rc = opt4__belady_sized(seq, opts, plan);
     if (rc != 0) goto leave;
     plan->ops = plan->own_ops;
-    rc = attach_seq(plan, seq);
+    rc = opt4__plan_attach_seq(plan, seq);
     goto leave;
   }
   /* Decide first and copy the ids after: the key set is freed by then, so
@@ -131,7 +135,7 @@ int opt4_plan_build(const opt4_seq *seq, const opt4_plan_opts *opts,
   rc = opt4__belady(seq, opts, plan->own_ops, &plan->info);
   if (rc != 0) goto leave;
   plan->ops = plan->own_ops;
-  rc = attach_seq(plan, seq);
+  rc = opt4__plan_attach_seq(plan, seq);
 leave:
   if (rc != 0) {
     opt4_plan_close(plan);

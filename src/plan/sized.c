@@ -86,9 +86,32 @@ static int fit64(vec64 *a, uint64_t **out) {
   return 0;
 }
 
+int opt4__sized_pages(const opt4_plan_opts *opts, uint64_t items, uint64_t *pages, uint32_t **sizes) {
+  const uint64_t P = opts->capacity_bytes / opts->page_size;
+  *sizes = NULL;
+  if (P == 0) return opt4__fail(OPT4_ECAPACITY, "capacity_bytes %llu holds no page of %llu bytes",
+                                (unsigned long long)opts->capacity_bytes, (unsigned long long)opts->page_size);
+  if (P > OPT4_MAX_CAPACITY)
+    return opt4__fail(OPT4_ETOOBIG, "%llu pages exceed the limit %llu: use larger pages",
+                      (unsigned long long)P, (unsigned long long)OPT4_MAX_CAPACITY);
+  uint32_t *v = opt4__malloc((size_t)items * 4);
+  if (v == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for %llu item sizes", (unsigned long long)items);
+  for (uint64_t i = 0; i < items; i++) {
+    if (opts->item_sizes[i] > UINT32_MAX) {
+      opt4__free(v, (size_t)items * 4);
+      return opt4__fail(OPT4_ETOOBIG, "item %llu is %llu bytes; items up to 4 GiB are supported",
+                        (unsigned long long)i, (unsigned long long)opts->item_sizes[i]);
+    }
+    v[i] = (uint32_t)opts->item_sizes[i];
+  }
+  *pages = P;
+  *sizes = v;
+  return 0;
+}
+
 int opt4__belady_sized(const opt4_seq *seq, const opt4_plan_opts *opts, opt4_plan *plan) {
   const uint64_t T = seq->len, N = seq->items, page = opts->page_size;
-  const uint64_t P = opts->capacity_bytes / page;
+  uint64_t P = 0;
   const int bypass = (opts->flags & OPT4_PLAN_NOBYPASS) == 0;
   uint32_t *ops = plan->own_ops;
   uint32_t *sizes = NULL, *item_gen = NULL, *free_pages = NULL, *last = NULL;
@@ -97,30 +120,17 @@ int opt4__belady_sized(const opt4_seq *seq, const opt4_plan_opts *opts, opt4_pla
   vec64 gen_off = {NULL, 0, 0};
   opt4__keyset ks;
   memset(&ks, 0, sizeof ks);
-  int rc = 0;
   uint64_t hits = 0, admits = 0, bypasses = 0, distinct = 0;
 
-  if (P == 0) return opt4__fail(OPT4_ECAPACITY, "capacity_bytes %llu holds no page of %llu bytes",
-                                (unsigned long long)opts->capacity_bytes, (unsigned long long)page);
-  if (P > OPT4_MAX_CAPACITY)
-    return opt4__fail(OPT4_ETOOBIG, "%llu pages exceed the limit %llu: use larger pages",
-                      (unsigned long long)P, (unsigned long long)OPT4_MAX_CAPACITY);
-  sizes = opt4__malloc((size_t)N * 4);
+  int rc = opt4__sized_pages(opts, N, &P, &sizes);
+  if (rc != 0) return rc;
   last = opt4__malloc((size_t)N * 4);
   item_gen = opt4__malloc((size_t)N * 4);
   free_pages = opt4__malloc((size_t)P * 4);
-  if (sizes == NULL || last == NULL || item_gen == NULL || free_pages == NULL) {
+  if (last == NULL || item_gen == NULL || free_pages == NULL) {
     rc = opt4__fail(OPT4_ENOMEM, "no memory for %llu items and %llu pages", (unsigned long long)N,
                     (unsigned long long)P);
     goto leave;
-  }
-  for (uint64_t i = 0; i < N; i++) {
-    if (opts->item_sizes[i] > UINT32_MAX) {
-      rc = opt4__fail(OPT4_ETOOBIG, "item %llu is %llu bytes; items up to 4 GiB are supported",
-                      (unsigned long long)i, (unsigned long long)opts->item_sizes[i]);
-      goto leave;
-    }
-    sizes[i] = (uint32_t)opts->item_sizes[i];
   }
 
   /* Backward: next uses into ops, ids checked, and the largest item used. */

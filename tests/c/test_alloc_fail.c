@@ -41,6 +41,31 @@ static int do_build(void) {
   return rc;
 }
 
+/* A Belady plan's kinds, given back (opt4_plan_from_kinds), in items and
+ * in pages. */
+static uint8_t kinds[3000];
+static uint64_t sizes[100];
+
+static int do_from_kinds(int sized) {
+  opt4_seq s = {seq, OPT4_U32, 3000, 100};
+  opt4_plan_opts o;
+  memset(&o, 0, sizeof o);
+  if (sized) {
+    o.item_sizes = sizes;
+    o.capacity_bytes = 20 * 300;
+    o.page_size = 100;
+  } else {
+    o.capacity = 20;
+  }
+  opt4_plan *p = NULL;
+  int rc = opt4_plan_from_kinds(&s, kinds, &o, &p);
+  if (rc != 0) ASSERT(p == NULL);
+  opt4_plan_close(p);
+  return rc;
+}
+static int do_from_kinds_items(void) { return do_from_kinds(0); }
+static int do_from_kinds_sized(void) { return do_from_kinds(1); }
+
 static int do_open(void) {
   opt4_plan *p = NULL;
   int rc = opt4_plan_open(path, &p);
@@ -117,10 +142,14 @@ int main(void) {
     ASSERT_OK(opt4_plan_build(&s, &o, &p));
     ASSERT_OK(opt4_plan_set_desc(p, "d", 1));
     ASSERT_OK(opt4_plan_save(p, path));
+    for (int t = 0; t < 3000; t++) kinds[t] = (uint8_t)OPT4_OP_KIND(opt4_plan_ops(p)[t]);
     opt4_plan_close(p);
   }
+  for (int i = 0; i < 100; i++) sizes[i] = 100 + (uint64_t)(i % 3) * 100; /* 1 to 3 pages */
   run_scenario("build", do_build);
   run_scenario("open", do_open);
+  run_scenario("from_kinds", do_from_kinds_items);
+  run_scenario("from_kinds_sized", do_from_kinds_sized);
   for (const char *const *p = opt4_policy_names(); *p != NULL; p++) {
     char name[64];
     snprintf(name, sizeof name, "sim_%s", *p);

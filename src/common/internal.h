@@ -153,11 +153,9 @@ struct opt4_plan {
 };
 
 opt4_plan *opt4__plan_alloc(void);
-/* plan.c: opt4_plan_opts checked as opt4_plan_build does; the sequence
- * copied into the plan as uint32 ids (and fingerprinted). */
-int opt4__plan_check_opts(const opt4_plan_opts *opts);
-/* What every plan-making call does first: the detail cleared, *out NULL,
- * the sequence and the options checked. */
+/* plan.c: what every plan-making call does first (the detail cleared, *out
+ * NULL, the sequence and opt4_plan_opts checked as opt4_plan_build does);
+ * the sequence copied into the plan as uint32 ids (and fingerprinted). */
 int opt4__plan_begin(const opt4_seq *seq, const opt4_plan_opts *opts, opt4_plan **out);
 int opt4__plan_attach_seq(opt4_plan *plan, const opt4_seq *seq);
 

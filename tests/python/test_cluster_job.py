@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from torch.utils.data.distributed import DistributedSampler
 
+from conftest import torchrun as run_torchrun
 from datasets_for_tests import Checked
 
 import opt4torch
@@ -25,22 +23,9 @@ HERE = os.path.dirname(__file__)
 WORLD = 4
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(tmp_path, *args: str, node_env: str | None = "rank") -> list[dict]:
     out = tmp_path / "rank"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-addr",
-           "127.0.0.1", "--master-port", str(free_port()), os.path.join(HERE, "cluster_run.py"),
-           "--out", str(out), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("OPT4TORCH_NODE", None)
-    if node_env is not None:
-        env["OPT4TORCH_NODE"] = node_env
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL)
+    r = run_torchrun(os.path.join(HERE, "cluster_run.py"), WORLD, "--out", str(out), *args, node_env=node_env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
     return [json.loads((tmp_path / f"rank.{k}.json").read_text()) for k in range(WORLD)]
 

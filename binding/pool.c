@@ -777,19 +777,26 @@ static PyObject *pool_warm(PoolObject *self, PyObject *args) {
 }
 
 /* prefetch_claim(lookahead) -> (status, t, item, kind, space): status 0
- * claimed, 1 nothing in the window now, 2 the plan's misses are all taken. */
-static PyObject *pool_prefetch_claim(PoolObject *self, PyObject *arg) {
-  unsigned long long lookahead = PyLong_AsUnsignedLongLong(arg);
-  if (lookahead == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+ * claimed, 1 nothing in the window now, 2 the plan's misses are all taken.
+ * prefetch_claim_at(t) -> the same for the miss at t itself
+ * (opt4_pool_prefetch_claim_at). */
+static PyObject *claim(PoolObject *self, PyObject *arg, int at) {
+  unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+  if (n == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
   if (pool_enter(self) < 0) return NULL;
   opt4_prefetch_job job;
   int status = 0, rc;
-  Py_BEGIN_ALLOW_THREADS rc = opt4_pool_prefetch_claim(self->pool, lookahead, &job, &status);
+  Py_BEGIN_ALLOW_THREADS rc = at ? opt4_pool_prefetch_claim_at(self->pool, n, &job, &status)
+                                 : opt4_pool_prefetch_claim(self->pool, n, &job, &status);
   Py_END_ALLOW_THREADS pool_leave(self);
   if (rc != 0) return opt4py_raise(rc, "prefetch claim");
   return Py_BuildValue("(iKIIK)", status, (unsigned long long)job.t, job.item, job.kind,
                        (unsigned long long)job.space);
 }
+
+static PyObject *pool_prefetch_claim(PoolObject *self, PyObject *arg) { return claim(self, arg, 0); }
+
+static PyObject *pool_prefetch_claim_at(PoolObject *self, PyObject *arg) { return claim(self, arg, 1); }
 
 /* prefetch_store(t, parts, try_only=False) -> 1 handed over, 0 given up,
  * -1 too large, 2 (try_only) not yet: keep it and try again later. */
@@ -871,6 +878,8 @@ static PyMethodDef pool_methods[] = {
     {"warm", (PyCFunction)pool_warm, METH_VARARGS, "warm(admit, parts, reads_before) -> result"},
     {"prefetch_claim", (PyCFunction)pool_prefetch_claim, METH_O,
      "prefetch_claim(lookahead) -> (status, t, item, kind, space)"},
+    {"prefetch_claim_at", (PyCFunction)pool_prefetch_claim_at, METH_O,
+     "prefetch_claim_at(t) -> (status, t, item, kind, space): the miss at t itself"},
     {"prefetch_store", (PyCFunction)pool_prefetch_store, METH_VARARGS,
      "prefetch_store(t, parts, try_only=False) -> 1 handed over, 0 given up, -1 too large, "
      "2 not yet (try_only)"},

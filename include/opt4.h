@@ -836,6 +836,18 @@ typedef struct opt4_prefetch_job {
 int opt4_pool_prefetch_claim(opt4_pool *pool, uint64_t lookahead, opt4_prefetch_job *job,
                              int *status);
 
+/* Claim the miss at position t itself, wherever the prefetchers' cursor is:
+ * how a loader that is not a storage prefetcher (the receive side of a
+ * cluster, which gets items from peers; docs/cluster.md) takes the
+ * positions it will fill. Claimed before any prefetcher runs, they are
+ * skipped by the prefetchers, and their consumers wait for the store (or,
+ * past the pool's timeout, or once the claim is released, load the item
+ * themselves). *status: OPT4_PREFETCH_CLAIMED (job filled: store or
+ * release it as after opt4_pool_prefetch_claim), or OPT4_PREFETCH_IDLE when
+ * t is a HIT, a BYPASS in a pool without staging slots, or a miss that
+ * someone has claimed already. OPT4_ERANGE for t past the plan. */
+int opt4_pool_prefetch_claim_at(opt4_pool *pool, uint64_t t, opt4_prefetch_job *job, int *status);
+
 /* Hand over the item loaded for claimed position t (the bytes of parts). May
  * wait, bounded, for the items it replaces to be read, or for its staging
  * slot. *stored is 1 if its consumer will find it, 0 if the prefetcher gave

@@ -37,6 +37,21 @@ static _Atomic uint32_t *claim_of(opt4_pool *pool, uint32_t v) {
   return NULL;
 }
 
+/* Move t's claim from OPEN to this handle's LOADING and describe the job;
+ * 0 when someone holds it already. */
+static int take_claim(opt4_pool *pool, uint64_t t, _Atomic uint32_t *claim, opt4_prefetch_job *job) {
+  const uint32_t mine = ((pool->rec + 1u) << 4) | CL_LOADING;
+  uint32_t open = CL_OPEN;
+  if (!atomic_compare_exchange_strong(claim, &open, mine)) return 0;
+  const uint32_t v = pool->rt[t];
+  job->t = t;
+  job->item = pool->seq[t];
+  job->kind = RT_KIND(v);
+  job->space = RT_KIND(v) == OPT4_OP_ADMIT ? (uint64_t)pool->gens[RT_GEN(v)].npages * pool->h->page_size
+                                           : pool->h->staging_slot_bytes;
+  return 1;
+}
+
 int opt4_pool_prefetch_claim(opt4_pool *pool, uint64_t lookahead, opt4_prefetch_job *job,
                              int *status) {
   if (pool == NULL || job == NULL || status == NULL)
@@ -45,7 +60,6 @@ int opt4_pool_prefetch_claim(opt4_pool *pool, uint64_t lookahead, opt4_prefetch_
   if (rc != 0) return rc;
   pool_header *h = pool->h;
   const uint64_t T = h->accesses;
-  const uint32_t mine = ((pool->rec + 1u) << 4) | CL_LOADING;
   memset(job, 0, sizeof *job);
   /* Bounded work per call: a caller that gets IDLE comes back later. */
   for (int round = 0; round < 64; round++) {
@@ -75,19 +89,26 @@ int opt4_pool_prefetch_claim(opt4_pool *pool, uint64_t lookahead, opt4_prefetch_
       continue;
     }
     if (!atomic_compare_exchange_strong(&h->pf_cursor, &c, t + 1)) continue;
-    uint32_t open = CL_OPEN;
-    if (!atomic_compare_exchange_strong(claim, &open, mine)) continue; /* its consumer has it */
-    uint32_t v = pool->rt[t];
-    job->t = t;
-    job->item = pool->seq[t];
-    job->kind = RT_KIND(v);
-    job->space = RT_KIND(v) == OPT4_OP_ADMIT
-                     ? (uint64_t)pool->gens[RT_GEN(v)].npages * h->page_size
-                     : h->staging_slot_bytes;
-    *status = OPT4_PREFETCH_CLAIMED;
-    return 0;
+    if (take_claim(pool, t, claim, job)) { /* else its consumer, or another loader, has it */
+      *status = OPT4_PREFETCH_CLAIMED;
+      return 0;
+    }
   }
   *status = OPT4_PREFETCH_IDLE;
+  return 0;
+}
+
+int opt4_pool_prefetch_claim_at(opt4_pool *pool, uint64_t t, opt4_prefetch_job *job, int *status) {
+  if (pool == NULL || job == NULL || status == NULL)
+    return opt4__fail(OPT4_EINVAL, "pool, job or status is NULL");
+  int rc = opt4__pool_register(pool);
+  if (rc != 0) return rc;
+  if (t >= pool->h->accesses)
+    return opt4__fail(OPT4_ERANGE, "position %llu is past the plan (%llu positions)", (unsigned long long)t,
+                      (unsigned long long)pool->h->accesses);
+  memset(job, 0, sizeof *job);
+  _Atomic uint32_t *claim = claim_of(pool, pool->rt[t]);
+  *status = claim != NULL && take_claim(pool, t, claim, job) ? OPT4_PREFETCH_CLAIMED : OPT4_PREFETCH_IDLE;
   return 0;
 }
 

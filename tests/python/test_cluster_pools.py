@@ -165,3 +165,94 @@ def test_random_clusters(nodes: int, window: int, batch: int, seed: int) -> None
     caps[0] += 1
     cp = cluster_plan(seqs, node_of, caps.tolist(), items=n, batch_size=batch, window=window, item_sizes=sizes)
     run(cp, sizes, page_size=512)
+
+
+# ---- the receive side's claims (opt4_pool_prefetch_claim_at) ----
+
+
+class Counted:
+    """Items of the shapes above; counts which items a reader loaded."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.loaded: list[int] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, x: int) -> np.ndarray:
+        self.loaded.append(x)
+        return content(x, 50 + x)
+
+
+def claimed_pool(release: set[int] | None = None) -> None:
+    import threading
+
+    import opt4torch
+    from opt4torch import _engine
+
+    rng = np.random.default_rng(9)
+    seq = rng.integers(0, 40, size=300)
+    plan = opt4torch.plan(seq, 10, items=40)
+    kinds = plan.kinds
+    misses = np.flatnonzero(kinds != opt4torch.HIT)
+    mine = set(misses[::3].tolist())  # the receive side's
+    cache = OPTCache(plan, 256, staging_slots=8, wait_timeout=20.0)
+    try:
+        rx = _engine.pool_attach(cache.name)
+        for t in sorted(mine):
+            status, t_, item, kind, space = rx.prefetch_claim_at(t)
+            assert status == _engine.PREFETCH_CLAIMED and t_ == t and item == seq[t]
+            assert rx.prefetch_claim_at(t)[0] == _engine.PREFETCH_IDLE  # held already
+        hit = int(np.flatnonzero(kinds == opt4torch.HIT)[0])
+        assert rx.prefetch_claim_at(hit)[0] == _engine.PREFETCH_IDLE
+        with pytest.raises(opt4torch.InvalidInputError, match="past the plan"):
+            rx.prefetch_claim_at(len(seq))
+        # A storage prefetcher now never gets one of them.
+        pf = _engine.pool_attach(cache.name)
+        seen = []
+        while True:
+            status, t, *_ = pf.prefetch_claim(len(seq))
+            if status != _engine.PREFETCH_CLAIMED:
+                break
+            seen.append(t)
+            pf.prefetch_release(t)  # the reader loads it
+        assert seen and not mine & set(seen)
+        # The receiver stores its items while the reader reads in order: the
+        # reader waits for them, or loads the released ones itself.
+        released = release or set()
+
+        def receive() -> None:
+            for t in sorted(mine):
+                if t in released:
+                    rx.prefetch_release(t)
+                else:
+                    assert rx.prefetch_store(t, encode(content(int(seq[t]), 50 + int(seq[t])))) == 1
+
+        ds = Counted(40)
+        view = PlannedDataset(ds, cache.name, len(seq), 40)
+        th = threading.Thread(target=receive)
+        th.start()
+        for t in range(len(seq)):
+            assert np.array_equal(view[t], content(int(seq[t]), 50 + int(seq[t])))
+        th.join()
+        loaded = sorted(ds.loaded)
+        assert loaded == sorted(int(seq[t]) for t in misses if t not in mine or t in released)
+        st = cache.stats()
+        assert st["hits"] == st["plan_hits"] and st["fallbacks"] == 0
+        rx.close()
+        pf.close()
+    finally:
+        cache.close()
+
+
+def test_claimed_positions_are_the_claimers() -> None:
+    """Positions the receive side claims up front: no storage prefetcher
+    takes them, their reader waits for the store and loads none of them."""
+    claimed_pool()
+
+
+def test_a_released_claim_is_loaded_by_its_reader() -> None:
+    """A window whose collective failed: the receive side gives its claims
+    up, and their readers load the items themselves, right."""
+    claimed_pool(release={int(t) for t in range(0, 300, 7)})

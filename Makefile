@@ -100,7 +100,8 @@ test-asan-binding: $(STAMP)
 	    $(PY) -m pytest -q -p no:cacheprovider tests/python/test_codec.py tests/python/test_dataloader.py \
 	    tests/python/test_cachelib.py tests/python/test_sized.py tests/python/test_prefetch.py \
 	    tests/python/test_bad_input.py tests/python/test_worker_kill.py tests/python/test_fork_safety.py \
-	    tests/python/test_sources.py tests/python/test_cluster.py tests/python/test_live.py \
+	    tests/python/test_sources.py tests/python/test_cluster.py tests/python/test_cluster_pools.py \
+	    tests/python/test_live.py \
 	    -k "not spawn and not forkserver" $(ASAN_DESELECT)
 
 # ThreadSanitizer runs the concurrent tests (label "concurrent").

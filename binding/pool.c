@@ -848,6 +848,22 @@ static PyObject *pool_prefetch_pending(PoolObject *self, PyObject *args) {
 }
 
 /* interrupt(): callable from another thread while this handle waits. */
+/* wait_head(target, timeout) -> bool: the consumers reached target (see
+ * opt4_pool_wait_head), waiting at most timeout seconds without the GIL. */
+static PyObject *pool_wait_head(PoolObject *self, PyObject *args) {
+  unsigned long long target;
+  double timeout;
+  if (!PyArg_ParseTuple(args, "Kd", &target, &timeout)) return NULL;
+  if (!(timeout >= 0)) return PyErr_Format(PyExc_ValueError, "timeout must be >= 0 seconds, got %g", timeout);
+  if (pool_enter(self) < 0) return NULL;
+  int reached = 0, rc;
+  uint64_t ns = timeout > 1e9 ? UINT64_MAX : (uint64_t)(timeout * 1e9);
+  Py_BEGIN_ALLOW_THREADS rc = opt4_pool_wait_head(self->pool, target, ns, &reached);
+  Py_END_ALLOW_THREADS pool_leave(self);
+  if (rc != 0) return opt4py_raise(rc, "wait head");
+  return PyBool_FromLong(reached);
+}
+
 static PyObject *pool_interrupt(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
   if (self->pool == NULL) Py_RETURN_NONE;
   opt4_pool_interrupt(self->pool);
@@ -856,6 +872,8 @@ static PyObject *pool_interrupt(PoolObject *self, PyObject *Py_UNUSED(ignored)) 
 
 static PyMethodDef pool_methods[] = {
     {"close", (PyCFunction)pool_close, METH_NOARGS, "Detach (does not remove the pool)."},
+    {"wait_head", (PyCFunction)pool_wait_head, METH_VARARGS,
+     "wait_head(target, timeout) -> bool: sleep until the consumers reach position target"},
     {"unlink", (PyCFunction)pool_unlink, METH_NOARGS, "Remove the pool's segments."},
     {"info", (PyCFunction)pool_info, METH_NOARGS, "Layout and sizes as a dict."},
     {"stats", (PyCFunction)pool_stats, METH_NOARGS, "Counters summed over all processes."},

@@ -876,6 +876,14 @@ int opt4_pool_prefetch_release(opt4_pool *pool, uint64_t t);
  * until the prefetchers have a head start. O(to - from). */
 int opt4_pool_prefetch_pending(opt4_pool *pool, uint64_t from, uint64_t to, uint64_t *pending);
 
+/* Sleep until the consumers' progress (the furthest position asked for,
+ * in steps of 32) reaches position target, at most timeout_ns: on the word
+ * the consumer that moves it wakes (a futex), not in a sleep loop. *reached
+ * is 1 if it did. For a thread that must keep pace with the consumers (a
+ * cluster's transfer thread, docs/cluster.md). An interrupted handle
+ * returns at once. */
+int opt4_pool_wait_head(opt4_pool *pool, uint64_t target, uint64_t timeout_ns, int *reached);
+
 /* Make every wait on this handle, in progress (from another thread) or
  * later, end at once as if timed out: for shutting a prefetch thread down
  * without waiting out the pool's timeout. Only that handle is affected. */

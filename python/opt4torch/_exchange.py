@@ -7,11 +7,12 @@ lengths of the encoded items travel beside them.
 
 What a node sends in window k: copies of generations its pool holds, for
 peers that read them in window k + 1 (read from its pool at its SEND
-positions), and the items its ranks read from storage in window k - 1 for
-another node to keep (forwards, kept meanwhile in :attr:`Exchange.outbox`).
-What it receives is kept by the position of its node plan that uses it (a
-WORKER's peer read in window k + 1, or a RECEIVE at the start of window
-k + 1) until :meth:`Exchange.take` hands it over.
+positions), and the items read from storage in window k - 1 for another
+node to keep (forwards, kept meanwhile in :attr:`Exchange.outbox`). Items
+travel as their cached records (the codec's bytes, as the pool stores
+them). What a node receives is kept by the position of its node plan that
+uses it (a WORKER's peer read in window k + 1, or a RECEIVE at the start of
+window k + 1) until :meth:`Exchange.take` hands it over.
 
 A collective that fails (a peer died, the group's timeout passed) loses
 that window's items: :meth:`take` then returns nothing and the reader loads
@@ -28,14 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from ._codec import decode, encode
+from ._codec import encode
 from .cluster import ADMIT, PEER_HIT, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
 
-__all__ = ["Exchange"]
+__all__ = ["Exchange", "record_of"]
 
 
-def _payload(obj: Any) -> bytes:
-    return b"".join(bytes(memoryview(p).cast("B")) for p in encode(obj))
+def record_of(obj: Any, allow_pickle: bool = False) -> bytes:
+    """``obj`` as the pool stores it (the codec's record)."""
+    return b"".join(bytes(memoryview(p).cast("B")) for p in encode(obj, allow_pickle))
 
 
 class Exchange:
@@ -78,25 +80,30 @@ class Exchange:
         self.errors: list[tuple[int, BaseException]] = []
         self.bytes_sent = self.bytes_received = self.items_sent = self.items_received = 0
 
-    def keep_forward(self, node_index: int, obj: Any) -> None:
-        """A rank read the item at this node-plan position from storage for
-        another node to keep: hold it until the window that sends it."""
+    def keep_forward(self, node_index: int, record: bytes) -> None:
+        """The item at this node-plan position was read from storage for
+        another node to keep (its record): hold it until the window that
+        sends it."""
         if self.plan.forward[node_index]:
-            self.outbox[int(self.plan.position[node_index])] = obj
+            self.outbox[int(self.plan.position[node_index])] = record
 
-    def run(self, k: int, read_pool: Callable[[int], Any]) -> None:
+    def incoming(self, k: int) -> list[int]:
+        """The node-plan positions window k's collective brings items for."""
+        return [at for _, _, at in self._in.get(k, [])]
+
+    def run(self, k: int, read_pool: Callable[[int], bytes]) -> bool:
         """Window k's exchange, a collective of every rank: ``read_pool(i)``
-        reads this node's pool at node-plan position i (its SENDs)."""
+        gives the record this node's pool holds for node-plan position i
+        (its SENDs). False when the collective failed (the error is kept)."""
         import torch
         import torch.distributed as dist
 
         if k not in self._windows:
-            return
+            return True
         parts: list[list[bytes]] = [[] for _ in range(self.world)]
         for d, t, kd in self._out.get(k, []):
-            obj = read_pool(self._send_at[t]) if kd == PEER_HIT else self.outbox.pop(t)
             assert kd in (PEER_HIT, ADMIT)
-            parts[d].append(_payload(obj))
+            parts[d].append(read_pool(self._send_at[t]) if kd == PEER_HIT else self.outbox.pop(t, b""))
         lengths = [np.array([len(b) for b in bs], dtype=np.int64) for bs in parts]
         expect = [0] * self.world
         for s, _, _ in self._in.get(k, []):
@@ -116,19 +123,209 @@ class Exchange:
                                    input_split_sizes=[int(x.sum()) for x in lengths], group=self.group)
         except (RuntimeError, ValueError) as e:  # a dead peer, a timeout: this window's items are lost
             self.errors.append((k, e))
-            return
+            return False
         self.items_sent += sum(x.size for x in lengths)
         self.bytes_sent += len(blob)
         data = recv.numpy().tobytes()
         offsets = np.concatenate([[0], np.cumsum(got_sizes.numpy())])
         for j, (_, _, at) in enumerate(self._in.get(k, [])):
-            self.inbox[at] = decode(memoryview(data)[offsets[j]:offsets[j + 1]])
+            self.inbox[at] = data[offsets[j]:offsets[j + 1]]
         self.items_received += len(self._in.get(k, []))
         self.bytes_received += len(data)
+        return True
 
-    def take(self, node_index: int) -> tuple[bool, Any]:
-        """The item received for this node-plan position: (True, it), or
-        (False, None) when its window's collective failed."""
-        if node_index in self.inbox:
-            return True, self.inbox.pop(node_index)
-        return False, None
+    def take(self, node_index: int) -> bytes | None:
+        """The record received for this node-plan position, or None when its
+        window's collective failed (or an empty one came: a forward lost)."""
+        got = self.inbox.pop(node_index, None)
+        return got if got else None
+
+
+class ClusterRuntime:
+    """A node's transfer thread (docs/cluster.md, "The receive side, under
+    the claim protocol"), in the process that owns the node's pool.
+
+    Made before any prefetcher runs, it claims every position of the node
+    plan whose bytes do not come from the node's own storage reads (its
+    RECEIVEs, its ranks' peer reads) and the forward reads, which it loads
+    itself. Started once the DataLoader's workers exist, it goes window by
+    window: it loads the window's forwards from storage (into the staging
+    ring for their reader, and keeps their records to send), runs the
+    window's exchange, stores what came at its positions (a RECEIVE into
+    the pool, a peer read into the staging ring) and reads its RECEIVEs, as
+    a worker would. A window whose collective failed releases its claims:
+    their readers load from storage (a RECEIVE, it loads itself). Whatever
+    it still holds when it stops, it releases.
+    """
+
+    def __init__(self, cp: ClusterPlan, node_plan: NodePlan, pool_name: str, dataset: Any, *,
+                 allow_pickle: bool = False, group: Any = None, storage_sizes: np.ndarray | None = None,
+                 timeout: float = 60.0) -> None:
+        import threading
+
+        from . import _engine
+        from .data import PlannedDataset
+
+        self.cp, self.plan, self.dataset, self.allow_pickle = cp, node_plan, dataset, allow_pickle
+        # What the plan says this node reads from storage, in the items' own
+        # bytes (the plan counts what the pool stores, with the codec's margin).
+        mine = (node_plan.role == WORKER) & (node_plan.source == 1)  # FROM_STORAGE
+        self.plan_storage_bytes = (int(storage_sizes[node_plan.seq[mine]].sum()) if storage_sizes is not None
+                                   else cp.node_stats()[node_plan.node]["plan_storage_bytes"])
+        self.exchange = Exchange(cp, node_plan, group)
+        p = node_plan
+        worker = p.role == WORKER
+        peer = worker & (p.source == 2)  # FROM_PEER
+        forward = worker & p.forward
+        receive = p.role == RECEIVE
+        # The thread's own handle: the claims belong to it.
+        self._pool = _engine.pool_attach(pool_name)
+        self._claims: set[int] = set()
+        for i in np.flatnonzero(peer | forward | receive).tolist():
+            if self._pool.prefetch_claim_at(i)[0] == _engine.PREFETCH_CLAIMED:
+                self._claims.add(i)
+        self._forwards: dict[int, list[int]] = {}
+        for i in np.flatnonzero(forward).tolist():
+            self._forwards.setdefault(int(p.window[i]), []).append(i)
+        self._receive = set(np.flatnonzero(receive).tolist())
+        self._windows = sorted(set(self.exchange.windows) | set(self._forwards))
+        # Pace: window k's turn comes once the workers asked for the reads
+        # of window k - 1 (the first of them, or the last read of all).
+        reads = p.reads
+        self._pace = {}
+        for k in self._windows:
+            j = int(np.searchsorted(p.window[reads], k - 1)) if reads.size else 0
+            self._pace[k] = int(reads[min(j, reads.size - 1)]) if reads.size else 0
+        # Reads of its own positions (RECEIVEs, SENDs), as a worker reads.
+        self._view = PlannedDataset(dataset, pool_name, len(p), len(dataset), allow_pickle=allow_pickle)
+        self.timeout = float(timeout)  # a collective's, at most
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = __import__("os").getpid()  # a forked worker's copy never acts
+        self.error: BaseException | None = None
+        self.handed_over = {"peer": 0, "forward": 0, "receive": 0}
+        self.own_sends = 0  # its reads of its SENDs (HITs of the plan)
+        self.storage_reads = 0  # items it read from storage (forwards, and RECEIVEs whose window failed)
+
+    # ---- the thread ----
+
+    def start(self) -> None:
+        import os
+        import threading
+
+        if self._thread is not None or self._stop.is_set() or os.getpid() != self._pid:
+            return
+        self._thread = threading.Thread(target=self._run, name="opt4-cluster", daemon=True)
+        self._thread.start()
+
+    def finish(self, timeout: float | None = None) -> None:
+        """Let the thread run its last windows (the other nodes' threads
+        take part in the same collectives, so it must not leave them
+        waiting), at most ``timeout`` seconds (default: twice a collective's
+        timeout), then :meth:`stop`. How a loader ends: closed, collected,
+        or at exit."""
+        import os
+
+        if os.getpid() != self._pid:
+            return
+        if self._thread is not None:
+            self._thread.join(2 * self.timeout + 5 if timeout is None else timeout)
+        self.stop(timeout=0)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the window under way (a collective ends by its
+        timeout) and give back the claims left; in the process that made it
+        only. The other nodes' collectives after it then fail, and their
+        readers load from storage."""
+        import os
+        import threading
+
+        if os.getpid() != self._pid:
+            return
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        if self._thread is None or not self._thread.is_alive():
+            self._release(list(self._claims))
+
+    @property
+    def done(self) -> bool:
+        return self._thread is not None and not self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            for k in self._windows:
+                while not self._stop.is_set() and not self._pool.wait_head(self._pace[k], 0.5):
+                    pass  # asleep on the workers' progress; awake twice a second for stop()
+                if self._stop.is_set():
+                    break
+                for i in self._forwards.get(k, []):
+                    self._forward(i)
+                ok = self.exchange.run(k, self._send_record)
+                self._deliver(k, ok)
+        except BaseException as e:  # noqa: BLE001 - kept for stats(); the readers load instead
+            self.error = e
+        finally:
+            self._release(list(self._claims))
+
+    def _load(self, i: int) -> bytes:
+        self.storage_reads += 1
+        return record_of(self.dataset[int(self.plan.seq[i])], self.allow_pickle)
+
+    def _hand_over(self, i: int, record: bytes) -> bool:
+        if i not in self._claims:
+            return False
+        self._claims.discard(i)
+        return self._pool.prefetch_store(i, [record]) == 1
+
+    def _forward(self, i: int) -> None:
+        record = self._load(i)
+        self.handed_over["forward"] += self._hand_over(i, record)
+        self.exchange.keep_forward(i, record)
+
+    def _send_record(self, i: int) -> bytes:
+        self.own_sends += 1  # a HIT of the plan: counted in the pool's hits
+        return record_of(self._view[i], self.allow_pickle)
+
+    def _deliver(self, k: int, ok: bool) -> None:
+        for i in self.exchange.incoming(k):
+            record = self.exchange.take(i) if ok else None
+            if i in self._receive:
+                if record is None:
+                    record = self._load(i)
+                self.handed_over["receive"] += self._hand_over(i, record)
+                self._view[i]  # its read, as a worker's: the generation owes it
+            elif record is not None:
+                self.handed_over["peer"] += self._hand_over(i, record)
+            else:
+                self._release([i])
+
+    def _release(self, positions: list[int]) -> None:
+        for i in positions:
+            if i in self._claims:
+                self._claims.discard(i)
+                try:
+                    self._pool.prefetch_release(i)
+                except Exception:  # noqa: BLE001 - a closed pool: nobody waits any more
+                    pass
+
+    # ---- figures ----
+
+    def stats(self, hits: int) -> dict[str, Any]:
+        """The cluster keys of ``stats()``, given the pool's hits (every
+        process's): measured, beside the plan's for this node."""
+        plan = self.cp.node_stats()[self.plan.node]
+        return {
+            "local_hits": hits - self.own_sends,
+            "peer_hits": self.handed_over["peer"],
+            "peer_bytes_sent": self.exchange.bytes_sent,
+            "peer_bytes_received": self.exchange.bytes_received,
+            "peer_items_sent": self.exchange.items_sent,
+            "peer_items_received": self.exchange.items_received,
+            "plan_local_hits": plan["local_hits"],
+            "plan_peer_hits": plan["peer_hits"],
+            "plan_storage_bytes": self.plan_storage_bytes,
+            "plan_storage_reads": plan["storage_reads"],
+            "cluster_errors": [f"window {k}: {type(e).__name__}: {e}" for k, e in self.exchange.errors[:3]]
+            + ([f"{type(self.error).__name__}: {self.error}"] if self.error is not None else []),
+        }

@@ -83,13 +83,13 @@ _handlers_installed = False
 _previous_handlers: dict[int, Any] = {}
 
 
-def _unlink_all() -> None:
+def _unlink_all(finish: bool = True) -> None:
     for cache in list(_live_caches):
-        cache._unlink()
+        cache._unlink(finish)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    _unlink_all()
+    _unlink_all(finish=False)  # a cluster's transfer thread stops at once: no waiting in a handler
     # And any pool made but not yet handed to an OPTCache (the signal came
     # during a constructor): the engine lists them from their creation on.
     _engine.remove_owned_pools()
@@ -183,8 +183,9 @@ class OPTCache:
         self.name: str = self._pool.name
         self._owner_pid = os.getpid()
         self._lock = threading.Lock()
-        # The prefetcher, once started (a box, so the finalizer sees it).
-        self._prefetch_box: list[Any] = [None]
+        # The prefetcher, once started, and a cluster's transfer thread (a
+        # box, so the finalizer sees them).
+        self._prefetch_box: list[Any] = [None, None]
         self._prefetch_spec: tuple[Any, ...] | None = None
         self._storage: Any = None
         _live_caches.add(self)
@@ -204,7 +205,7 @@ class OPTCache:
         self.name = name
         self._owner_pid = -1  # never the owner
         self._lock = threading.Lock()
-        self._prefetch_box = [None]
+        self._prefetch_box = [None, None]
         self._prefetch_spec = None
         self._storage = None
         self._finalizer = weakref.finalize(self, OPTCache._close_attached, self._pool, self._prefetch_box)
@@ -216,10 +217,17 @@ class OPTCache:
         pool.close()
 
     @staticmethod
-    def _stop_prefetch(box: list[Any]) -> None:
+    def _stop_prefetch(box: list[Any], cluster: bool = True, finish: bool = True) -> None:
         pf, box[0] = box[0], None
         if pf is not None:
             pf.stop()
+        rt = box[1] if cluster else None
+        if rt is not None:
+            box[1] = None
+            if finish:
+                rt.finish()  # its last windows: the other nodes take part in them
+            else:
+                rt.stop(timeout=0)
 
     @staticmethod
     def _finalize(pool: Any, owner_pid: int, box: list[Any]) -> None:
@@ -228,8 +236,8 @@ class OPTCache:
             pool.unlink()
             pool.close()
 
-    def _unlink(self) -> None:
-        OPTCache._stop_prefetch(self._prefetch_box)
+    def _unlink(self, finish: bool = True) -> None:
+        OPTCache._stop_prefetch(self._prefetch_box, finish=finish)
         if os.getpid() == self._owner_pid and not self._pool.closed:
             self._pool.unlink()
 
@@ -250,7 +258,10 @@ class OPTCache:
         process other than the owner, or when it already runs). With
         ``head_start=(first, last)``, return only once the misses in those
         positions are loaded (bounded by the wait timeout): the batches the
-        DataLoader hands its workers first then find them ready."""
+        DataLoader hands its workers first then find them ready. A cluster's
+        transfer thread starts here too."""
+        if self._prefetch_box[1] is not None and os.getpid() == self._owner_pid:
+            self._prefetch_box[1].start()
         if self._prefetch_spec is None or self._prefetch_box[0] is not None:
             return
         if os.getpid() != self._owner_pid and self._owner_pid != -1:
@@ -309,7 +320,7 @@ class OPTCache:
         """Stop the prefetcher's threads (their items in hand go back to the
         workers); iteration goes on without prefetching."""
         self._prefetch_spec = None
-        OPTCache._stop_prefetch(self._prefetch_box)
+        OPTCache._stop_prefetch(self._prefetch_box, cluster=False)
 
     def set_floor(self, position: int) -> None:
         """Positions below this that have not run never will."""
@@ -335,6 +346,9 @@ class OPTCache:
         extra: dict[str, Any] = {}
         if pf is not None:
             extra["prefetcher"] = {"kind": pf.kind, **pf.stats()}
+        rt = self._prefetch_box[1]
+        if rt is not None:
+            extra.update(rt.stats(r["hits"]))
         if self._storage is not None:
             info = self._storage.info()
             extra["storage_reads"] = info["reads"]
@@ -903,6 +917,80 @@ def _interleave_ranks(per_epoch_idx: list[np.ndarray], per_epoch_lengths: list[n
     return timeline.seq, starts[rank], floors, per_epoch_lengths
 
 
+def _cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sampler: Any, seed: int | None,
+                   epochs: int, cache_bytes: Any, cache_items: int | None, item_bytes: Any, page_size: int | None,
+                   allow_pickle: bool, window: int, timeout: float, progress: bool | None) -> dict[str, Any]:
+    """``cluster=True``: the job's cluster plan over every node's memory
+    (:func:`opt4torch.cluster.job_plan`, windows of ``window`` steps), this
+    node's part of it as the pool's plan, this rank's batches as node-plan
+    positions, and a gloo group of the loader's own for the transfers."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.utils.data.distributed import DistributedSampler
+
+    from .cluster import job_plan
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("cluster=True runs under torch.distributed (torchrun): call "
+                           "torch.distributed.init_process_group before building the loader")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    n_items = len(dataset)
+    if sampler is None:
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=bool(shuffle),
+                                     seed=0 if seed is None else int(seed))
+    elif not isinstance(sampler, DistributedSampler):
+        raise ValueError("cluster=True plans every rank's order, which it knows from a DistributedSampler: "
+                         f"give one as sampler= (or none, with shuffle= and seed=), not {type(sampler).__name__}")
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=float(timeout)))
+    sizes = _item_sizes(dataset, item_bytes, n_items, progress)
+    if sizes is not None and cache_items is not None:
+        raise ValueError("per-item sizes plan the cache in bytes: give cache_bytes= (a node's), not cache_items=")
+    capacity: dict[str, Any]
+    pool_page = 0
+    if sizes is None:
+        if item_bytes is None:
+            lo, hi = _probe_item_bytes(dataset, np.arange(n_items), allow_pickle)
+            item_bytes = hi
+        pool_page = int(item_bytes)
+        per_node = int(cache_items) if cache_items is not None else parse_bytes(cache_bytes) // pool_page
+        if per_node < 1:
+            raise ValueError(f"cache_bytes={cache_bytes!r} holds no item of {pool_page} bytes")
+        capacity = dict(capacity_per_node=min(per_node, n_items), item_bytes=pool_page)
+    else:
+        capacity = dict(cache_bytes=parse_bytes(cache_bytes), item_sizes=sizes, page_size=page_size)
+    cp, node = job_plan(sampler, epochs, batch_size=int(batch_size), window=int(window), group=group,
+                        progress=progress, **capacity)
+    if cp.n_nodes != world or node != rank:
+        raise ValueError(
+            f"cluster=True runs one rank a node so far, and this job has {world} ranks on {cp.n_nodes} nodes: "
+            "run one rank per machine, or set OPT4TORCH_NODE=rank so that each rank is a node of its own "
+            "(docs/cluster.md)")
+    node_plan = cp.node_plan(node)
+    plan = cp.pool_plan(node, node_plan)
+    # This rank's batches, as positions of its node's plan: each batch is a
+    # step, so its reads are one run of the plan (a window's RECEIVEs and
+    # SENDs come before its reads).
+    reads = node_plan.reads
+    per_epoch = len(sampler)
+    starts, own, floors = [], [], []
+    done = 0
+    for _ in range(epochs):
+        lengths = np.full(per_epoch // int(batch_size), int(batch_size), dtype=np.int64)
+        if per_epoch % int(batch_size):
+            lengths = np.append(lengths, per_epoch % int(batch_size))
+        first = done + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        starts.append(reads[first].astype(np.int64))
+        own.append(lengths)
+        floors.append(0)  # the transfer thread's positions of a window come before its reads
+        for f, n in zip(first.tolist(), lengths.tolist()):
+            assert reads[f + n - 1] - reads[f] == n - 1, "a batch split by the node plan"
+        done += per_epoch
+    raw = None if sizes is None else sizes.astype(np.int64) - CODEC_MARGIN
+    return dict(cp=cp, node=node, node_plan=node_plan, plan=plan, pool_page=pool_page, group=group,
+                starts=starts, own=own, floors=floors, seq=node_plan.seq, storage_sizes=raw)
+
+
 def _probe_item_bytes(dataset: Any, seq: np.ndarray, allow_pickle: bool, probes: int = 16) -> tuple[int, int]:
     """Encoded sizes of a few items spread over the sequence: (min, max)."""
     picks = np.unique(seq[np.linspace(0, seq.size - 1, num=min(probes, seq.size)).astype(np.int64)])
@@ -1093,6 +1181,7 @@ class DataLoader(tud.DataLoader):
                  staging_slots: int | None = None, spare_pages: int | None = None,
                  log_every: int | None = None,
                  on_stats: Callable[[dict[str, Any]], Any] | None = None, tensorboard: Any = None,
+                 cluster: bool = False, cluster_window: int = 8, cluster_timeout: float = 60.0,
                  **kwargs: Any) -> None:
         if isinstance(dataset, tud.IterableDataset):
             raise TypeError("the OPT cache needs a map-style dataset (with __getitem__ and __len__): "
@@ -1125,6 +1214,19 @@ class DataLoader(tud.DataLoader):
             raise ValueError(f"staging_slots must be between 0 and 1048576, got {staging_slots!r}")
         n_items = len(dataset)
         _check_plan_cost(dataset if sampler is None else sampler, batch_sampler, epochs)
+        if cluster:
+            return self._init_cluster(
+                dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+                num_workers=num_workers, drop_last=drop_last, persistent_workers=persistent_workers, seed=seed,
+                epochs=epochs, cache_bytes=cache_bytes, cache_items=cache_items, item_bytes=item_bytes,
+                page_size=page_size, allow_pickle=allow_pickle, transform=transform, wait_timeout=wait_timeout,
+                progress=progress, share_across_ranks=share_across_ranks, prefetch=prefetch,
+                prefetch_opts=prefetch_opts, staging_slots=staging_slots, window=cluster_window,
+                timeout=cluster_timeout,
+                loader_kwargs=dict(collate_fn=collate_fn, pin_memory=pin_memory, timeout=timeout,
+                                   worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+                                   generator=generator, prefetch_factor=prefetch_factor,
+                                   pin_memory_device=pin_memory_device, **kwargs))
 
         # 1. The index order, batch by batch, for every epoch.
         batched = batch_size is not None or batch_sampler is not None
@@ -1300,6 +1402,76 @@ class DataLoader(tud.DataLoader):
         else:
             super().__init__(cached, batch_size=None, sampler=_Unbatched(self._positions),
                              **loader_kwargs)
+
+    def _init_cluster(self, dataset: Any, *, batch_size: int | None, shuffle: bool | None, sampler: Any,
+                      batch_sampler: Any, num_workers: int, drop_last: bool, persistent_workers: bool,
+                      seed: int | None, epochs: int, cache_bytes: Any, cache_items: int | None, item_bytes: Any,
+                      page_size: int | None, allow_pickle: bool, transform: Any, wait_timeout: float,
+                      progress: bool | None, share_across_ranks: bool, prefetch: bool,
+                      prefetch_opts: dict[str, Any], staging_slots: int | None, window: int, timeout: float,
+                      loader_kwargs: dict[str, Any]) -> None:
+        """``cluster=True`` (issue 18; docs/cluster.md): one plan over every
+        node's memory. This rank's node keeps a pool that runs its part of
+        the plan, and a transfer thread of the loader's own exchanges items
+        with the other nodes, window by window of ``cluster_window`` steps,
+        on a gloo group of its own with ``cluster_timeout`` seconds a
+        collective. One rank a node for now."""
+        from ._exchange import ClusterRuntime
+
+        if share_across_ranks:
+            raise ValueError("cluster=True plans every node's pool itself: leave share_across_ranks off")
+        if batch_sampler is not None or batch_size is None or drop_last:
+            raise ValueError("cluster=True needs batch_size= (a DistributedSampler's batches, the last one "
+                             "short): batch_sampler, batch_size=None and drop_last are not supported with it")
+        if num_workers > 0 and not persistent_workers:
+            raise ValueError("cluster=True with workers needs persistent_workers=True: its transfer thread "
+                             "runs beside the workers, and workers forked again each epoch would fork it")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"cluster_window must be a positive number of steps, got {window!r}")
+        if not timeout > 0:
+            raise ValueError(f"cluster_timeout must be positive seconds, got {timeout!r}")
+        c = _cluster_setup(dataset, batch_size=int(batch_size), shuffle=shuffle, sampler=sampler, seed=seed,
+                           epochs=epochs, cache_bytes=cache_bytes, cache_items=cache_items, item_bytes=item_bytes,
+                           page_size=page_size, allow_pickle=allow_pickle, window=window, timeout=timeout,
+                           progress=progress)
+        plan = c["plan"]
+        #: The cluster plan every rank made, and this rank's node in it.
+        self.cluster_plan, self.node = c["cp"], c["node"]
+        sizes = plan.item_sizes
+        slot = int(sizes.max()) if sizes is not None and len(sizes) else int(c["pool_page"] or plan.page_size or 1)
+        if staging_slots is None:  # peer reads and forwards wait in the staging ring
+            staging_slots = max(16, min(64, STAGING_BUDGET // max(slot, 1)))
+        self.cache = OPTCache(plan, c["pool_page"], wait_timeout=wait_timeout, staging_slots=int(staging_slots))
+        if hasattr(dataset, "_prefetch_source") or getattr(dataset, "_counts_storage", False):
+            self.cache._storage = dataset
+        # The claims of the transfer thread come before any prefetcher's.
+        self.cache._prefetch_box[1] = ClusterRuntime(c["cp"], c["node_plan"], self.cache.name, dataset,
+                                                     allow_pickle=allow_pickle, group=c["group"],
+                                                     storage_sizes=c["storage_sizes"], timeout=timeout)
+        if prefetch:
+            self.cache.configure_prefetch(dataset, **prefetch_opts)
+        self.shared_across_ranks = False
+        self._group = None
+        self.resumed_at = None
+        starts, own, floors = c["starts"], c["own"], c["floors"]
+        cached = PlannedDataset(dataset, self.cache.name, plan.accesses, len(dataset), transform=transform,
+                                allow_pickle=allow_pickle)
+        self._positions = PositionBatchSampler(starts, own, floors, self.cache, batched=True)
+        self._batches_done = 0
+        self._fingerprint = plan.fingerprint
+        self._iter_epoch = self._samples_at_iter = self._batches_at_iter = 0
+        self._items = len(dataset)
+        self._batch_size = batch_size
+        self._drop_last = False
+        self._rank = 0
+        self._orig = (list(starts), list(own), list(floors), plan.accesses)
+        self._layout = _layout_digest(starts, own, floors, shared=False)
+        self._replan_from = None
+        self.replans = []
+        self._live = None
+        self._live_lock = threading.Lock()
+        super().__init__(cached, batch_sampler=self._positions, num_workers=num_workers,
+                         persistent_workers=persistent_workers, **loader_kwargs)
 
     @staticmethod
     def _capture(dataset: Any, batch_size: int | None, shuffle: bool | None, sampler: Any,
@@ -1608,6 +1780,9 @@ class DataLoader(tud.DataLoader):
         the same training step: the node resumes at its earliest next batch,
         and local rank 0 warms the one pool for all of them. A state one rank
         refuses is refused on every rank (none waits for the others)."""
+        if getattr(self, "cluster_plan", None) is not None:
+            raise RuntimeError("resuming a cluster=True loader from a state is not built yet: every node would "
+                               "have to resume its transfers at the same window (docs/cluster.md)")
         if self._group is None:
             epoch, samples = self._check_state(state)
             start, batches = self._positions.resume(epoch, samples)

@@ -265,6 +265,13 @@ int opt4__pool_head_wait_for(opt4_pool *pool, uint64_t target, uint64_t timeout_
   return timed_out;
 }
 
+int opt4_pool_wait_head(opt4_pool *pool, uint64_t target, uint64_t timeout_ns, int *reached) {
+  if (pool == NULL || reached == NULL) return opt4__fail(OPT4_EINVAL, "pool or reached is NULL");
+  if (atomic_load(&pool->h->head) < target) opt4__pool_head_wait_for(pool, target, timeout_ns, NULL);
+  *reached = atomic_load(&pool->h->head) >= target;
+  return 0;
+}
+
 int opt4_pool_interrupt(opt4_pool *pool) {
   if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
   atomic_store(&pool->interrupted, 1);

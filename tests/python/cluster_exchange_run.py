@@ -27,7 +27,8 @@ from torch.utils.data.distributed import DistributedSampler
 sys.path.insert(0, os.path.dirname(__file__))
 
 from opt4torch import cluster  # noqa: E402
-from opt4torch._exchange import Exchange  # noqa: E402
+from opt4torch._codec import decode  # noqa: E402
+from opt4torch._exchange import Exchange, record_of  # noqa: E402
 from opt4torch.cluster import job_plan  # noqa: E402
 from opt4torch.data import OPTCache, PlannedDataset  # noqa: E402
 
@@ -63,9 +64,9 @@ class Router:
 
     def __getitem__(self, x: int) -> Any:
         if self.source == cluster.FROM_PEER:
-            ok, obj = self.exchange.take(self.at)
-            if ok:
-                return obj
+            record = self.exchange.take(self.at)
+            if record is not None:
+                return decode(record)
             self.fallbacks += 1
         self.storage_reads += 1
         self.storage_bytes += size_of(x)
@@ -113,9 +114,11 @@ def main() -> None:
             os._exit(0)
         for i in by.pop((k, cluster.RECEIVE), []):
             read(i)
-        exchange.run(k, read)
+        exchange.run(k, lambda i: record_of(read(i)))
         for i in by.pop((k, cluster.WORKER), []):
-            exchange.keep_forward(i, read(i))
+            got = read(i)
+            if np_.forward[i]:
+                exchange.keep_forward(i, record_of(got))
         by.pop((k, cluster.SEND), None)  # read by the exchange
     st = cache.stats()
     out = {

@@ -1,0 +1,111 @@
+"""Run under torchrun by test_cluster_loader.py: opt4torch.DataLoader(...,
+cluster=True), each rank a node of its own (OPT4TORCH_NODE=rank), with fork
+workers, for E epochs of DistributedSampler shuffle. Every sample is checked
+against the source; the dataset counts its reads in shared memory (workers
+and the transfer thread). Writes stats() and the counts to <out>.<rank>.json.
+
+--vanish-rank R --vanish-batch B: rank R leaves without a word
+(os._exit(0)) after B batches of its first epoch; --kill instead kills it
+(SIGKILL), which torchrun answers by stopping every rank."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import signal
+from typing import Any
+
+import numpy as np
+import torch.distributed as dist
+
+import opt4torch
+
+
+def size_of(x: int) -> int:
+    return 64 + (x * 7919) % 2000
+
+
+def content(x: int) -> np.ndarray:
+    return np.random.default_rng(x).integers(0, 256, size=size_of(x), dtype=np.uint8)
+
+
+class Items:
+    """x -> (x, its bytes); counts reads and bytes in shared memory."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.counts = multiprocessing.Array("q", 2)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, x: int) -> tuple[int, np.ndarray]:
+        with self.counts.get_lock():
+            self.counts[0] += 1
+            self.counts[1] += size_of(x)
+        return x, content(x)
+
+    def opt4_item_bytes(self, x: int) -> int:
+        return size_of(x)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=int, default=600)
+    ap.add_argument("--fraction", type=float, default=0.25, help="a node's cache, of the dataset's bytes")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--window", type=int, default=4)
+    ap.add_argument("--prefetch", action="store_true")
+    ap.add_argument("--vanish-rank", type=int, default=-1)
+    ap.add_argument("--vanish-batch", type=int, default=-1)
+    ap.add_argument("--kill", action="store_true")
+    ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    ds = Items(args.items)
+    total = sum(size_of(x) for x in range(args.items))
+    loader = opt4torch.DataLoader(
+        ds, cluster=True, cluster_window=args.window, cluster_timeout=args.timeout, shuffle=True, seed=3,
+        epochs=args.epochs, batch_size=args.batch, cache_bytes=int(args.fraction * total) + 4096,
+        num_workers=args.workers, persistent_workers=args.workers > 0, multiprocessing_context="fork",
+        collate_fn=list, prefetch=args.prefetch, wait_timeout=args.timeout)
+    wrong = samples = 0
+    seen: list[int] = []
+    for epoch in range(args.epochs):
+        for b, batch in enumerate(loader):
+            if rank == args.vanish_rank and epoch == 0 and b == args.vanish_batch:
+                if args.kill:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                os._exit(0)
+            for x, got in batch:
+                samples += 1
+                wrong += not np.array_equal(got, content(int(x)))
+                seen.append(int(x))
+    rt = loader.cache._prefetch_box[1]
+    rt.finish()  # its last windows, after the last batch here
+    st = loader.cache.stats()
+    cp = loader.cluster_plan
+    out: dict[str, Any] = {
+        "rank": rank, "node": loader.node, "wrong": wrong, "samples": samples,
+        "storage_reads": ds.counts[0], "storage_bytes": ds.counts[1],
+        "stats": {k: v for k, v in st.items() if isinstance(v, (int, float, str, list, type(None)))},
+        "node_stats": cp.node_stats()[loader.node], "plan_storage_bytes_all": cp.storage_bytes,
+        "accesses": cp.accesses, "late": cp.late, "thread_error": repr(rt.error) if rt.error else None,
+        "seen_digest": int(np.bitwise_xor.reduce(np.array(seen, dtype=np.int64) * 2654435761 % (1 << 31)))
+        if seen else 0,
+    }
+    with open(f"{args.out}.{rank}.json", "w") as f:
+        json.dump(out, f)
+    loader.cache.close()
+    if args.vanish_rank < 0:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""opt4torch.DataLoader(..., cluster=True) under torchrun: four ranks, each
+a node of its own (OPT4TORCH_NODE=rank) with its own pool and two fork
+workers, three epochs of DistributedSampler shuffle over items of 64-2,063
+bytes, a quarter of the dataset's bytes a node (cluster_loader_run.py).
+
+Every sample is the source's. Each node reads from storage exactly what the
+cluster plan says for it (reads and bytes), its hits are the plan's, split
+into local and peer hits as the plan splits them, with no fallback; with
+the storage prefetcher on as well. A rank that leaves costs the others
+storage reads, never a wrong sample, and they finish; a rank killed makes
+torchrun stop the job, within the timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+import opt4torch
+from conftest import torchrun
+
+HERE = os.path.dirname(__file__)
+WORLD = 4
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def run(tmp_path, *args: str, node_env: str | None = "rank", ok: bool = True) -> tuple[list[dict | None], str]:
+    out = tmp_path / "rank"
+    r = torchrun(os.path.join(HERE, "cluster_loader_run.py"), WORLD, "--out", str(out), *args, node_env=node_env,
+                 timeout=240)
+    if ok:
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
+    got = []
+    for k in range(WORLD):
+        path = tmp_path / f"rank.{k}.json"
+        got.append(json.loads(path.read_text()) if path.exists() else None)
+    return got, r.stderr
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_every_node_reads_what_the_plan_says(tmp_path, prefetch: bool) -> None:
+    ranks, _ = run(tmp_path, *(["--prefetch"] if prefetch else []))
+    assert all(r is not None for r in ranks)
+    plan_reads = 0
+    for r in ranks:
+        st, plan = r["stats"], r["node_stats"]
+        assert r["wrong"] == 0 and r["samples"] == 3 * 600 // WORLD
+        assert st["cluster_errors"] == [] and r["thread_error"] is None
+        assert r["storage_reads"] == plan["storage_reads"] == st["plan_storage_reads"]
+        assert r["storage_bytes"] == st["plan_storage_bytes"]
+        assert st["hits"] == st["plan_hits"] and st["fallbacks"] == 0
+        assert (st["local_hits"], st["peer_hits"]) == (plan["local_hits"], plan["peer_hits"])
+        assert st["peer_hits"] > 0 and st["peer_bytes_sent"] > 0 and st["peer_bytes_received"] > 0
+        assert (st["peer_items_sent"], st["peer_items_received"]) == (plan["peer_items_sent"],
+                                                                      plan["peer_items_received"])
+        plan_reads += plan["storage_reads"]
+    # The nodes' storage reads add up to the cluster plan's: fewer than the
+    # accesses less the hits any one node could make alone.
+    assert sum(r["storage_reads"] for r in ranks) == plan_reads < ranks[0]["accesses"]
+
+
+def test_a_node_that_leaves_costs_the_others_storage_reads(tmp_path) -> None:
+    ranks, _ = run(tmp_path, "--vanish-rank", "3", "--vanish-batch", "10", "--timeout", "20")
+    assert ranks[3] is None
+    for r in ranks[:3]:
+        st, plan = r["stats"], r["node_stats"]
+        assert r["wrong"] == 0 and r["samples"] == 3 * 600 // WORLD
+        assert st["cluster_errors"]  # its collectives failed from some window on
+        assert r["storage_reads"] > plan["storage_reads"]  # what it would have received
+        assert st["peer_hits"] <= plan["peer_hits"]
+
+
+def test_a_killed_rank_stops_the_job_in_time(tmp_path) -> None:
+    t0 = time.monotonic()
+    ranks, err = run(tmp_path, "--vanish-rank", "2", "--vanish-batch", "10", "--kill", "--timeout", "20", ok=False)
+    assert time.monotonic() - t0 < 200
+    assert ranks[2] is None
+    assert all(r is None or r["wrong"] == 0 for r in ranks)
+    assert "SIGKILL" in err or "Signals.SIGKILL" in err or "exitcode" in err
+
+
+def test_one_rank_a_node_for_now(tmp_path) -> None:
+    _, err = run(tmp_path, node_env=None, ok=False)  # every rank on node 0 (torchrun's GROUP_RANK)
+    assert "one rank a node" in err
+
+
+def test_cluster_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="persistent_workers=True"):
+        opt4torch.DataLoader(list(range(10)), cluster=True, cache_items=4, batch_size=2, num_workers=2)
+    with pytest.raises(ValueError, match="share_across_ranks"):
+        opt4torch.DataLoader(list(range(10)), cluster=True, cache_items=4, share_across_ranks=True)
+    with pytest.raises(ValueError, match="drop_last"):
+        opt4torch.DataLoader(list(range(10)), cluster=True, cache_items=4, batch_size=3, drop_last=True)
+    with pytest.raises(ValueError, match="cluster_window"):
+        opt4torch.DataLoader(list(range(10)), cluster=True, cache_items=4, cluster_window=0)
+    with pytest.raises(RuntimeError, match="torch.distributed"):
+        opt4torch.DataLoader(list(range(10)), cluster=True, cache_items=4)

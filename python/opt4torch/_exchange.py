@@ -188,14 +188,19 @@ class ClusterRuntime:
         for i in np.flatnonzero(forward).tolist():
             self._forwards.setdefault(int(p.window[i]), []).append(i)
         self._receive = set(np.flatnonzero(receive).tolist())
-        self._windows = sorted(set(self.exchange.windows) | set(self._forwards))
-        # Pace: window k's turn comes once the workers asked for the reads
-        # of window k - 1 (the first of them, or the last read of all).
+        # Turn k runs window k's collective and hands over what window k + 1
+        # gets (its forwards, and what the collective brought).
+        self._turns = sorted(set(self.exchange.windows) | {w - 1 for w in self._forwards})
+        # Pace: turn k comes once the workers asked for the reads of window
+        # k - 1 (the first of them, or the last read of all), in the blocks
+        # of 32 positions the pool counts their progress in.
         reads = p.reads
         self._pace = {}
-        for k in self._windows:
+        for k in self._turns:
             j = int(np.searchsorted(p.window[reads], k - 1)) if reads.size else 0
-            self._pace[k] = int(reads[min(j, reads.size - 1)]) if reads.size else 0
+            self._pace[k] = (int(reads[min(j, reads.size - 1)]) // 32 * 32) if reads.size else 0
+        #: Threads reading forwards from storage at once.
+        self.readers = 8
         # Reads of its own positions (RECEIVEs, SENDs), as a worker reads.
         self._view = PlannedDataset(dataset, pool_name, len(p), len(dataset), allow_pickle=allow_pickle)
         self.timeout = float(timeout)  # a collective's, at most
@@ -253,16 +258,23 @@ class ClusterRuntime:
         return self._thread is not None and not self._thread.is_alive()
 
     def _run(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         try:
-            for k in self._windows:
-                while not self._stop.is_set() and not self._pool.wait_head(self._pace[k], 0.5):
-                    pass  # asleep on the workers' progress; awake twice a second for stop()
-                if self._stop.is_set():
-                    break
-                for i in self._forwards.get(k, []):
-                    self._forward(i)
-                ok = self.exchange.run(k, self._send_record)
-                self._deliver(k, ok)
+            with ThreadPoolExecutor(max_workers=self.readers, thread_name_prefix="opt4-cluster-read") as readers:
+                for k in self._turns:
+                    while not self._stop.is_set() and not self._pool.wait_head(self._pace[k], 0.5):
+                        pass  # asleep on the workers' progress; awake twice a second for stop()
+                    if self._stop.is_set():
+                        break
+                    # Window k + 1's forwards, read from storage while window k's exchange runs.
+                    forwards = self._forwards.get(k + 1, [])
+                    loading = [readers.submit(self._load, i) for i in forwards]
+                    ok = self.exchange.run(k, self._send_record)
+                    records = {i: f.result() for i, f in zip(forwards, loading)}
+                    for i, record in records.items():
+                        self.exchange.keep_forward(i, record)
+                    self._deliver(k, ok, records)
         except BaseException as e:  # noqa: BLE001 - kept for stats(); the readers load instead
             self.error = e
         finally:
@@ -273,30 +285,45 @@ class ClusterRuntime:
         return record_of(self.dataset[int(self.plan.seq[i])], self.allow_pickle)
 
     def _hand_over(self, i: int, record: bytes) -> bool:
+        """Store the claimed position i, in position order with the others:
+        a store waits for the reads of what it replaces (pages, a staging
+        slot), which only positions before it hold. While the workers are
+        far from i, sleep on their progress instead of waiting out a store's
+        timeout."""
         if i not in self._claims:
             return False
+        near = max(0, i - 32)
+        while True:
+            if self._pool.wait_head(near, 0.0):
+                r = self._pool.prefetch_store(i, [record])
+                break
+            r = self._pool.prefetch_store(i, [record], True)
+            if r != 2:
+                break
+            if self._stop.is_set():
+                self._release([i])
+                return False
+            self._pool.wait_head(near, 0.5)
         self._claims.discard(i)
-        return self._pool.prefetch_store(i, [record]) == 1
-
-    def _forward(self, i: int) -> None:
-        record = self._load(i)
-        self.handed_over["forward"] += self._hand_over(i, record)
-        self.exchange.keep_forward(i, record)
+        return r == 1
 
     def _send_record(self, i: int) -> bytes:
         self.own_sends += 1  # a HIT of the plan: counted in the pool's hits
         return record_of(self._view[i], self.allow_pickle)
 
-    def _deliver(self, k: int, ok: bool) -> None:
-        for i in self.exchange.incoming(k):
-            record = self.exchange.take(i) if ok else None
-            if i in self._receive:
-                if record is None:
-                    record = self._load(i)
+    def _deliver(self, k: int, ok: bool, forwards: dict[int, bytes]) -> None:
+        """Everything window k + 1 gets from this thread, in position order:
+        its forwards, and what window k's collective brought."""
+        incoming = {i: (self.exchange.take(i) if ok else None) for i in self.exchange.incoming(k)}
+        for i in sorted([*forwards, *incoming]):
+            if i in forwards:
+                self.handed_over["forward"] += self._hand_over(i, forwards[i])
+            elif i in self._receive:
+                record = incoming[i] if incoming[i] is not None else self._load(i)
                 self.handed_over["receive"] += self._hand_over(i, record)
                 self._view[i]  # its read, as a worker's: the generation owes it
-            elif record is not None:
-                self.handed_over["peer"] += self._hand_over(i, record)
+            elif incoming[i] is not None:
+                self.handed_over["peer"] += self._hand_over(i, incoming[i])
             else:
                 self._release([i])
 

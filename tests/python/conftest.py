@@ -4,12 +4,13 @@ installs it into .venv), never against the source tree."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+
+from opt4torch.lab.launch import free_port, torchrun  # noqa: F401 - the tests' launcher
 
 # This run's pools live in a namespace of their own (inherited by workers,
 # subprocesses and torchrun ranks): another test run on the same machine
@@ -75,28 +76,6 @@ def script(name: str) -> str:
         raise RuntimeError(f"{name} is not installed beside {sys.executable}: run `make install`")
     return path
 
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def torchrun(path: str, nproc: int, *args: str, node_env: str | None = None,
-             timeout: float = 600) -> subprocess.CompletedProcess:
-    """``torchrun --nproc-per-node nproc path args`` on the loopback
-    address, one thread a rank, with OPT4TORCH_NODE set to ``node_env`` (or
-    unset), its input closed."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-           "127.0.0.1", "--master-port", str(free_port()), path, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("OPT4TORCH_NODE", None)
-    if node_env is not None:
-        env["OPT4TORCH_NODE"] = node_env
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
 
 
 def leaked_since(before: set[str]) -> set[str]:

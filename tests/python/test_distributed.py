@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -18,32 +17,16 @@ from torch.utils.data.distributed import DistributedSampler
 
 import opt4torch
 from opt4torch import _engine
+from opt4torch.lab.launch import free_port, rank_errors
+from opt4torch.lab.launch import torchrun as run_torchrun
 
 HERE = os.path.dirname(__file__)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(tmp_path, *args: str) -> list[dict]:
     out = tmp_path / "result.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), os.path.join(HERE, "ddp_run.py"), "--out", str(out), *args]
-    # PYTHONFAULTHANDLER: a rank killed by a signal dumps every thread's
-    # Python stack to stderr (how the SIGABRT at exit of
-    # test_the_loader_does_not_keep_the_process_group_alive was first seen).
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
-    # Every rank's traceback, not only the last one torchrun prints; and what
-    # a rank printed before a signal killed it.
-    errors = "\n".join(line for line in r.stderr.splitlines() if line.startswith("[rank"))
-    dumps = "\n".join(line for line in r.stderr.splitlines()
-                      if line.startswith(("Fatal Python error", "Thread 0x", "Current thread", "  File ",
-                                          "terminate called", "what()")))
-    assert r.returncode == 0, r.stdout[-2000:] + errors[-12000:] + dumps[-12000:] + r.stderr[-2000:]
+    r = run_torchrun(os.path.join(HERE, "ddp_run.py"), 2, "--out", str(out), *args, timeout=150)
+    assert r.returncode == 0, r.stdout[-2000:] + rank_errors(r.stderr) + r.stderr[-2000:]
     return json.loads(out.read_text())
 
 

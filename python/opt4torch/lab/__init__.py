@@ -13,6 +13,8 @@
 * :mod:`~opt4torch.lab.science`: theory beside simulation, the figures of
   docs/why-opt.md (``python -m opt4torch.lab.science``).
 * :mod:`~opt4torch.lab.plots`: plots of simulation sweeps.
+* :mod:`~opt4torch.lab.launch`: several processes on this machine as a
+  torchrun job, the tests' and benchmarks' launcher (stacks on a hang).
 * :mod:`~opt4torch.lab.e2e`: a real training loop, the caches users would
   otherwise write side by side (``opt4torch demo`` runs it small,
   ``bench/e2e.py`` in full).
@@ -20,4 +22,4 @@
 The submodules are imported when asked for, not by ``import opt4torch.lab``.
 """
 
-__all__ = ["cluster", "e2e", "plots", "reference", "reference_cluster", "science", "sim", "theory", "traces"]
+__all__ = ["cluster", "e2e", "launch", "plots", "reference", "reference_cluster", "science", "sim", "theory", "traces"]

@@ -68,5 +68,8 @@ int opt4py_prefetcher_init(PyObject *module);
 /* cluster.c: cluster_place, the generations of an aggregate plan placed
  * over nodes (opt4_cluster_place), and its CLUSTER_* constants. */
 int opt4py_cluster_init(PyObject *module);
+/* forkfix.c: renews CPython's HEAD_LOCK in a forked child where Python
+ * does not (3.8 to 3.11.7, gh-112275); FORK_HEAD_LOCK_FIX says if it is on. */
+int opt4py_forkfix_init(PyObject *module);
 
 #endif

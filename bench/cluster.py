@@ -21,7 +21,7 @@ beside the plan's, bytes between nodes, hit rate (local and peer), and the
 epoch time (each epoch's slowest rank; median over epochs and repeats).
 
     python bench/cluster.py [--items 2000] [--latency 0.010] [--epochs 3]
-        [--capacity 0.25,0.5] [--batch 16] [--workers 2] [--window 8] [--repeats 2]
+        [--capacity 0.25,0.5] [--of dataset|stored] [--batch 16] [--workers 2] [--window 8] [--repeats 2]
         [--out bench/results/cluster.json]
 """
 
@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +42,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import machine  # noqa: E402
 
 CONFIGS = ("no cache", "per-node OPT", "cluster OPT")
+
+
+#: Pages of the runs with ``--of stored``.
+STORED_PAGE = 1024
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -61,15 +64,22 @@ def rank_main(args: argparse.Namespace) -> None:
     sampler = DistributedSampler(ds, num_replicas=dist.get_world_size(), rank=rank, shuffle=True, seed=0)
     common = dict(batch_size=args.batch, num_workers=args.workers, persistent_workers=args.workers > 0,
                   multiprocessing_context="fork", collate_fn=list)
-    cap = int(args.capacity * total)
+    page: dict[str, Any] = {}
+    if args.of == "stored":  # the dataset as a pool stores it: the codec's margin, whole pages
+        from opt4torch.data import CODEC_MARGIN
+
+        page = {"page_size": STORED_PAGE}
+        stored = -(-(ds.item_sizes().astype(np.int64) + CODEC_MARGIN) // STORED_PAGE) * STORED_PAGE
+        total = int(stored.sum())
+    cap = int(args.capacity * total) + (STORED_PAGE if args.of == "stored" else 0)
     if args.config == "no cache":
         loader: Any = torch.utils.data.DataLoader(ds, sampler=sampler, **common)
     elif args.config == "per-node OPT":
         loader = opt4torch.DataLoader(ds, sampler=sampler, epochs=args.epochs, cache_bytes=cap, prefetch=True,
-                                      **common)
+                                      **page, **common)
     else:
         loader = opt4torch.DataLoader(ds, cluster=True, sampler=sampler, epochs=args.epochs, cache_bytes=cap,
-                                      prefetch=True, cluster_window=args.window, **common)
+                                      prefetch=True, cluster_window=args.window, **page, **common)
     a = torch.randn(96, 96)
     before = ds.info()
     dist.barrier()
@@ -105,20 +115,15 @@ def rank_main(args: argparse.Namespace) -> None:
 
 
 def run_config(args: argparse.Namespace, path: str, config: str, capacity: float, tmp: str) -> list[dict]:
-    import socket
+    from opt4torch.lab.launch import rank_errors, torchrun
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = os.path.join(tmp, f"r{port}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), os.path.abspath(__file__), "--rank-run", "--path", path, "--config", config,
-           "--capacity", str(capacity), "--latency", str(args.latency), "--epochs", str(args.epochs),
-           "--batch", str(args.batch), "--workers", str(args.workers), "--window", str(args.window), "--out", out]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPT4TORCH_NODE": "rank"}
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, stdin=subprocess.DEVNULL)
+    out = os.path.join(tmp, f"{config}-{capacity}")
+    r = torchrun(os.path.abspath(__file__), 4, "--rank-run", "--path", path, "--config", config,
+                 "--capacity", str(capacity), "--latency", str(args.latency), "--epochs", str(args.epochs),
+                 "--batch", str(args.batch), "--workers", str(args.workers), "--window", str(args.window),
+                 "--of", args.of, "--out", out, node_env="rank", timeout=1800)
     if r.returncode != 0:
-        raise RuntimeError(f"{config} at {capacity}: torchrun failed\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+        raise RuntimeError(f"{config} at {capacity}: torchrun failed\n{r.stdout[-2000:]}\n{rank_errors(r.stderr)}")
     return [json.load(open(f"{out}.{k}.json")) for k in range(4)]
 
 
@@ -153,6 +158,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--window", type=int, default=8)
+    ap.add_argument("--of", choices=["dataset", "stored"], default="dataset",
+                    help="capacity as a share of the dataset's bytes, or of the dataset as a pool stores it "
+                         f"(each item with the codec's margin, in whole pages of {STORED_PAGE} bytes)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--out", default="bench/results/cluster.json")

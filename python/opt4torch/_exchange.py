@@ -19,20 +19,22 @@ that window's items: :meth:`take` then returns nothing and the reader loads
 from storage instead, which costs speed, never a wrong sample. The error is
 kept (:attr:`Exchange.errors`) and the next window tries again.
 
-One rank per node for now: the group's rank r is node r.
+The group holds one rank a node (the node's first rank, which owns its
+pool and runs its transfer thread); ``peers[n]`` is node n's rank in it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ._codec import encode
-from .cluster import ADMIT, PEER_HIT, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
+from .cluster import ADMIT, FROM_PEER, FROM_STORAGE, PEER_HIT, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
 
-__all__ = ["Exchange", "record_of"]
+__all__ = ["ClusterFollower", "ClusterRuntime", "Exchange", "plan_keys", "record_of"]
 
 
 def record_of(obj: Any, allow_pickle: bool = False) -> bytes:
@@ -40,37 +42,58 @@ def record_of(obj: Any, allow_pickle: bool = False) -> bytes:
     return b"".join(bytes(memoryview(p).cast("B")) for p in encode(obj, allow_pickle))
 
 
+def plan_keys(cp: ClusterPlan, node_plan: NodePlan, storage_sizes: np.ndarray | None) -> dict[str, int]:
+    """The plan's figures for a node, as ``stats()`` gives them beside the
+    measured ones. Storage bytes are the items' own (the plan counts what the
+    pool stores, with the codec's margin) when their sizes are known."""
+    plan = cp.node_stats()[node_plan.node]
+    mine = (node_plan.role == WORKER) & (node_plan.source == FROM_STORAGE)
+    return {
+        "plan_local_hits": plan["local_hits"],
+        "plan_peer_hits": plan["peer_hits"],
+        "plan_storage_bytes": (int(storage_sizes[node_plan.seq[mine]].sum()) if storage_sizes is not None
+                               else plan["plan_storage_bytes"]),
+        "plan_storage_reads": plan["storage_reads"],
+    }
+
+
 class Exchange:
     """One node's side of the windowed transfers of a cluster plan."""
 
-    def __init__(self, cp: ClusterPlan, node_plan: NodePlan, group: Any = None) -> None:
+    def __init__(self, cp: ClusterPlan, node_plan: NodePlan, group: Any = None,
+                 peers: list[int] | None = None) -> None:
         import torch.distributed as dist
 
         self.cp, self.plan, self.node = cp, node_plan, node_plan.node
         self.group = group
         self.world = dist.get_world_size(group)
-        if self.world != cp.n_nodes or dist.get_rank(group) != self.node:
-            raise ValueError(f"one rank a node: this group has {self.world} ranks for {cp.n_nodes} nodes, and "
-                             f"this is rank {dist.get_rank(group)} for node {self.node}")
+        #: Each node's rank in the group.
+        self.peers = list(range(cp.n_nodes)) if peers is None else [int(r) for r in peers]
+        if (self.world != cp.n_nodes or sorted(self.peers) != list(range(self.world))
+                or dist.get_rank(group) != self.peers[self.node]):
+            raise ValueError(f"one rank a node: this group has {self.world} ranks for {cp.n_nodes} nodes "
+                             f"(group ranks {self.peers}), and this is rank {dist.get_rank(group)} for node "
+                             f"{self.node}")
         tr = cp.transfers()
         order = np.lexsort((tr["position"], tr["window"]))
         win, pos, src, dst, kind = (tr[k][order] for k in ("window", "position", "src", "dst", "kind"))
         #: Windows with a transfer anywhere in the cluster: every rank runs
         #: a collective in those, and only those.
         self.windows = np.unique(win).tolist()
-        self._out: dict[int, list[tuple[int, int, int]]] = {}  # window: (dst, position, kind)
-        self._in: dict[int, list[tuple[int, int, int]]] = {}  # window: (src, position, node-plan index)
+        # By window, with the peers as group ranks.
+        self._out: dict[int, list[tuple[int, int, int]]] = {}  # (dst, position, kind)
+        self._in: dict[int, list[tuple[int, int, int]]] = {}  # (src, position, node-plan index)
         # Where in this node's plan each received item goes.
         p = node_plan
         where = {(int(r), int(t)): i for i, (r, t) in enumerate(zip(p.role, p.position)) if r != WORKER}
         reads = {int(t): i for i, t in zip(p.reads.tolist(), p.position[p.reads].tolist())}
         for k, t, s, d, kd in zip(win.tolist(), pos.tolist(), src.tolist(), dst.tolist(), kind.tolist()):
             if s == self.node:
-                self._out.setdefault(k, []).append((d, t, kd))
+                self._out.setdefault(k, []).append((self.peers[d], t, kd))
             if d == self.node:
                 at = reads[t] if kd == PEER_HIT else where[(RECEIVE, t)]
-                self._in.setdefault(k, []).append((s, t, at))
-        for got in self._in.values():  # the bytes arrive grouped by sender
+                self._in.setdefault(k, []).append((self.peers[s], t, at))
+        for got in self._in.values():  # the bytes arrive grouped by sender (its group rank)
             got.sort()
         self._send_at = {t: i for (r, t), i in where.items() if r == SEND}
         self._windows = set(self.windows)
@@ -159,23 +182,23 @@ class ClusterRuntime:
     """
 
     def __init__(self, cp: ClusterPlan, node_plan: NodePlan, pool_name: str, dataset: Any, *,
-                 allow_pickle: bool = False, group: Any = None, storage_sizes: np.ndarray | None = None,
-                 timeout: float = 60.0) -> None:
+                 allow_pickle: bool = False, group: Any = None, peers: list[int] | None = None,
+                 storage_sizes: np.ndarray | None = None, timeout: float = 60.0) -> None:
         import threading
 
         from . import _engine
         from .data import PlannedDataset
 
         self.cp, self.plan, self.dataset, self.allow_pickle = cp, node_plan, dataset, allow_pickle
-        # What the plan says this node reads from storage, in the items' own
-        # bytes (the plan counts what the pool stores, with the codec's margin).
-        mine = (node_plan.role == WORKER) & (node_plan.source == 1)  # FROM_STORAGE
-        self.plan_storage_bytes = (int(storage_sizes[node_plan.seq[mine]].sum()) if storage_sizes is not None
-                                   else cp.node_stats()[node_plan.node]["plan_storage_bytes"])
-        self.exchange = Exchange(cp, node_plan, group)
+        import torch.distributed as dist
+
+        self.plan_keys = plan_keys(cp, node_plan, storage_sizes)
+        self.exchange = Exchange(cp, node_plan, group, peers)
+        #: This rank (the node's first): where the node's transfer figures are.
+        self.leader = dist.get_rank()
         p = node_plan
         worker = p.role == WORKER
-        peer = worker & (p.source == 2)  # FROM_PEER
+        peer = worker & (p.source == FROM_PEER)
         forward = worker & p.forward
         receive = p.role == RECEIVE
         # The thread's own handle: the claims belong to it.
@@ -188,6 +211,13 @@ class ClusterRuntime:
         for i in np.flatnonzero(forward).tolist():
             self._forwards.setdefault(int(p.window[i]), []).append(i)
         self._receive = set(np.flatnonzero(receive).tolist())
+        # Its SENDs by window, read ahead of their collective: window k + 1's
+        # sit before the reads of window k + 1 that its delivery stores, and a
+        # store may wait for them, so they are read in position order there.
+        self._sends: dict[int, list[int]] = {}
+        for i in np.flatnonzero(p.role == SEND).tolist():
+            self._sends.setdefault(int(p.window[i]), []).append(i)
+        self._sent: dict[int, bytes] = {}  # node-plan index: record read, until its collective
         # Turn k runs window k's collective and hands over what window k + 1
         # gets (its forwards, and what the collective brought).
         self._turns = sorted(set(self.exchange.windows) | {w - 1 for w in self._forwards})
@@ -206,7 +236,7 @@ class ClusterRuntime:
         self.timeout = float(timeout)  # a collective's, at most
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pid = __import__("os").getpid()  # a forked worker's copy never acts
+        self._pid = os.getpid()  # a forked worker's copy never acts
         self.error: BaseException | None = None
         self.handed_over = {"peer": 0, "forward": 0, "receive": 0}
         self.own_sends = 0  # its reads of its SENDs (HITs of the plan)
@@ -215,7 +245,6 @@ class ClusterRuntime:
     # ---- the thread ----
 
     def start(self) -> None:
-        import os
         import threading
 
         if self._thread is not None or self._stop.is_set() or os.getpid() != self._pid:
@@ -229,8 +258,6 @@ class ClusterRuntime:
         waiting), at most ``timeout`` seconds (default: twice a collective's
         timeout), then :meth:`stop`. How a loader ends: closed, collected,
         or at exit."""
-        import os
-
         if os.getpid() != self._pid:
             return
         if self._thread is not None:
@@ -242,7 +269,6 @@ class ClusterRuntime:
         timeout) and give back the claims left; in the process that made it
         only. The other nodes' collectives after it then fail, and their
         readers load from storage."""
-        import os
         import threading
 
         if os.getpid() != self._pid:
@@ -270,6 +296,8 @@ class ClusterRuntime:
                     # Window k + 1's forwards, read from storage while window k's exchange runs.
                     forwards = self._forwards.get(k + 1, [])
                     loading = [readers.submit(self._load, i) for i in forwards]
+                    for i in self._sends.pop(k, []):  # the first turn's (no delivery before it)
+                        self._read_send(i)
                     ok = self.exchange.run(k, self._send_record)
                     records = {i: f.result() for i, f in zip(forwards, loading)}
                     for i, record in records.items():
@@ -307,16 +335,25 @@ class ClusterRuntime:
         self._claims.discard(i)
         return r == 1
 
-    def _send_record(self, i: int) -> bytes:
+    def _read_send(self, i: int) -> None:
         self.own_sends += 1  # a HIT of the plan: counted in the pool's hits
-        return record_of(self._view[i], self.allow_pickle)
+        self._sent[i] = record_of(self._view[i], self.allow_pickle)
+
+    def _send_record(self, i: int) -> bytes:
+        if i not in self._sent:
+            self._read_send(i)
+        return self._sent.pop(i)
 
     def _deliver(self, k: int, ok: bool, forwards: dict[int, bytes]) -> None:
         """Everything window k + 1 gets from this thread, in position order:
-        its forwards, and what window k's collective brought."""
+        its forwards, and what window k's collective brought; and the reads
+        of its SENDs, kept for window k + 1's collective."""
         incoming = {i: (self.exchange.take(i) if ok else None) for i in self.exchange.incoming(k)}
-        for i in sorted([*forwards, *incoming]):
-            if i in forwards:
+        sends = set(self._sends.pop(k + 1, []))
+        for i in sorted([*forwards, *incoming, *sends]):
+            if i in sends:
+                self._read_send(i)
+            elif i in forwards:
                 self.handed_over["forward"] += self._hand_over(i, forwards[i])
             elif i in self._receive:
                 record = incoming[i] if incoming[i] is not None else self._load(i)
@@ -341,7 +378,6 @@ class ClusterRuntime:
     def stats(self, hits: int) -> dict[str, Any]:
         """The cluster keys of ``stats()``, given the pool's hits (every
         process's): measured, beside the plan's for this node."""
-        plan = self.cp.node_stats()[self.plan.node]
         return {
             "local_hits": hits - self.own_sends,
             "peer_hits": self.handed_over["peer"],
@@ -349,10 +385,40 @@ class ClusterRuntime:
             "peer_bytes_received": self.exchange.bytes_received,
             "peer_items_sent": self.exchange.items_sent,
             "peer_items_received": self.exchange.items_received,
-            "plan_local_hits": plan["local_hits"],
-            "plan_peer_hits": plan["peer_hits"],
-            "plan_storage_bytes": self.plan_storage_bytes,
-            "plan_storage_reads": plan["storage_reads"],
+            **self.plan_keys,
+            "cluster_leader": self.leader,
             "cluster_errors": [f"window {k}: {type(e).__name__}: {e}" for k, e in self.exchange.errors[:3]]
             + ([f"{type(self.error).__name__}: {self.error}"] if self.error is not None else []),
         }
+
+
+class ClusterFollower:
+    """What a node's other ranks hold in the transfer thread's place: they
+    share the node's pool, and its first rank moves the items. Their
+    ``stats()`` give the node's pool counters and the plan's figures; the
+    measured transfers (``local_hits``, ``peer_hits``, ``peer_bytes_*``,
+    ``peer_items_*``) are counted by the first rank's thread, and are None
+    here."""
+
+    error: BaseException | None = None
+    done = True
+
+    def __init__(self, cp: ClusterPlan, node_plan: NodePlan, storage_sizes: np.ndarray | None,
+                 leader: int) -> None:
+        self.plan_keys = plan_keys(cp, node_plan, storage_sizes)
+        #: The global rank whose transfer thread serves this node.
+        self.leader = leader
+
+    def start(self) -> None:
+        pass
+
+    def finish(self, timeout: float | None = None) -> None:
+        pass
+
+    def stop(self, timeout: float | None = None) -> None:
+        pass
+
+    def stats(self, hits: int) -> dict[str, Any]:
+        return {"local_hits": None, "peer_hits": None, "peer_bytes_sent": None, "peer_bytes_received": None,
+                "peer_items_sent": None, "peer_items_received": None, **self.plan_keys, "cluster_errors": [],
+                "cluster_leader": self.leader}

@@ -643,9 +643,11 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
 # ---- a job under torch.distributed (torchrun) ----
 
 #: The environment variable that says which node a rank belongs to: a node
-#: id (a non-negative integer), or ``rank`` (each rank a node of its own, so
+#: id (a non-negative integer); ``rank`` (each rank a node of its own, so
 #: that several ranks on one machine act as separate nodes, each with its own
-#: pool). Unset: torchrun's ``GROUP_RANK`` (the node's rank), else 0.
+#: pool); or ``rank//K`` (every K consecutive ranks a node, as torchrun numbers
+#: the ranks of a node with K processes). Unset: torchrun's ``GROUP_RANK``
+#: (the node's rank), else 0.
 NODE_ENV = "OPT4TORCH_NODE"
 
 
@@ -661,8 +663,11 @@ def node_of_this_rank(rank: int, environ: Any = None) -> int:
             return int(rank)
         if text.isdigit():
             return int(text)
-        raise InvalidInputError(f"{NODE_ENV}={raw!r}: give a node id (a non-negative integer), or 'rank' "
-                                "for each rank a node of its own")
+        per = text.replace(" ", "").removeprefix("rank//")
+        if text.replace(" ", "").startswith("rank//") and per.isdigit() and int(per) > 0:
+            return int(rank) // int(per)
+        raise InvalidInputError(f"{NODE_ENV}={raw!r}: give a node id (a non-negative integer), 'rank' for "
+                                "each rank a node of its own, or 'rank//K' for every K consecutive ranks a node")
     group_rank = env.get("GROUP_RANK")
     return int(group_rank) if group_rank is not None and group_rank.isdigit() else 0
 

@@ -961,17 +961,27 @@ def _cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sampl
         capacity = dict(cache_bytes=parse_bytes(cache_bytes), item_sizes=sizes, page_size=page_size)
     cp, node = job_plan(sampler, epochs, batch_size=int(batch_size), window=int(window), group=group,
                         progress=progress, **capacity)
-    if cp.n_nodes != world or node != rank:
-        raise ValueError(
-            f"cluster=True runs one rank a node so far, and this job has {world} ranks on {cp.n_nodes} nodes: "
-            "run one rank per machine, or set OPT4TORCH_NODE=rank so that each rank is a node of its own "
-            "(docs/cluster.md)")
+    # The ranks of each node: its first one (the leader) owns the node's pool
+    # and runs its transfers, on a group of the leaders (the plan's group
+    # when every rank is a node).
+    node_of_rank = np.full(world, -1, dtype=np.int64)
+    node_of_rank[cp.timeline.rank] = cp.reader
+    if (node_of_rank < 0).any():
+        raise ValueError(f"ranks {np.flatnonzero(node_of_rank < 0).tolist()} read nothing in the cluster "
+                         "plan: every rank needs at least one sample")
+    leaders = [int(np.flatnonzero(node_of_rank == n)[0]) for n in range(cp.n_nodes)]
+    exchange_group, peers = group, list(range(cp.n_nodes))
+    if cp.n_nodes != world:
+        ordered = sorted(leaders)
+        exchange_group = dist.new_group(ordered, backend="gloo", timeout=datetime.timedelta(seconds=float(timeout)))
+        peers = [ordered.index(r) for r in leaders]
     node_plan = cp.node_plan(node)
     plan = cp.pool_plan(node, node_plan)
     # This rank's batches, as positions of its node's plan: each batch is a
-    # step, so its reads are one run of the plan (a window's RECEIVEs and
-    # SENDs come before its reads).
+    # step of one rank, so its reads are one run of the plan (a window's
+    # RECEIVEs and SENDs come before its reads).
     reads = node_plan.reads
+    reads = reads[cp.timeline.rank[node_plan.position[reads]] == rank]
     per_epoch = len(sampler)
     starts, own, floors = [], [], []
     done = 0
@@ -988,7 +998,8 @@ def _cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sampl
         done += per_epoch
     raw = None if sizes is None else sizes.astype(np.int64) - CODEC_MARGIN
     return dict(cp=cp, node=node, node_plan=node_plan, plan=plan, pool_page=pool_page, group=group,
-                starts=starts, own=own, floors=floors, seq=node_plan.seq, storage_sizes=raw)
+                exchange_group=exchange_group, peers=peers, leader=leaders[node], starts=starts, own=own,
+                floors=floors, seq=node_plan.seq, storage_sizes=raw)
 
 
 def _probe_item_bytes(dataset: Any, seq: np.ndarray, allow_pickle: bool, probes: int = 16) -> tuple[int, int]:
@@ -1158,6 +1169,17 @@ class DataLoader(tud.DataLoader):
         ``torch.utils.tensorboard.SummaryWriter``, or anything with
         ``add_scalar``) if given; with neither, one line to standard error.
         ``opt4torch top`` shows the same figures from another terminal.
+    ``cluster``
+        under torchrun, one OPT plan over the memory of every node
+        (docs/cluster.md): ``cache_bytes`` is a node's, the ranks of a node
+        share its pool, and items move between nodes in windows of
+        ``cluster_window`` steps on a gloo group of the loader's own, whose
+        collectives give up after ``cluster_timeout`` seconds (the items of
+        a failed window are read from storage). Nodes are torchrun's
+        (``GROUP_RANK``), or as ``OPT4TORCH_NODE`` says (``rank``: each rank
+        a node; ``rank//K``: K ranks a node). Needs a ``DistributedSampler``
+        (or ``shuffle=`` and ``seed=``, which make one), ``batch_size``, and
+        ``persistent_workers=True`` with workers.
 
     The order is captured from ``sampler`` (or ``batch_sampler``, or
     ``shuffle``) once, for all epochs, and then replayed: each ``iter(loader)``
@@ -1415,8 +1437,9 @@ class DataLoader(tud.DataLoader):
         the plan, and a transfer thread of the loader's own exchanges items
         with the other nodes, window by window of ``cluster_window`` steps,
         on a gloo group of its own with ``cluster_timeout`` seconds a
-        collective. One rank a node for now."""
-        from ._exchange import ClusterRuntime
+        collective. The node's ranks share its pool: its first rank makes
+        it and runs the transfers, the others attach."""
+        from ._exchange import ClusterFollower, ClusterRuntime
 
         if share_across_ranks:
             raise ValueError("cluster=True plans every node's pool itself: leave share_across_ranks off")
@@ -1441,13 +1464,24 @@ class DataLoader(tud.DataLoader):
         slot = int(sizes.max()) if sizes is not None and len(sizes) else int(c["pool_page"] or plan.page_size or 1)
         if staging_slots is None:  # peer reads and forwards wait in the staging ring
             staging_slots = max(16, min(64, STAGING_BUDGET // max(slot, 1)))
-        self.cache = OPTCache(plan, c["pool_page"], wait_timeout=wait_timeout, staging_slots=int(staging_slots))
+        # The node's first rank makes its pool and the transfer thread, whose
+        # claims come before any prefetcher's; the node's other ranks attach.
+        import torch.distributed as dist
+
+        leader = c["leader"] == dist.get_rank()
+        name: list[Any] = [None] * dist.get_world_size()
+        if leader:
+            self.cache = OPTCache(plan, c["pool_page"], wait_timeout=wait_timeout,
+                                  staging_slots=int(staging_slots))
+            self.cache._prefetch_box[1] = ClusterRuntime(
+                c["cp"], c["node_plan"], self.cache.name, dataset, allow_pickle=allow_pickle,
+                group=c["exchange_group"], peers=c["peers"], storage_sizes=c["storage_sizes"], timeout=timeout)
+        dist.all_gather_object(name, self.cache.name if leader else None, group=c["group"])
+        if not leader:
+            self.cache = OPTCache.attach(name[c["leader"]], plan, c["pool_page"] or plan.page_size)
+            self.cache._prefetch_box[1] = ClusterFollower(c["cp"], c["node_plan"], c["storage_sizes"], c["leader"])
         if hasattr(dataset, "_prefetch_source") or getattr(dataset, "_counts_storage", False):
             self.cache._storage = dataset
-        # The claims of the transfer thread come before any prefetcher's.
-        self.cache._prefetch_box[1] = ClusterRuntime(c["cp"], c["node_plan"], self.cache.name, dataset,
-                                                     allow_pickle=allow_pickle, group=c["group"],
-                                                     storage_sizes=c["storage_sizes"], timeout=timeout)
         if prefetch:
             self.cache.configure_prefetch(dataset, **prefetch_opts)
         self.shared_across_ranks = False

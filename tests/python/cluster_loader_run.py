@@ -1,6 +1,6 @@
 """Run under torchrun by test_cluster_loader.py: opt4torch.DataLoader(...,
-cluster=True), each rank a node of its own (OPT4TORCH_NODE=rank), with fork
-workers, for E epochs of DistributedSampler shuffle. Every sample is checked
+cluster=True), each rank a node of its own (OPT4TORCH_NODE=rank) or several
+ranks a node (rank//K, or unset: one node), with fork workers, for E epochs of DistributedSampler shuffle. Every sample is checked
 against the source; the dataset counts its reads in shared memory (workers
 and the transfer thread). Writes stats() and the counts to <out>.<rank>.json.
 
@@ -88,7 +88,9 @@ def main() -> None:
                 wrong += not np.array_equal(got, content(int(x)))
                 seen.append(int(x))
     rt = loader.cache._prefetch_box[1]
-    rt.finish()  # its last windows, after the last batch here
+    rt.finish()  # its last windows, after the last batch here (the node's first rank's)
+    if args.vanish_rank < 0:
+        dist.barrier()  # every rank of the node done: the pool's counters are the node's
     st = loader.cache.stats()
     cp = loader.cluster_plan
     out: dict[str, Any] = {
@@ -102,6 +104,8 @@ def main() -> None:
     }
     with open(f"{args.out}.{rank}.json", "w") as f:
         json.dump(out, f)
+    if args.vanish_rank < 0:
+        dist.barrier()  # the node's other ranks are done with its pool
     loader.cache.close()
     if args.vanish_rank < 0:
         dist.destroy_process_group()

@@ -25,7 +25,8 @@ WORLD = 4
 
 def torchrun(tmp_path, *args: str, node_env: str | None = "rank") -> list[dict]:
     out = tmp_path / "rank"
-    r = run_torchrun(os.path.join(HERE, "cluster_run.py"), WORLD, "--out", str(out), *args, node_env=node_env)
+    r = run_torchrun(os.path.join(HERE, "cluster_run.py"), WORLD, "--out", str(out), *args, node_env=node_env,
+                     timeout=140)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
     return [json.loads((tmp_path / f"rank.{k}.json").read_text()) for k in range(WORLD)]
 
@@ -82,7 +83,9 @@ def test_node_of_this_rank() -> None:
     assert node_of_this_rank(5, {"OPT4TORCH_NODE": " 2 "}) == 2
     assert node_of_this_rank(5, {"GROUP_RANK": "3"}) == 3
     assert node_of_this_rank(5, {}) == 0
-    for bad in ("-1", "node1", ""):
+    assert [node_of_this_rank(r, {"OPT4TORCH_NODE": "rank//2"}) for r in range(5)] == [0, 0, 1, 1, 2]
+    assert node_of_this_rank(7, {"OPT4TORCH_NODE": "RANK // 4"}) == 1
+    for bad in ("-1", "node1", "", "rank//0", "rank//", "rank/2", "rank//-2"):
         with pytest.raises(InvalidInputError, match="OPT4TORCH_NODE"):
             node_of_this_rank(0, {"OPT4TORCH_NODE": bad})
 

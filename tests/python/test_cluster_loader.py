@@ -1,7 +1,8 @@
 """opt4torch.DataLoader(..., cluster=True) under torchrun: four ranks, each
 a node of its own (OPT4TORCH_NODE=rank) with its own pool and two fork
 workers, three epochs of DistributedSampler shuffle over items of 64-2,063
-bytes, a quarter of the dataset's bytes a node (cluster_loader_run.py).
+bytes, a quarter of the dataset's bytes a node (cluster_loader_run.py); and two
+nodes of two ranks each, or one node of four, whose ranks share its pool.
 
 Every sample is the source's. Each node reads from storage exactly what the
 cluster plan says for it (reads and bytes), its hits are the plan's, split
@@ -82,9 +83,37 @@ def test_a_killed_rank_stops_the_job_in_time(tmp_path) -> None:
     assert "SIGKILL" in err or "Signals.SIGKILL" in err or "exitcode" in err
 
 
-def test_one_rank_a_node_for_now(tmp_path) -> None:
-    _, err = run(tmp_path, node_env=None, ok=False)  # every rank on node 0 (torchrun's GROUP_RANK)
-    assert "one rank a node" in err
+@pytest.mark.parametrize("node_env", ["rank//2", None])
+def test_the_ranks_of_a_node_share_its_pool(tmp_path, node_env: str | None) -> None:
+    """Two nodes of two ranks (rank//2), or all four ranks on one node
+    (unset: torchrun's GROUP_RANK, 0 here): each node's first rank makes the
+    pool and runs the transfers, the others read from it."""
+    ranks, _ = run(tmp_path, node_env=node_env)
+    assert all(r is not None for r in ranks)
+    nodes: dict[int, list[dict]] = {}
+    for r in ranks:
+        assert r["wrong"] == 0 and r["samples"] == 3 * 600 // WORLD
+        assert r["thread_error"] is None and r["stats"]["cluster_errors"] == []
+        nodes.setdefault(r["node"], []).append(r)
+    assert sorted(nodes) == ([0, 1] if node_env else [0])
+    for node, members in nodes.items():
+        first, *others = sorted(members, key=lambda r: r["rank"])
+        st, plan = first["stats"], first["node_stats"]
+        assert st["cluster_leader"] == first["rank"]
+        # The node's ranks together read from storage what the plan says the node reads.
+        assert sum(r["storage_reads"] for r in members) == plan["storage_reads"] == st["plan_storage_reads"]
+        assert sum(r["storage_bytes"] for r in members) == st["plan_storage_bytes"]
+        assert st["hits"] == st["plan_hits"] and st["fallbacks"] == 0
+        assert (st["local_hits"], st["peer_hits"]) == (plan["local_hits"], plan["peer_hits"])
+        assert (st["peer_items_sent"], st["peer_items_received"]) == (plan["peer_items_sent"],
+                                                                      plan["peer_items_received"])
+        for r in others:  # the pool's counters are the node's; the transfers are counted by its first rank
+            assert r["stats"]["hits"] == st["hits"] and r["stats"]["cluster_leader"] == first["rank"]
+            assert r["stats"]["peer_hits"] is None and r["stats"]["plan_peer_hits"] == plan["peer_hits"]
+    if node_env:
+        assert all(m[0]["stats"]["peer_hits"] > 0 for m in nodes.values())
+    else:  # one node holds what it can alone: no peers, no transfers
+        assert ranks[0]["stats"]["peer_items_sent"] == ranks[0]["stats"]["peer_items_received"] == 0
 
 
 def test_cluster_arguments_are_checked() -> None:

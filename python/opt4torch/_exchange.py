@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ._codec import encode
+from ._forksafe import ForkGate
 from .cluster import ADMIT, FROM_PEER, FROM_STORAGE, PEER_HIT, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
 
 __all__ = ["ClusterFollower", "ClusterRuntime", "Exchange", "plan_keys", "record_of"]
@@ -234,6 +235,15 @@ class ClusterRuntime:
         # Reads of its own positions (RECEIVEs, SENDs), as a worker reads.
         self._view = PlannedDataset(dataset, pool_name, len(p), len(dataset), allow_pickle=allow_pickle)
         self.timeout = float(timeout)  # a collective's, at most
+        # Workers that are not persistent are forked every epoch while the
+        # thread runs. Its calls of the dataset (which may take the user's
+        # locks) run inside this gate, which a fork waits to find empty
+        # (_forksafe.py). Nothing else it does holds a lock a child could
+        # want across a GIL release: its reads of its own pool handle wait
+        # on shared memory, and its collectives are gloo's, which no child
+        # touches. Its waits on the workers' progress stay outside the gate,
+        # so a fork never waits for the workers it is about to make.
+        self._gate = ForkGate()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()  # a forked worker's copy never acts
@@ -310,7 +320,8 @@ class ClusterRuntime:
 
     def _load(self, i: int) -> bytes:
         self.storage_reads += 1
-        return record_of(self.dataset[int(self.plan.seq[i])], self.allow_pickle)
+        with self._gate.busy():
+            return record_of(self.dataset[int(self.plan.seq[i])], self.allow_pickle)
 
     def _hand_over(self, i: int, record: bytes) -> bool:
         """Store the claimed position i, in position order with the others:

@@ -1178,8 +1178,7 @@ class DataLoader(tud.DataLoader):
         a failed window are read from storage). Nodes are torchrun's
         (``GROUP_RANK``), or as ``OPT4TORCH_NODE`` says (``rank``: each rank
         a node; ``rank//K``: K ranks a node). Needs a ``DistributedSampler``
-        (or ``shuffle=`` and ``seed=``, which make one), ``batch_size``, and
-        ``persistent_workers=True`` with workers.
+        (or ``shuffle=`` and ``seed=``, which make one) and ``batch_size``.
 
     The order is captured from ``sampler`` (or ``batch_sampler``, or
     ``shuffle``) once, for all epochs, and then replayed: each ``iter(loader)``
@@ -1446,9 +1445,6 @@ class DataLoader(tud.DataLoader):
         if batch_sampler is not None or batch_size is None or drop_last:
             raise ValueError("cluster=True needs batch_size= (a DistributedSampler's batches, the last one "
                              "short): batch_sampler, batch_size=None and drop_last are not supported with it")
-        if num_workers > 0 and not persistent_workers:
-            raise ValueError("cluster=True with workers needs persistent_workers=True: its transfer thread "
-                             "runs beside the workers, and workers forked again each epoch would fork it")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"cluster_window must be a positive number of steps, got {window!r}")
         if not timeout > 0:

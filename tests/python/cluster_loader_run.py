@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--window", type=int, default=4)
     ap.add_argument("--prefetch", action="store_true")
+    ap.add_argument("--no-persistent", action="store_true", help="fork the workers anew every epoch")
     ap.add_argument("--vanish-rank", type=int, default=-1)
     ap.add_argument("--vanish-batch", type=int, default=-1)
     ap.add_argument("--kill", action="store_true")
@@ -73,7 +74,7 @@ def main() -> None:
     loader = opt4torch.DataLoader(
         ds, cluster=True, cluster_window=args.window, cluster_timeout=args.timeout, shuffle=True, seed=3,
         epochs=args.epochs, batch_size=args.batch, cache_bytes=int(args.fraction * total) + 4096,
-        num_workers=args.workers, persistent_workers=args.workers > 0, multiprocessing_context="fork",
+        num_workers=args.workers, persistent_workers=args.workers > 0 and not args.no_persistent, multiprocessing_context="fork",
         collate_fn=list, prefetch=args.prefetch, wait_timeout=args.timeout)
     wrong = samples = 0
     seen: list[int] = []
@@ -99,6 +100,8 @@ def main() -> None:
         "stats": {k: v for k, v in st.items() if isinstance(v, (int, float, str, list, type(None)))},
         "node_stats": cp.node_stats()[loader.node], "plan_storage_bytes_all": cp.storage_bytes,
         "accesses": cp.accesses, "late": cp.late, "thread_error": repr(rt.error) if rt.error else None,
+        "parks": getattr(getattr(rt, "_gate", None), "parks", None),
+        "park_timeouts": getattr(getattr(rt, "_gate", None), "park_timeouts", None),
         "seen_digest": int(np.bitwise_xor.reduce(np.array(seen, dtype=np.int64) * 2654435761 % (1 << 31)))
         if seen else 0,
     }

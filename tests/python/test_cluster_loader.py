@@ -63,6 +63,18 @@ def test_every_node_reads_what_the_plan_says(tmp_path, prefetch: bool) -> None:
     assert sum(r["storage_reads"] for r in ranks) == plan_reads < ranks[0]["accesses"]
 
 
+def test_the_dataset_is_read_once_when_the_nodes_hold_it(tmp_path) -> None:
+    """35 % of the dataset's bytes a node holds all of it in the four pools,
+    codec margins and pages included, and with windows of one step no peer
+    read comes late: the plan reads every item from storage once, and so
+    does the run, summed over the nodes (600 reads, the dataset's bytes)."""
+    ranks, _ = run(tmp_path, "--fraction", "0.35", "--window", "1")
+    assert all(r["wrong"] == 0 and r["stats"]["fallbacks"] == 0 for r in ranks)
+    assert sum(r["node_stats"]["storage_reads"] for r in ranks) == 600 and ranks[0]["late"] == 0
+    assert sum(r["storage_reads"] for r in ranks) == 600
+    assert sum(r["storage_bytes"] for r in ranks) == sum(64 + (x * 7919) % 2000 for x in range(600))
+
+
 def test_workers_forked_every_epoch_beside_the_transfer_thread(tmp_path) -> None:
     """persistent_workers=False: each epoch forks two workers a rank while
     the node's transfer thread runs. Its calls of the dataset are gated

@@ -145,7 +145,7 @@ def summary(ranks: list[dict]) -> dict[str, Any]:
         out["peer_bytes"] = sum(r["peer_bytes_sent"] for r in ranks)
         out["plan_peer_hits"] = sum(r["plan_peer_hits"] for r in ranks)
         out["peer_hits"] = sum(r["peer_hits"] for r in ranks)
-        out["cluster_errors"] = sum(len(r["cluster_errors"]) for r in ranks)
+        out["cluster_errors"] = sum(len(r["cluster_errors"] or []) for r in ranks)
     return out
 
 

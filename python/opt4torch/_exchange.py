@@ -187,12 +187,12 @@ class ClusterRuntime:
                  storage_sizes: np.ndarray | None = None, timeout: float = 60.0) -> None:
         import threading
 
+        import torch.distributed as dist
+
         from . import _engine
         from .data import PlannedDataset
 
         self.cp, self.plan, self.dataset, self.allow_pickle = cp, node_plan, dataset, allow_pickle
-        import torch.distributed as dist
-
         self.plan_keys = plan_keys(cp, node_plan, storage_sizes)
         self.exchange = Exchange(cp, node_plan, group, peers)
         #: This rank (the node's first): where the node's transfer figures are.
@@ -408,8 +408,8 @@ class ClusterFollower:
     share the node's pool, and its first rank moves the items. Their
     ``stats()`` give the node's pool counters and the plan's figures; the
     measured transfers (``local_hits``, ``peer_hits``, ``peer_bytes_*``,
-    ``peer_items_*``) are counted by the first rank's thread, and are None
-    here."""
+    ``peer_items_*``) and their errors (``cluster_errors``) are the first
+    rank's thread's to see, and are None here."""
 
     error: BaseException | None = None
     done = True
@@ -431,5 +431,5 @@ class ClusterFollower:
 
     def stats(self, hits: int) -> dict[str, Any]:
         return {"local_hits": None, "peer_hits": None, "peer_bytes_sent": None, "peer_bytes_received": None,
-                "peer_items_sent": None, "peer_items_received": None, **self.plan_keys, "cluster_errors": [],
+                "peer_items_sent": None, "peer_items_received": None, **self.plan_keys, "cluster_errors": None,
                 "cluster_leader": self.leader}

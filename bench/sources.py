@@ -53,12 +53,13 @@ import statistics
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, RandomSampler, get_worker_info
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import machine  # noqa: E402
@@ -73,23 +74,33 @@ SHARD = 500
 
 
 class CountedFileItems(FileItems):
-    """FileItems that counts its reads and bytes in shared memory (forked
-    workers and the prefetch threads add to the same two words), as the
-    engine's own sources count theirs."""
+    """FileItems that counts its reads and bytes, as the engine's own
+    sources count theirs, at a fraction of a microsecond a read: each
+    process adds to its own two words of a shared array (a worker by its
+    id, the training process, whose prefetch threads call it, in the first
+    two, under a thread lock), summed when read. A multiprocessing.Array
+    with its lock, as before, cost about 6 us a read here, all of it on the
+    misses, so on the cache's side of the comparison with in memory."""
+
+    SLOTS = 64
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.counts = multiprocessing.Array("q", 2)
+        self.counts = multiprocessing.RawArray("q", 2 * self.SLOTS)
+        self._lock = threading.Lock()
 
     def __getitem__(self, i: int) -> tuple[bytes, int]:
         item = super().__getitem__(i)
-        with self.counts.get_lock():
-            self.counts[0] += 1
-            self.counts[1] += len(item[0])
+        w = get_worker_info()
+        k = 2 * (w.id + 1) if w is not None else 0
+        with self._lock:
+            self.counts[k] += 1
+            self.counts[k + 1] += len(item[0])
         return item
 
     def info(self) -> dict[str, int]:
-        return {"reads": self.counts[0], "bytes_read": self.counts[1]}
+        c = self.counts[:]
+        return {"reads": sum(c[0::2]), "bytes_read": sum(c[1::2])}
 
     def item_sizes(self) -> np.ndarray:
         return self.sizes.astype(np.int64)

@@ -71,5 +71,7 @@ int opt4py_cluster_init(PyObject *module);
 /* forkfix.c: renews CPython's HEAD_LOCK in a forked child where Python
  * does not (3.8 to 3.11.7, gh-112275); FORK_HEAD_LOCK_FIX says if it is on. */
 int opt4py_forkfix_init(PyObject *module);
+/* encode.c: encode_plain, the codec's encoder in C for plain values. */
+int opt4py_encode_init(PyObject *module);
 
 #endif

@@ -470,7 +470,19 @@ def _pil(w: _Writer, img: Any, depth: int) -> None:
 
 
 def encode(obj: Any, allow_pickle: bool = False) -> list[Any]:
-    """The record for ``obj`` as a list of buffers (to be concatenated)."""
+    """The record for ``obj`` as a list of buffers (to be concatenated).
+
+    Plain values (None, bool, int, float, str, bytes, bytearray and tuples,
+    lists and dicts of them: most datasets' items) are encoded in C
+    (binding/encode.c, part for part what :func:`encode_py` gives); anything
+    else here, in Python."""
+    parts = _engine.encode_plain(obj)
+    return parts if parts is not None else encode_py(obj, allow_pickle)
+
+
+def encode_py(obj: Any, allow_pickle: bool = False) -> list[Any]:
+    """:func:`encode` in Python alone: the reference the C encoder is tested
+    against, and the encoder of everything but plain values."""
     w = _Writer(allow_pickle)
     _node(w, obj)
     return w.finish()

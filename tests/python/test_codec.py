@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from opt4torch import _engine
-from opt4torch._codec import FORMAT, CodecError, decode, decode_at, encode, encoded_size, make_arrays
+from opt4torch._codec import FORMAT, CodecError, decode, decode_at, encode, encode_py, encoded_size, make_arrays
 
 
 def roundtrip(obj, allow_pickle=False):
@@ -242,6 +242,78 @@ def test_c_decoder_on_damaged_records(obj, data) -> None:
         return
     if handled:
         assert same(out, decode(bytearray(damaged)))
+
+
+# The C encoder of plain values (binding/encode.c) against the Python one.
+
+_any_text = st.text(st.characters(blacklist_categories=()), max_size=8)  # lone surrogates too
+_encodable = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text() | _any_text | st.binary()
+    | st.binary().map(bytearray),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=5) | _any_text | st.integers(), inner, max_size=4),
+    max_leaves=24)
+
+
+def _plain(obj, depth: int = 0) -> bool:
+    """Whether the C encoder takes obj: plain values, 64-bit ints, nested
+    at most 32 deep."""
+    t = type(obj)
+    if obj is None or t in (bool, float, str, bytes, bytearray):
+        return True
+    if t is int:
+        return -(1 << 63) <= obj < (1 << 63)
+    if t in (tuple, list, dict):
+        items = [x for kv in obj.items() for x in kv] if t is dict else obj
+        return depth < 32 and all(_plain(x, depth + 1) for x in items)
+    return False
+
+
+def _same_parts(c: list, py: list) -> None:
+    """Part for part: header parts equal bytes, payloads the very objects."""
+    assert len(c) == len(py)
+    for a, b in zip(c, py):
+        assert type(a) is type(b)
+        assert a is b or (type(a) is bytes and a == b)
+
+
+@given(_encodable)
+def test_the_c_encoder_gives_the_python_encoders_parts(obj) -> None:
+    c = _engine.encode_plain(obj)
+    if not _plain(obj):
+        assert c is None
+        return
+    assert c is not None, "the C encoder declined plain values"
+    _same_parts(c, encode_py(obj))
+    assert same(decode(bytearray(b"".join(c))), obj)
+
+
+def test_the_c_encoder_passes_payloads_without_copying() -> None:
+    payload, buf = b"x" * 1000, bytearray(b"yz")
+    parts = _engine.encode_plain((payload, 3, {"b": buf, "e": b""}))
+    assert any(p is payload for p in parts) and any(p is buf for p in parts)
+    _same_parts(parts, encode_py((payload, 3, {"b": buf, "e": b""})))
+
+
+class _Str(str):
+    pass
+
+
+def test_the_c_encoder_leaves_the_rest_to_the_codec() -> None:
+    Point = namedtuple("Point", "x y")
+    deep: list = []
+    for _ in range(40):
+        deep = [deep]
+    for obj in (np.zeros(3), torch.ones(2), 2**64, [1, (2, {"k": -(2**63) - 1})], Point(1, 2), _Str("s"),
+                {"a": OrderedDictLike()}, deep, 1 + 2j, Image.new("L", (1, 1)), np.float32(1)):
+        assert _engine.encode_plain(obj) is None, repr(obj)[:60]
+    assert same(roundtrip(deep), deep)  # the Python codec still takes what C leaves
+    with pytest.raises(CodecError, match="namedtuple"):
+        encode(Point(1, 2))
+
+
+class OrderedDictLike(dict):
+    pass
 
 
 def test_bytearray_and_big_int() -> None:

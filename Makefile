@@ -8,7 +8,7 @@
 #   make bench   the benchmarks (writes bench/results/*.json)
 #   make bench-e2e  a real training loop on an emulated slow store, every cache side by side
 #   make bench-env  .venv-bench: torch 2.14.1 + torchvision, MosaicML Streaming, LitData, this package
-#   make bench-e2e-full  the end-to-end comparison at scale, with the real alternatives (an hour or more)
+#   make bench-e2e-full  the end-to-end comparison at scale, with the real alternatives (three hours or more on 2 cores)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -140,6 +140,7 @@ bench: install
 	$(PY) bench/sim_speed.py
 	CMAKE=$(abspath $(VENV)/bin/cmake) $(PY) bench/lookup.py
 	$(PY) bench/compat_modes.py
+	$(PY) bench/codec_speed.py
 
 # End to end: a small CNN trained on generated JPEGs read from an emulated slow
 # store, under no cache, cachetools, a shared LRU, a static cache, OPT, OPT +
@@ -171,7 +172,9 @@ bench-env: $(BENCH_INSTALLED)
 # capacity 25 % and 50 %, epoch shuffle and class-balanced sampling, the real
 # alternatives beside OPT. V11_SRC=PATH: a checkout of OPT4TorchDataSet v1.1.0
 # (without it, that row is skipped with a line saying so). Writes
-# bench/results/e2e-full-{25,50}.{md,json,png}; an hour or more on 2 cores.
+# bench/results/e2e-full-{25,50}.{md,json,png}. On 2 cores: three hours or more (six of the
+# configurations took 27-29 minutes a capacity under shuffle alone; Streaming's defaults thrash
+# for over an hour at this size: docs/e2e.md).
 V11_SRC   ?=
 FULL_ARGS ?= --images 50000 --image-size 160 --image-size-max 400 --epochs 3 --repeats 1 \
 	--samplers shuffle,balanced --data out/e2e-full-data --progress \

@@ -19,8 +19,10 @@ byte and its fields (little-endian). Array payloads start on a 16-byte
 boundary of the record, so that decoding can hand out zero-copy views of the
 buffer the record was copied into. ``encode`` returns a list of parts (header
 bytes and the arrays' own buffers), which the pool gathers without joining
-them first. The C decoder of the batch path (binding/_engine.c) reads the
-same format; where it declines a record, this module decodes it.
+them first. The C decoder of the batch path (binding/decode.c) reads the
+same format; where it declines a record, this module decodes it. The C
+encoder (binding/encode.c) writes it for plain values, part for part what
+:func:`encode_py` writes; it leaves everything else to this module.
 
 Array nodes (format 2):
 

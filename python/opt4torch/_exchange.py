@@ -146,7 +146,9 @@ class Exchange:
             dist.all_to_all_single(recv, send, output_split_sizes=[int(x.sum()) for x in per_src],
                                    input_split_sizes=[int(x.sum()) for x in lengths], group=self.group)
         except (RuntimeError, ValueError) as e:  # a dead peer, a timeout: this window's items are lost
-            self.errors.append((k, e))
+            # Kept without its traceback, whose frame holds self: a cycle that
+            # would keep the group alive past destroy_process_group.
+            self.errors.append((k, e.with_traceback(None)))
             return False
         self.items_sent += sum(x.size for x in lengths)
         self.bytes_sent += len(blob)
@@ -314,7 +316,7 @@ class ClusterRuntime:
                         self.exchange.keep_forward(i, record)
                     self._deliver(k, ok, records)
         except BaseException as e:  # noqa: BLE001 - kept for stats(); the readers load instead
-            self.error = e
+            self.error = e.with_traceback(None)  # no cycle through this frame (see Exchange.run)
         finally:
             self._release(list(self._claims))
 

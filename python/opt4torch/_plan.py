@@ -108,7 +108,11 @@ def _run_with_progress(fn: Any, total: int, desc: str, show: bool | None) -> Any
             done = now
         bar.update(total - done)
     if "error" in result:
-        raise result["error"]
+        error = result.pop("error")
+        try:
+            raise error
+        finally:
+            del error  # no cycle: frame -> error -> traceback -> frame
     return result["value"]
 
 

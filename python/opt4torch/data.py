@@ -1841,7 +1841,16 @@ class DataLoader(tud.DataLoader):
             outcomes: list[Any] = [None] * world
             dist.all_gather_object(outcomes, None if error is None else str(error), group=group)
             if error is not None:
-                raise error
+                # Raised with no local left naming it: a frame holding its own
+                # exception is a cycle (frame -> error -> traceback -> frame)
+                # that keeps ``group`` alive until the collector runs, after
+                # destroy_process_group; then gloo's threads outlive the group
+                # into the interpreter's finalization, and the rank aborts
+                # (std::terminate; rank 1 of a torchrun test died of SIGABRT).
+                try:
+                    raise error
+                finally:
+                    del error, group
             refused = [(r, msg) for r, msg in enumerate(outcomes) if msg is not None]
             if refused:
                 r, msg = refused[0]

@@ -175,3 +175,42 @@ loader.cache.close()
     assert r.returncode == 0, r.stdout + r.stderr
     assert "group alive after destroy: False" in r.stdout, r.stdout
     assert "refused: load_state_dict with share_across_ranks=True is a collective call" in r.stdout, r.stdout
+
+
+def test_a_refused_state_does_not_keep_the_process_group_alive(tmp_path) -> None:
+    """The refusal load_state_dict raises holds no cycle through the frame
+    that holds the group: with the collector off, the group dies with
+    destroy_process_group. It kept the group alive until the collector ran,
+    and a rank that refused its state died of SIGABRT at exit, as in the
+    test above (rank 1 of test_a_state_one_rank_refuses_is_refused_on_every_rank,
+    once in CI)."""
+    script = tmp_path / "refuse.py"
+    script.write_text(f"""
+import gc, sys, weakref
+import torch.distributed as dist
+sys.path.insert(0, {HERE!r})
+from datasets_for_tests import Checked
+import opt4torch
+
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+loader = opt4torch.DataLoader(Checked(40), batch_size=4, shuffle=True, cache_items=10, epochs=1,
+                              share_across_ranks=True, seed=3)
+assert sum(len(y) for _, y in loader) == 40
+state = loader.state_dict()
+gc.collect()
+gc.disable()
+try:
+    loader.load_state_dict({{**state, "batches_done": -1}})
+except ValueError as exc:
+    print("refused:", exc)
+group = weakref.ref(dist.group.WORLD)
+dist.destroy_process_group()
+print("group alive after destroy:", group() is not None)
+gc.enable()
+loader.cache.close()
+""")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "refused: state['batches_done'] is -1" in r.stdout, r.stdout
+    assert "group alive after destroy: False" in r.stdout, r.stdout

@@ -33,12 +33,9 @@ import argparse
 import gc
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 from typing import Any
 
 import numpy as np
@@ -49,44 +46,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import machine  # noqa: E402
 from callback_prefetch import step_work, train  # noqa: E402
 from prefetch import InMemory, cpu_seconds  # noqa: E402
+from s3server import Server  # noqa: E402
 
 import opt4torch  # noqa: E402
 
 CONFIGS = ("in memory", "no cache", "OPT", "OPT + prefetch")
 BUCKET, KEY, SECRET, REGION = "bench", "bench-key", "bench-secret", "us-east-1"
-
-
-class Server:
-    def __init__(self, latency: float) -> None:
-        here = os.path.dirname(os.path.abspath(__file__))
-        self.proc = subprocess.Popen([sys.executable, os.path.join(here, "s3server.py"), "--latency", str(latency),
-                                      "--access-key", KEY], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                     text=True, start_new_session=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("PORT "):
-            self.proc.kill()
-            raise RuntimeError(f"the S3 server did not start: {line!r}")
-        self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
-
-    def call(self, what: str) -> dict[str, Any]:
-        method = "GET" if what == "stats" else "POST"
-        req = urllib.request.Request(f"{self.endpoint}/_opt4/{what}", method=method)
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
-
-    def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def fill(server: Server, n: int, seed: int) -> list[tuple[bytes, int]]:
@@ -211,11 +176,11 @@ def main() -> None:
         a = torch.tanh(a @ a)
     work = (work[0], work[1], (time.perf_counter() - t0) / 10)
     print(f"training step: {args.step_reps} products, {work[2] * 1000:.1f} ms a batch here", flush=True)
-    server = Server(0.0)
+    server = Server(0.0, KEY)
     try:
         t0 = time.perf_counter()
         items = fill(server, args.items, args.seed)
-        server.call(f"set?latency={args.latency}")
+        server.call("set", latency=args.latency)
         ds = opt4torch.S3ImageFolder(f"s3://{BUCKET}/train/", endpoint_url=server.endpoint)
         assert len(ds) == len(items) and all(ds[i] == items[i] for i in range(0, len(ds), 97))
         print(f"data: {len(ds)} objects, {int(ds.item_sizes().sum()):,} bytes, in {time.perf_counter() - t0:.1f} s; "

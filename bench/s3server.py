@@ -5,20 +5,27 @@ what a real store costs, at the server, so every client pays it the same way.
 
 * ``--latency S``: every request waits S seconds before it is answered (in
   its own server thread: requests in flight overlap, as at a real store);
-* ``--bandwidth B``: a response body of n bytes takes n / B seconds more
-  (per request: there is no shared link to saturate);
+* ``--bandwidth B``: a response body of n bytes takes n / B seconds more,
+  per request (each response on a link of its own);
+* ``--link B``: one link of B bytes a second that every response body
+  crosses, in the order the bodies are ready: a body of n bytes leaves
+  n / B seconds after the link is free (as a store's network, or a node's
+  NIC, that every reader shares: the bytes a configuration fetches become
+  time once the link is busy);
 * ``--access-key K``: requests signed with another access key id get S3's
   ``403 InvalidAccessKeyId`` (moto itself accepts any credentials; the
   secret is not checked);
 * ``GET /_opt4/stats`` answers JSON counters (requests, GETs, ranged GETs,
   bytes of GET bodies), ``POST /_opt4/reset`` zeroes them, and
-  ``POST /_opt4/set?latency=S&bandwidth=B`` changes the costs of a running
-  server. These paths are not S3's.
+  ``POST /_opt4/set?latency=S&bandwidth=B&link=L`` changes the costs of a
+  running server. These paths are not S3's.
 
 It binds 127.0.0.1 on ``--port`` (0: a free one), prints ``PORT <n>`` on one
 line of stdout once it listens, and serves until SIGTERM or SIGINT.
+:class:`Server` starts one in a subprocess (tests and benchmarks import it;
+this module imports only the standard library until ``main`` runs).
 
-    python bench/s3server.py [--port 0] [--latency 0.01] [--bandwidth 0]
+    python bench/s3server.py [--port 0] [--latency 0.01] [--bandwidth 0] [--link 0]
         [--access-key testing]
 """
 
@@ -26,16 +33,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs
 
-__all__ = ["CostMiddleware", "main"]
+__all__ = ["CostMiddleware", "Server", "main"]
 
 _KEY_ID = re.compile(r"Credential=([^/,\s]+)/")
 _DENIED = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidAccessKeyId</Code>'
@@ -46,12 +56,15 @@ class CostMiddleware:
     """Latency and bandwidth added to every answer of the app it wraps, and
     counters of what was asked."""
 
-    def __init__(self, app: Callable[..., Any], latency: float, bandwidth: float, access_key: str | None) -> None:
+    def __init__(self, app: Callable[..., Any], latency: float, bandwidth: float, access_key: str | None,
+                 link: float = 0.0) -> None:
         self.app = app
         self.latency = float(latency)
         self.bandwidth = float(bandwidth)
+        self.link = float(link)
         self.access_key = access_key
         self._lock = threading.Lock()
+        self._link_free = 0.0  # time.monotonic() at which the shared link is next free
         self._reset()
 
     def _reset(self) -> None:
@@ -87,6 +100,12 @@ class CostMiddleware:
             self._count(gets=1, ranged_gets=int("HTTP_RANGE" in environ), get_bytes=len(body))
         if self.bandwidth and body:
             time.sleep(len(body) / self.bandwidth)
+        if self.link and body:
+            with self._lock:  # the body's turn on the shared link
+                now = time.monotonic()
+                done = max(now, self._link_free) + len(body) / self.link
+                self._link_free = done
+            time.sleep(max(0.0, done - time.monotonic()))
         return [body]
 
     def _control(self, path: str, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -98,8 +117,11 @@ class CostMiddleware:
                 self.latency = float(q["latency"][0])
             if "bandwidth" in q:
                 self.bandwidth = float(q["bandwidth"][0])
+            if "link" in q:
+                self.link = float(q["link"][0])
         with self._lock:
-            out = json.dumps({**self.counts, "latency": self.latency, "bandwidth": self.bandwidth}).encode()
+            out = json.dumps({**self.counts, "latency": self.latency, "bandwidth": self.bandwidth,
+                              "link": self.link}).encode()
         start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(out)))])
         return [out]
 
@@ -112,11 +134,72 @@ def _capture(start_response: Callable[..., Any]) -> Callable[..., Any]:
     return inner
 
 
+class Server:
+    """This server in a subprocess of its own session (no terminal, default
+    signal dispositions, no standard input), on a free port; ``endpoint`` is
+    its URL. ``python``: an interpreter that has ``moto[server]`` (default:
+    this one). A context manager: stopped on exit."""
+
+    def __init__(self, latency: float = 0.0, access_key: str | None = None, *, bandwidth: float = 0.0,
+                 link: float = 0.0, python: str | None = None) -> None:
+        args = [python or sys.executable, os.path.abspath(__file__), "--port", "0", "--latency", str(latency),
+                "--bandwidth", str(bandwidth), "--link", str(link)]
+        if access_key is not None:
+            args += ["--access-key", access_key]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     text=True, start_new_session=True, restore_signals=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # bounded by the caller's timeout
+        if not line.startswith("PORT "):
+            err = self.proc.stderr.read() if self.proc.stderr and self.proc.poll() is not None else ""
+            self.stop()
+            raise RuntimeError(f"the S3 server did not start: {line!r} {err}")
+        self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def call(self, what: str, **query: float) -> dict[str, Any]:
+        """``stats`` (GET), ``reset`` or ``set`` (POST, with ``query``): the counters after."""
+        q = "&".join(f"{k}={v}" for k, v in query.items())
+        req = urllib.request.Request(f"{self.endpoint}/_opt4/{what}" + (f"?{q}" if q else ""),
+                                     method="GET" if what == "stats" else "POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    def stats(self) -> dict[str, Any]:
+        """What the server was asked: requests, gets, ranged_gets, get_bytes, lists, denied."""
+        return self.call("stats")
+
+    def cpu_seconds(self) -> float:
+        """The server process's CPU time so far (user + system)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--latency", type=float, default=0.0, help="seconds added to every request")
     ap.add_argument("--bandwidth", type=float, default=0.0, help="bytes per second of a response body (0: no limit)")
+    ap.add_argument("--link", type=float, default=0.0,
+                    help="bytes per second of one link all response bodies share (0: no limit)")
     ap.add_argument("--access-key", default=None, help="the one access key id accepted (default: any)")
     args = ap.parse_args(argv)
 
@@ -128,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
             pass
 
     app = CostMiddleware(DomainDispatcherApplication(create_backend_app), args.latency,
-                         args.bandwidth, args.access_key)
+                         args.bandwidth, args.access_key, args.link)
     server = make_server("127.0.0.1", args.port, app, threaded=True, request_handler=QuietHandler)
     server.daemon_threads = True
 

@@ -608,3 +608,33 @@ def test_tar_shards_spawned_workers(server: Server, shard_urls: list[str], tmp_p
         assert ds.info()["index_bytes"] == 0
     finally:
         loader.cache.close()
+
+
+def test_the_servers_shared_link_carries_one_body_at_a_time() -> None:
+    """bench/s3server.py's --link: bodies that are ready together cross one
+    link in turn (4 x 100 kB at 1 MB/s: at least 0.4 s, where a bandwidth per
+    request lets them overlap: each of those takes 0.1 s), and the counters
+    count them once each. Lower bounds only: a loaded machine adds time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Server(0.0, KEY) as s:
+        client = boto3.client("s3", endpoint_url=s.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                              aws_secret_access_key=SECRET)
+        client.create_bucket(Bucket="link")
+        client.put_object(Bucket="link", Key="k", Body=b"x" * 100_000)
+
+        def four_gets() -> float:
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(4) as ex:
+                bodies = list(ex.map(lambda _: client.get_object(Bucket="link", Key="k")["Body"].read(), range(4)))
+            assert bodies == [b"x" * 100_000] * 4
+            return time.perf_counter() - t0
+
+        s.call("reset")
+        assert s.call("set", link=1e6)["link"] == 1e6
+        shared = four_gets()
+        assert s.stats()["get_bytes"] == 400_000 and s.stats()["gets"] == 4
+        s.call("set", link=0, bandwidth=1e6)
+        own = four_gets()
+        assert shared >= 0.4, shared
+        assert own >= 0.1, own

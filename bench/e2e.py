@@ -21,7 +21,7 @@ which `opt4torch demo` runs small (installed wheels have no bench/).
 
     python bench/e2e.py [--images 1000] [--epochs 3] [--capacity 0.5] [--latency 0.005]
         [--bandwidth 100e6] [--repeats 3] [--configs ...] [--samplers ...] [--data out/e2e-data]
-        [--image-size-max PX] [--v11-src PATH] [--shard-bytes B] [--progress]
+        [--image-size-max PX] [--v11-src PATH] [--shard-bytes B] [--progress] [--store {file,s3}] [--link B]
 """
 
 from __future__ import annotations
@@ -60,6 +60,12 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
     ap.add_argument("--bandwidth", type=float, default=d.bandwidth,
                     help="bytes/s per read, folded into the latency (0: none)")
     ap.add_argument("--buffered", action="store_true", help="read without O_DIRECT")
+    ap.add_argument("--store", choices=("file", "s3"), default=d.store,
+                    help="file: the record file, latency and bandwidth emulated in C (default); s3: the images "
+                    "(and the peers' shards) as objects on an S3-compatible server on 127.0.0.1 started here "
+                    "(bench/s3server.py, moto), which adds --latency and --bandwidth to every request")
+    ap.add_argument("--link", type=float, default=d.link,
+                    help="with --store s3: bytes/s of one link all the server's responses share (0: none)")
     ap.add_argument("--threads", type=int, default=d.threads, help="prefetch threads")
     ap.add_argument("--lookahead", type=int, default=d.lookahead)
     ap.add_argument("--repeats", type=int, default=d.repeats)
@@ -91,7 +97,7 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
                            else [c.strip() for c in a.configs.split(",") if c.strip()]),
                   samplers=[s.strip() for s in a.samplers.split(",") if s.strip()],
                   image_size_max=a.image_size_max, v11_src=a.v11_src, shard_bytes=a.shard_bytes,
-                  progress=a.progress)
+                  progress=a.progress, store=a.store, link=a.link)
     return setup, a
 
 
@@ -107,7 +113,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nwrote " + ", ".join(write_outputs(result, a.out, info, prefix=a.name, plots=not a.no_plots)))
         return 0
     path = prepare_data(a.data, setup, log=lambda m: print(m, file=sys.stderr))
-    result = run(setup, path, log=lambda m: print(m, file=sys.stderr))
+    if setup.store == "s3":
+        from s3server import Server
+
+        # The loopback server takes any credentials; the clients (boto3,
+        # s3torchconnector, the peers') take these and the endpoint as boto3
+        # does, and Streaming its own S3_ENDPOINT_URL.
+        for k, v in (("AWS_ACCESS_KEY_ID", "opt4-e2e"), ("AWS_SECRET_ACCESS_KEY", "opt4-e2e"),
+                     ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_REGION", "us-east-1"),
+                     ("AWS_EC2_METADATA_DISABLED", "true")):
+            os.environ[k] = v
+        with Server(setup.latency, bandwidth=setup.bandwidth, link=setup.link) as server:
+            setup.s3_endpoint, setup.s3_server_pid = server.endpoint, server.proc.pid
+            os.environ["AWS_ENDPOINT_URL"] = os.environ["S3_ENDPOINT_URL"] = server.endpoint
+            print(f"S3 server at {server.endpoint} (pid {server.proc.pid})", file=sys.stderr)
+            result = run(setup, path, log=lambda m: print(m, file=sys.stderr))
+    else:
+        result = run(setup, path, log=lambda m: print(m, file=sys.stderr))
     result["command"] = ["python", "bench/e2e.py", *(argv if argv is not None else sys.argv[1:])]
     print(markdown(result))
     written = write_outputs(result, a.out, info, prefix=a.name, plots=not a.no_plots)

@@ -81,3 +81,41 @@ def test_balanced_sampler_draws_small_classes_more(record_path: str) -> None:
     seq = capture(e2e.make_sampler("balanced", labels, 0), 20)
     drawn = np.bincount(labels[seq], minlength=len(counts)) / seq.size
     assert np.all(np.abs(drawn - 1 / len(counts)) < 0.03)
+
+
+def test_e2e_over_the_s3_server(record_path: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """store="s3": the images go to the loopback S3 server as objects and every
+    configuration reads them there; the server's counts agree with the
+    readers' own (no cache: one GET a sample; OPT: the plan's miss bytes,
+    exactly; in memory: none)."""
+    pytest.importorskip("moto", reason="needs moto[server] (requirements-dev.txt)")
+    pytest.importorskip("s3torchconnector", reason="needs s3torchconnector (requirements-dev.txt)")
+    pytest.importorskip("boto3", reason="needs boto3 (requirements-dev.txt)")
+    from s3store import Server
+
+    for k, v in (("AWS_ACCESS_KEY_ID", "e2e"), ("AWS_SECRET_ACCESS_KEY", "e2e"), ("AWS_DEFAULT_REGION", "us-east-1"),
+                 ("AWS_EC2_METADATA_DISABLED", "true")):
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
+        monkeypatch.delenv(k, raising=False)
+    with Server(0.001) as server:
+        setup = e2e.Setup(images=100, image_size=40, crop=32, epochs=2, batch=16, latency=0.001, repeats=1,
+                          samplers=["shuffle"], threads=4, store="s3", s3_endpoint=server.endpoint,
+                          s3_server_pid=server.proc.pid,
+                          configs=["no cache", "LRU (cachetools)", "OPT", "OPT + prefetch", "in memory"])
+        result = e2e.run(setup, record_path, log=lambda m: None)
+    runs = {c: rs[0] for c, rs in result["runs"]["shuffle"].items()}
+    opt = runs["OPT"]
+    for c, r in runs.items():
+        assert r["samples"] == setup.epochs * setup.images, (c, r)
+        assert r["label_sum"] == opt["plan_label_sum"], (c, r)
+        assert r["store_gets"] == r["storage_reads"] and r["store_get_bytes"] == r["storage_bytes"], (c, r)
+        assert r["server_cpu_s"] is not None and r["server_cpu_s"] >= 0, (c, r)
+    assert runs["no cache"]["store_gets"] == runs["no cache"]["samples"]
+    assert runs["in memory"]["store_gets"] == 0
+    for c in ("OPT", "OPT + prefetch"):
+        assert runs[c]["hits"] == runs[c]["plan_hits"] and runs[c]["store_get_bytes"] == runs[c]["plan_miss_bytes"]
+    assert runs["OPT + prefetch"]["prefetched"] > 0
+    assert runs["LRU (cachetools)"]["hits"] <= opt["hits"]
+    md = e2e.markdown(result)
+    assert "an S3-compatible server on the loopback address" in md and "the server's CPU" in md

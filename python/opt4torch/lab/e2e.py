@@ -16,6 +16,16 @@ What is cached is the record (the encoded JPEG and its label). Decoding with
 PIL and a random crop and flip run after the cache, in the DataLoader workers;
 a small CNN trains on the batches in the main process (one thread, CPU).
 
+With ``Setup.store = "s3"`` (``bench/e2e.py --store s3``), every
+configuration reads the same images from an S3-compatible server instead
+(``bench/s3server.py`` on the loopback address, which adds the latency and
+bandwidth at the server, so every client pays them the same way): the record
+file's images as objects in the ImageFolder layout under
+``s3://opt4-e2e/images/``, read by :class:`opt4torch.S3ImageFolder` (one
+ranged GET an image); Streaming's and LitData's shards as objects, read by
+their own S3 clients. The server's counters give every configuration's
+requests and bytes.
+
 Configurations (see :data:`CONFIGS`): no cache; per-worker ``cachetools``
 LRU, LFU, FIFO and RR caches of C items each (as users write them: W workers
 hold W x C items in all); one LRU shared by the workers through a
@@ -96,6 +106,10 @@ class Setup:
     v11_src: str = ""             # a checkout of OPT4TorchDataSet v1.1.0 (the "OPT4TorchDataSet v1.1.0" peer)
     shard_bytes: int = 0          # Streaming's and LitData's shard size (0: theirs, smaller for a small budget)
     progress: bool = False        # a tqdm bar per configuration run (batches)
+    store: str = "file"           # "file": the record file, costs emulated in C; "s3": the S3 server's objects
+    s3_endpoint: str = ""         # with store="s3": the server's URL (bench/e2e.py starts it)
+    s3_server_pid: int = 0        # ... and its process, for its CPU time
+    link: float = 0.0             # with store="s3": bytes/s of the server's one shared link (0: none)
 
     @property
     def capacity_items(self) -> int:
@@ -185,6 +199,123 @@ def prepare_data(data_dir: str, setup: Setup, log: Callable[[str], None] = print
     log(f"generated {setup.images:,} JPEGs of {px} in {setup.classes} classes "
         f"under {root}/ and packed them into {path} ({time.perf_counter() - t0:.1f} s)")
     return path
+
+
+# ---- the object store (store="s3") ----
+
+#: The bucket on the S3 server; the images are under ``images/``.
+S3_BUCKET = "opt4-e2e"
+
+
+def _s3_client(setup: Setup) -> Any:
+    import boto3
+
+    return boto3.client("s3", endpoint_url=setup.s3_endpoint)
+
+
+def _s3_stats(setup: Setup, what: str = "stats") -> dict[str, Any]:
+    """The server's counters (bench/s3server.py's ``/_opt4/`` paths)."""
+    import urllib.request
+
+    req = urllib.request.Request(f"{setup.s3_endpoint}/_opt4/{what}", method="GET" if what == "stats" else "POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def _proc_cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _image_key(i: int, label: int) -> str:
+    # Classes sorted by name, files by name within: S3ImageFolder's order is
+    # the record file's (which is ImageFolder's: labels never decrease).
+    return f"images/c{label:04d}/{i:08d}.jpg"
+
+
+def upload_s3(path: str, setup: Setup, prepared: dict[str, dict[str, Any]],
+              log: Callable[[str], None] = print) -> None:
+    """Put the record file's images, and the peers' converted shards, on the
+    S3 server (not timed with training): ``prepared[peer]["s3_url"]`` is where
+    a peer's shards went."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..records import RecordFile
+
+    t0 = time.perf_counter()
+    client = _s3_client(setup)
+    client.create_bucket(Bucket=S3_BUCKET)
+    rf = RecordFile(path)
+    labels = rf.labels
+    if np.any(np.diff(labels) < 0):
+        raise ValueError(f"{path}: labels decrease along the records; the S3 layout would reorder the items")
+    puts: list[tuple[str, Any]] = [(_image_key(i, int(labels[i])), i) for i in range(len(rf))]
+    for name, p in prepared.items():
+        if "dir" in p and name in _sharded():
+            prefix = os.path.basename(p["dir"])
+            for root, _, files in os.walk(p["dir"]):
+                for f in files:
+                    full = os.path.join(root, f)
+                    puts.append((f"{prefix}/{os.path.relpath(full, p['dir'])}", full))
+            p["s3_url"] = f"s3://{S3_BUCKET}/{prefix}"
+
+    def put(job: tuple[str, Any]) -> int:
+        key, what = job
+        if isinstance(what, str):
+            with open(what, "rb") as f:
+                body = f.read()
+        else:
+            body = rf[int(what)][0]
+        client.put_object(Bucket=S3_BUCKET, Key=key, Body=body)
+        return len(body)
+
+    with ThreadPoolExecutor(8) as ex:
+        total = sum(ex.map(put, puts))
+    rf.close()
+    log(f"put {len(puts):,} objects ({total / 1e6:,.1f} MB) on the S3 server at {setup.s3_endpoint} "
+        f"({time.perf_counter() - t0:.1f} s)")
+
+
+def _sharded() -> tuple[str, ...]:
+    from .peers import SHARDED
+
+    return tuple(SHARDED)
+
+
+class _S3Images:
+    """The harness's view of the images on the S3 server: an
+    :class:`opt4torch.S3ImageFolder` (``.dataset``, what the loaders read),
+    checked against the record file (the same items, sizes and labels)."""
+
+    def __init__(self, path: str, setup: Setup) -> None:
+        from ..objstore import S3ImageFolder
+        from ..records import RecordFile
+
+        self.dataset = S3ImageFolder(f"s3://{S3_BUCKET}/images/", endpoint_url=setup.s3_endpoint)
+        plain = RecordFile(path)
+        sizes, self.labels = plain.item_sizes(), plain.labels
+        plain.close()
+        if not (np.array_equal(sizes, self.dataset.item_sizes())
+                and np.array_equal(self.labels, np.asarray(self.dataset.targets))):
+            raise RuntimeError(f"the objects under s3://{S3_BUCKET}/images/ are not {path}'s records "
+                               "(sizes or labels differ): upload them again (upload_s3)")
+        self.endpoint = setup.s3_endpoint
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.dataset[i]
+
+    def item_sizes(self) -> np.ndarray:
+        return self.dataset.item_sizes()
+
+    def info(self) -> dict[str, Any]:
+        return {**self.dataset.info(), "note": f"opt4torch.S3ImageFolder, one GET an image from {self.endpoint}"}
+
+    def close(self) -> None:
+        pass
 
 
 # ---- after the cache: decode, random crop, random flip ----
@@ -465,10 +596,16 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
     mem = _PeakMemory()
     mem.start()
     latency = setup.latency
-    rf = RecordFile(path, direct=setup.direct, latency=0.0)
-    sizes = rf.item_sizes()
-    latency += float(sizes.mean()) / setup.bandwidth if setup.bandwidth > 0 else 0.0
-    rf.set_latency(latency)
+    s3 = setup.store == "s3"
+    rf: Any
+    if s3:  # the costs are the server's
+        rf = _S3Images(path, setup)
+        sizes = rf.item_sizes()
+    else:
+        rf = RecordFile(path, direct=setup.direct, latency=0.0)
+        sizes = rf.item_sizes()
+        latency += float(sizes.mean()) / setup.bandwidth if setup.bandwidth > 0 else 0.0
+        rf.set_latency(latency)
     labels = rf.labels
     n, c, w = len(rf), setup.capacity_items, setup.workers
     transform = DecodeCropFlip(setup.crop)
@@ -482,6 +619,9 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
         items = [plain[i] for i in range(n)]
         plain.close()
     before = rf.info()
+    if s3:
+        _s3_stats(setup, "reset")
+        server_cpu0 = _proc_cpu_seconds(setup.s3_server_pid) if setup.s3_server_pid else 0.0
     manager = None
     torch.manual_seed(setup.seed)
     model = make_model(setup.classes)
@@ -507,7 +647,7 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
         from ..data import DataLoader
 
         prefetch = name == "OPT + prefetch"
-        loader: Any = DataLoader(rf, sampler=make_sampler(sampler_kind, labels, setup.seed), cache_items=c,
+        loader: Any = DataLoader(rf.dataset if s3 else rf, sampler=make_sampler(sampler_kind, labels, setup.seed), cache_items=c,
                                  epochs=setup.epochs, transform=transform, prefetch=prefetch,
                                  prefetch_threads=setup.threads, lookahead=setup.lookahead,
                                  progress=False, **common)
@@ -563,10 +703,23 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
     out.update(seconds=seconds, setup_s=setup_s, epoch_s=epoch_s, samples=samples, label_sum=label_sum,
                final_loss=loss, storage_reads=after["reads"] - before["reads"],
                storage_bytes=after["bytes_read"] - before["bytes_read"], accesses=samples)
+    if s3:
+        # What the server served, whoever asked (the peers' own clients too):
+        # GETs and their bytes, every request (LIST pages, HEADs), its CPU.
+        srv = _s3_stats(setup)
+        if name in PEERS:
+            out.update(storage_reads=srv["gets"], storage_bytes=srv["get_bytes"])
+        out.update(store_gets=srv["gets"], store_get_bytes=srv["get_bytes"], store_requests=srv["requests"],
+                   server_cpu_s=(_proc_cpu_seconds(setup.s3_server_pid) - server_cpu0
+                                 if setup.s3_server_pid else None))
     if peer is not None:
         from . import peers
 
         out.update(peer.counters(samples, int(round(samples * float(sizes.mean())))))
+        if s3 and name in peers.SHARDED:  # counted at the server; of bytes, as with the local remote
+            accessed = int(round(samples * float(sizes.mean())))
+            out.update(stall_rate=None, hits=None, hit_rate_note="bytes",
+                       hit_rate=max(0.0, 1.0 - out["storage_bytes"] / max(1, accessed)))
         if name not in peers.SHARDED:
             # Measured the same way for v1.1.0 and the compat layer: an access
             # that read the record file missed, and waited for it (a sample
@@ -671,6 +824,11 @@ def run(setup: Setup, path: str, log: Callable[[str], None] = print) -> dict[str
         else:
             prepared[c] = peers.prepare(c, path, setup, os.path.dirname(os.path.abspath(path)), log=log)
     configs = [c for c in setup.configs if c not in skipped]
+    if setup.store == "s3":
+        if not setup.s3_endpoint:
+            raise ValueError("store='s3' needs the server's URL in Setup.s3_endpoint (bench/e2e.py --store s3 "
+                             "starts one)")
+        upload_s3(path, setup, prepared, log=log)
     _import_once()
     plan = {s: [c for c in configs if c not in PEERS or peers.unavailable(c, setup, s) is None]
             for s in setup.samplers}
@@ -723,6 +881,9 @@ def summarize(rs: list[dict[str, Any]]) -> dict[str, Any]:
            "peak_memory_bytes": med("peak_memory_bytes"), "final_loss": med("final_loss"), "repeats": len(rs)}
     if x.get("hit_rate_note"):
         out["hit_rate_note"] = x["hit_rate_note"]
+    for key in ("store_requests", "store_get_bytes", "server_cpu_s"):
+        if x.get(key) is not None:
+            out[key] = med(key)
     if "wrong_samples" in x:
         out["wrong_samples"] = max(r["wrong_samples"] for r in rs)
         out["undecodable_samples"] = max(r["undecodable_samples"] for r in rs)
@@ -779,13 +940,23 @@ def markdown(result: dict[str, Any]) -> str:
     s = Setup(**result["setup"])
     summ = result["summary"]
     lat = next(iter(next(iter(result["runs"].values())).values()))[0]
+    s3 = s.store == "s3"
+    if s3:
+        storage = (f"Storage: an S3-compatible server on the loopback address (bench/s3server.py: moto), "
+                   f"which adds {s.latency * 1e3:g} ms to every request and bytes / {s.bandwidth / 1e6:g} MB/s "
+                   "to every response" + (f", whose bodies share one link of {s.link / 1e6:g} MB/s" if s.link else
+                                         " (no shared link)") + "; images as objects in the ImageFolder layout "
+                   f"({lat['read_note']}), the peers' shards as objects read by their own clients. ")
+    else:
+        storage = (f"Storage: one record file read with "
+                   f"{'O_DIRECT' if s.direct else 'buffered reads'} ({lat['read_note']}) and "
+                   f"{s.latency * 1e3:g} ms + mean record / {s.bandwidth / 1e6:g} MB/s = "
+                   f"{lat['latency_s'] * 1e3:.2f} ms per read, emulated in C for every reader. ")
     lines = [
         f"{s.images:,} JPEGs ({_px(s)}, {s.classes} classes), {s.epochs} epochs, batch {s.batch}, "
         f"{s.workers} workers, capacity {s.capacity:.0%} ({s.capacity_items:,} items), a small CNN on "
-        f"{s.crop}x{s.crop} random crops (CPU, 1 thread). Storage: one record file read with "
-        f"{'O_DIRECT' if s.direct else 'buffered reads'} ({lat['read_note']}) and "
-        f"{s.latency * 1e3:g} ms + mean record / {s.bandwidth / 1e6:g} MB/s = {lat['latency_s'] * 1e3:.2f} ms "
-        f"per read, emulated in C for every reader. OPT + prefetch: {s.threads} C threads. "
+        f"{s.crop}x{s.crop} random crops (CPU, 1 thread). " + storage
+        + f"OPT + prefetch: {s.threads} C threads. "
         + (f"Medians of {s.repeats} repeats." if s.repeats > 1 else "One run each: single numbers, not medians."),
         "",
     ]
@@ -797,8 +968,9 @@ def markdown(result: dict[str, Any]) -> str:
                                       "balanced": " (class-balanced WeightedRandomSampler)"}.get(sampler, ""), "",
                   f"| configuration | time per epoch (mean of {s.epochs}) | samples/s | vs no cache | vs in memory "
                   f"| hit rate ({s.epochs} epochs) | read from storage ({s.epochs} epochs) | requests to storage "
-                  f"| stall rate | CPU time ({s.epochs} epochs) | peak memory |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  f"| stall rate | CPU time ({s.epochs} epochs) | peak memory |"
+                  + (" all requests to the server | the server's CPU |" if s3 else ""),
+                  "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if s3 else "")]
         for c, v in rows.items():
             read = _mb(v["storage_bytes"])
             if "plan_miss_bytes" in v:
@@ -810,7 +982,8 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{' (of bytes)' if v.get('hit_rate_note') == 'bytes' else ''} | {read} | "
                 f"{'–' if v.get('storage_reads') is None else format(int(v['storage_reads']), ',')} | "
                 f"{'–' if v.get('stall_rate') is None else format(v['stall_rate'], '.1%')} | {v['cpu_s']:.1f} s | "
-                f"{v['peak_memory_bytes'] / 2**20:,.0f} MiB |")
+                f"{v['peak_memory_bytes'] / 2**20:,.0f} MiB |"
+                + (f" {int(v.get('store_requests', 0)):,} | {v.get('server_cpu_s') or 0:.1f} s |" if s3 else ""))
         lines.append("")
     tg = targets(result)
     if tg:
@@ -838,7 +1011,15 @@ def markdown(result: dict[str, Any]) -> str:
                 continue
             extra = f", {p['shards']} shards, {p['bytes'] / 1e6:,.1f} MB" if "shards" in p else ""
             lines.append(f"- {c}: {p['what']}: {p['seconds']:.1f} s{extra}")
-    if any(c in PEERS for rows in summ.values() for c in rows):
+    if s3 and any(c in PEERS for rows in summ.values() for c in rows):
+        lines += ["", "Peers: Streaming and LitData read their shards from the same S3 server with their own "
+                  "S3 clients, paying its latency and bandwidth per request; their cache limit is the same byte "
+                  "budget (capacity x the images' bytes), kept as shard files on local disk; they shuffle with "
+                  "their own algorithms; their hit rate is the share of the accessed bytes not fetched, and a "
+                  "stall rate is not defined for them. OPT4TorchDataSet v1.1.0 and the compat layer run their "
+                  "users' code over opt4torch.S3ImageFolder. Requests and bytes are the server's counts (GETs); "
+                  "'all requests' adds LIST pages and HEADs. docs/e2e.md says what the server models.", ""]
+    elif any(c in PEERS for rows in summ.values() for c in rows):
         lines += ["", "Peers: Streaming and LitData fetch whole shards from a local directory as their remote, "
                   f"each fetch paying {s.latency * 1e3:g} ms + bytes / {s.bandwidth / 1e6:g} MB/s (one request); "
                   "their cache limit is the same byte budget (capacity x the records' bytes), kept as shard "

@@ -424,8 +424,11 @@ def make_loader(name: str, sampler: Any, seq: np.ndarray, rf: Any, setup: Any, d
     import tempfile
 
     global _STORE
+    s3 = getattr(setup, "store", "file") == "s3"
     if name in SHARDED:
-        store = _Store(setup.latency, setup.bandwidth)
+        # Over S3 the server charges and counts every fetch; over a local
+        # remote, the downloaders installed here do.
+        store = None if s3 else _Store(setup.latency, setup.bandwidth)
         _STORE = store
         cache_dir = tempfile.mkdtemp(prefix=f"{name.lower()}-cache-", dir=data_dir)
         if name in (STREAMING, STREAMING_TUNED):
@@ -433,7 +436,8 @@ def make_loader(name: str, sampler: Any, seq: np.ndarray, rf: Any, setup: Any, d
             from streaming.base.util import clean_stale_shared_memory
 
             clean_stale_shared_memory()
-            _install_streaming_store(store)
+            if store is not None:
+                _install_streaming_store(store)
 
             class Images(StreamingDataset):  # the subclassing Streaming's docs show for transforms
                 def __getitem__(self, idx: int) -> Any:
@@ -450,7 +454,10 @@ def make_loader(name: str, sampler: Any, seq: np.ndarray, rf: Any, setup: Any, d
                 block = max(setup.batch, items // 2)
                 extra = {"shuffle_block_size": block,
                          "predownload": max(setup.batch, min(8 * setup.batch, block // (2 * max(1, setup.workers))))}
-            ds = Images(remote=prepared["dir"], local=cache_dir, shuffle=True, shuffle_seed=setup.seed,
+            # Over S3: its S3 downloader (boto3), which takes the endpoint from
+            # S3_ENDPOINT_URL (bench/e2e.py sets it to the server's).
+            ds = Images(remote=prepared["s3_url"] if s3 else prepared["dir"], local=cache_dir, shuffle=True,
+                        shuffle_seed=setup.seed,
                         cache_limit=budget_bytes, batch_size=setup.batch, **extra)
             from torch.utils.data import DataLoader
 
@@ -459,10 +466,24 @@ def make_loader(name: str, sampler: Any, seq: np.ndarray, rf: Any, setup: Any, d
             from litdata import StreamingDataLoader, StreamingDataset
             from litdata.streaming.resolver import Dir
 
-            _install_litdata_store(store)
-            ds = StreamingDataset(input_dir=Dir(path=cache_dir, url="local:" + prepared["dir"]),
+            options: dict[str, Any] = {}
+            if store is not None:
+                _install_litdata_store(store)
+                url = "local:" + prepared["dir"]
+            else:
+                # Its S3 downloader: boto3 for the index, obstore for chunks
+                # (as installed), both given the endpoint by storage_options.
+                # obstore refuses a plain-http endpoint unless told, and
+                # LitData passes it fixed client options: the loopback
+                # server's one allowance, made before the workers fork.
+                from litdata.streaming import downloader as dl
+
+                if hasattr(dl, "_OBSTORE_CLIENT_OPTIONS"):
+                    dl._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
+                url, options = prepared["s3_url"], {"storage_options": {"endpoint_url": setup.s3_endpoint}}
+            ds = StreamingDataset(input_dir=Dir(path=cache_dir, url=url),
                                   max_cache_size=budget_bytes, shuffle=True, seed=setup.seed,
-                                  transform=lambda obj: transform((obj["jpeg"], obj["label"])))
+                                  transform=lambda obj: transform((obj["jpeg"], obj["label"])), **options)
             loader = StreamingDataLoader(ds, **common)
 
         def cleanup() -> None:

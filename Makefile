@@ -9,6 +9,7 @@
 #   make bench-e2e  a real training loop on an emulated slow store, every cache side by side
 #   make bench-env  .venv-bench: torch 2.14.1 + torchvision, MosaicML Streaming, LitData, this package
 #   make bench-e2e-full  the end-to-end comparison at scale, with the real alternatives (three hours or more on 2 cores)
+#   make bench-e2e-s3  the comparison over a loopback S3 server (moto), every configuration and peer reading from it
 
 PYTHON ?= python3
 VENV   := .venv
@@ -21,7 +22,7 @@ JOBS   ?= 2
 FUZZ_SECONDS ?= 60
 
 .PHONY: all demo install test test-c test-asan test-asan-binding test-tsan test-fuzz test-python bench bench-e2e clean \
-	fuzz-long test-kill-long bench-env bench-e2e-full
+	fuzz-long test-kill-long bench-env bench-e2e-full bench-e2e-s3
 
 all: test
 
@@ -182,6 +183,20 @@ FULL_ARGS ?= --images 50000 --image-size 160 --image-size-max 400 --epochs 3 --r
 bench-e2e-full: bench-env
 	nice -n 10 $(BENCH_PY) bench/e2e.py $(FULL_ARGS) --capacity 0.25 --name e2e-full-25 $(if $(V11_SRC),--v11-src $(V11_SRC),)
 	nice -n 10 $(BENCH_PY) bench/e2e.py $(FULL_ARGS) --capacity 0.5 --name e2e-full-50 $(if $(V11_SRC),--v11-src $(V11_SRC),)
+
+# The comparison over an object store (issue 19): 2,000 JPEGs of 15-97 KB, 3 epochs, 50 %,
+# epoch shuffle, every configuration and peer reading the same images from the loopback S3
+# server (bench/s3server.py: moto, 5 ms a request, 100 MB/s a response), then again with the
+# server's responses sharing one link of LINK bytes/s. Writes bench/results/e2e-s3-50*.
+# About 35 minutes on 2 cores (Streaming's defaults thrash: about 2.5 minutes a run).
+LINK    ?= 30e6
+S3_ARGS ?= --store s3 --images 2000 --image-size 160 --image-size-max 400 --epochs 3 --capacity 0.5 \
+	--repeats 3 --samplers shuffle --data out/e2e-s3-data
+bench-e2e-s3: bench-env
+	nice -n 10 $(BENCH_PY) bench/e2e.py $(S3_ARGS) --name e2e-s3-50 $(if $(V11_SRC),--v11-src $(V11_SRC),) \
+	    --configs "no cache,LRU (cachetools),Streaming,Streaming (tuned),LitData,OPT4TorchDataSet v1.1.0,OPT4TorchDataSet API (compat),OPT + prefetch,in memory"
+	nice -n 10 $(BENCH_PY) bench/e2e.py $(S3_ARGS) --link $(LINK) --name e2e-s3-50-link \
+	    --configs "no cache,Streaming (tuned),LitData,OPT + prefetch,in memory"
 
 clean:
 	rm -rf build dist out *.egg-info

@@ -424,7 +424,7 @@ def make_loader(name: str, sampler: Any, seq: np.ndarray, rf: Any, setup: Any, d
     import tempfile
 
     global _STORE
-    s3 = getattr(setup, "store", "file") == "s3"
+    s3 = setup.store == "s3"
     if name in SHARDED:
         # Over S3 the server charges and counts every fetch; over a local
         # remote, the downloaders installed here do.

@@ -187,8 +187,9 @@ bench-e2e-full: bench-env
 # The comparison over an object store (issue 19): 2,000 JPEGs of 15-97 KB, 3 epochs, 50 %,
 # epoch shuffle, every configuration and peer reading the same images from the loopback S3
 # server (bench/s3server.py: moto, 5 ms a request, 100 MB/s a response), then again with the
-# server's responses sharing one link of LINK bytes/s. Writes bench/results/e2e-s3-50*.
-# About 35 minutes on 2 cores (Streaming's defaults thrash: about 2.5 minutes a run).
+# server's responses sharing one link of LINK bytes/s, at 50 % and 25 %, and under class-balanced
+# sampling (the sharded peers shuffle only). Writes bench/results/e2e-s3-*.
+# About an hour on 2 cores (Streaming's defaults thrash: about 2.5 minutes a run).
 LINK    ?= 30e6
 S3_ARGS ?= --store s3 --images 2000 --image-size 160 --image-size-max 400 --epochs 3 --capacity 0.5 \
 	--repeats 3 --samplers shuffle --data out/e2e-s3-data
@@ -197,6 +198,11 @@ bench-e2e-s3: bench-env
 	    --configs "no cache,LRU (cachetools),Streaming,Streaming (tuned),LitData,OPT4TorchDataSet v1.1.0,OPT4TorchDataSet API (compat),OPT + prefetch,in memory"
 	nice -n 10 $(BENCH_PY) bench/e2e.py $(S3_ARGS) --link $(LINK) --name e2e-s3-50-link \
 	    --configs "no cache,Streaming (tuned),LitData,OPT + prefetch,in memory"
+	nice -n 10 $(BENCH_PY) bench/e2e.py $(S3_ARGS) --link $(LINK) --capacity 0.25 --name e2e-s3-25-link \
+	    --configs "no cache,Streaming (tuned),LitData,OPT + prefetch,in memory"
+	nice -n 10 $(BENCH_PY) bench/e2e.py $(S3_ARGS) --link $(LINK) --samplers balanced --name e2e-s3-50-link-balanced \
+	    $(if $(V11_SRC),--v11-src $(V11_SRC),) \
+	    --configs "no cache,LRU (cachetools),OPT4TorchDataSet v1.1.0,OPT4TorchDataSet API (compat),OPT + prefetch,in memory"
 
 clean:
 	rm -rf build dist out *.egg-info

@@ -139,14 +139,9 @@ def test_ranks_sharing_a_pool_refuse_each_others_states(tmp_path) -> None:
     assert "state['rank'] is 0 but this is rank 1" in ranks[1]["refused"], ranks
 
 
-def test_the_loader_does_not_keep_the_process_group_alive(tmp_path) -> None:
-    """A loader shared across ranks holds its process group weakly. Held
-    strongly, destroy_process_group left gloo's threads running until the
-    loader was collected in the interpreter's finalization, where a gloo
-    thread dropping a collective's tensors dies taking the GIL and the rank
-    aborts (std::terminate: rank 1 of a torchrun test died of SIGABRT at
-    exit, 6 times in 17 runs of a script that kept a reference, under load).
-    Once the group is gone, a collective load_state_dict says so."""
+def one_rank(tmp_path, body: str) -> subprocess.CompletedProcess:
+    """Run ``body`` in a fresh interpreter after a one-rank gloo group and a
+    loader shared across ranks (``loader``) trained one epoch (``state``)."""
     script = tmp_path / "one_rank.py"
     script.write_text(f"""
 import gc, sys, weakref
@@ -160,6 +155,20 @@ loader = opt4torch.DataLoader(Checked(40), batch_size=4, shuffle=True, cache_ite
                               share_across_ranks=True, seed=3)
 assert sum(len(y) for _, y in loader) == 40
 state = loader.state_dict()
+""" + body)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
+
+
+def test_the_loader_does_not_keep_the_process_group_alive(tmp_path) -> None:
+    """A loader shared across ranks holds its process group weakly. Held
+    strongly, destroy_process_group left gloo's threads running until the
+    loader was collected in the interpreter's finalization, where a gloo
+    thread dropping a collective's tensors dies taking the GIL and the rank
+    aborts (std::terminate: rank 1 of a torchrun test died of SIGABRT at
+    exit, 6 times in 17 runs of a script that kept a reference, under load).
+    Once the group is gone, a collective load_state_dict says so."""
+    r = one_rank(tmp_path, """
 group = weakref.ref(dist.group.WORLD)
 dist.destroy_process_group()
 gc.collect()
@@ -170,8 +179,6 @@ except RuntimeError as exc:
     print("refused:", exc)
 loader.cache.close()
 """)
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "group alive after destroy: False" in r.stdout, r.stdout
     assert "refused: load_state_dict with share_across_ranks=True is a collective call" in r.stdout, r.stdout
@@ -184,23 +191,11 @@ def test_a_refused_state_does_not_keep_the_process_group_alive(tmp_path) -> None
     and a rank that refused its state died of SIGABRT at exit, as in the
     test above (rank 1 of test_a_state_one_rank_refuses_is_refused_on_every_rank,
     once in CI)."""
-    script = tmp_path / "refuse.py"
-    script.write_text(f"""
-import gc, sys, weakref
-import torch.distributed as dist
-sys.path.insert(0, {HERE!r})
-from datasets_for_tests import Checked
-import opt4torch
-
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-loader = opt4torch.DataLoader(Checked(40), batch_size=4, shuffle=True, cache_items=10, epochs=1,
-                              share_across_ranks=True, seed=3)
-assert sum(len(y) for _, y in loader) == 40
-state = loader.state_dict()
+    r = one_rank(tmp_path, """
 gc.collect()
 gc.disable()
 try:
-    loader.load_state_dict({{**state, "batches_done": -1}})
+    loader.load_state_dict({**state, "batches_done": -1})
 except ValueError as exc:
     print("refused:", exc)
 group = weakref.ref(dist.group.WORLD)
@@ -209,8 +204,6 @@ print("group alive after destroy:", group() is not None)
 gc.enable()
 loader.cache.close()
 """)
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "refused: state['batches_done'] is -1" in r.stdout, r.stdout
     assert "group alive after destroy: False" in r.stdout, r.stdout

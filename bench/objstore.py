@@ -7,7 +7,7 @@ loopback S3 server (bench/s3server.py: moto's server with the latency added
 at the server, so every configuration pays it per request), then read for E
 epochs of epoch shuffle by W fork workers, with a CPU-bound training step per
 batch (single-threaded torch matrix products, a fixed count, about 90 ms a
-batch here by default: the loopback server serves 350-400 GETs a second, and
+batch here by default: the loopback server serves about 600 small GETs a second, and
 a faster loop would measure it rather than the loader; on a 2-core
 machine the CPU our threads and the server take comes out of it), four ways:
 

@@ -20,10 +20,13 @@ same batches on ``device``:
 Batches may be tensors or any nesting of tuples, lists, dicts and namedtuples
 of tensors; everything that is not a tensor passes through as it is.
 
-Each ``iter()`` is an epoch with its own staging thread. Breaking out of the
-loop, dropping the iterator or calling its ``close()`` stops the thread; an
+Each ``iter()`` is an epoch with its own staging thread, started after the
+loader's iterator exists (so after its workers have forked). Breaking out of
+the loop, dropping the iterator or calling its ``close()`` stops the thread; an
 exception raised by the loader reaches the consumer at the batch where it
-happened.
+happened. Across an ``os.fork`` in another thread (a new DataLoader's
+workers), the staging thread is parked: the fork waits for the batch it is
+taking and staging, and it takes no other until the fork is done.
 
 The CUDA path is guarded (it runs only when the device is a CUDA device) and
 has not been run on a GPU in this project: the machine has none. The tests
@@ -43,6 +46,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+
+from ._forksafe import ForkGate
 
 __all__ = ["DevicePrefetcher", "map_tensors"]
 
@@ -168,20 +173,29 @@ def _acquire(shared: _Shared) -> bool:
     return False
 
 
+# Staging threads are parked across os.fork (the package's rule: no fork
+# while a thread of ours can hold a lock): a thread takes its next batch and
+# stages it inside the gate's busy region, so a fork in another thread waits
+# for the batch it is on, and the thread waits for the fork to end before it
+# takes the next one (_forksafe.py).
+_gate = ForkGate()
+
+
 def _stage(shared: _Shared, loader_it: Iterator[Any], ops: Any) -> None:
     """The staging thread: loader -> pinned -> device, one event per batch."""
     try:
         stream = ops.enter_thread()
         while _acquire(shared):
-            try:
-                batch = next(loader_it)
-            except StopIteration:
-                shared.queue.put((_END, None))
-                return
-            with ops.stream_context(stream):
-                staged = map_tensors(ops.copy, batch)
-                event = ops.record_event(stream)
-            del batch
+            with _gate.busy():
+                try:
+                    batch = next(loader_it)
+                except StopIteration:
+                    shared.queue.put((_END, None))
+                    return
+                with ops.stream_context(stream):
+                    staged = map_tensors(ops.copy, batch)
+                    event = ops.record_event(stream)
+                del batch
             shared.queue.put((_BATCH, (staged, event)))
         # Stopped: nobody will read what is left.
     except BaseException as exc:  # handed to the consumer, re-raised there

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -312,4 +313,44 @@ def test_cuda_path_with_dataloader_workers(fake_cuda) -> None:
         if k == 0:
             break
     del pf, loader
+    assert wait_for_no_threads_of_ours() == []
+
+
+class Slow:
+    """Batches whose second takes `hold` seconds to produce, with the times
+    it started and was done, so a test can fork while the staging thread is
+    inside it."""
+
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+        self.inside = threading.Event()
+        self.done_at = 0.0
+
+    def __iter__(self) -> Iterator[Any]:
+        yield torch.zeros(2)
+        self.inside.set()
+        time.sleep(self.hold)
+        self.done_at = time.monotonic()
+        yield torch.ones(2)
+        yield torch.full((2,), 2.0)
+
+
+def test_cuda_path_parks_its_staging_thread_across_fork(fake_cuda) -> None:
+    """A fork in the consumer waits for the batch the staging thread is on
+    (the package's rule: no fork while a thread of ours may hold a lock), and
+    the thread goes on after it: every batch arrives, in order."""
+    assert wait_for_no_threads_of_ours() == []  # an earlier test's, ended
+    loader = Slow(hold=0.5)
+    it = iter(DevicePrefetcher(loader, device="cuda:0", depth=2))
+    assert next(it).sum().item() == 0
+    assert loader.inside.wait(10), "the staging thread never took the second batch"
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)  # the child only has to exist
+    forked_at = time.monotonic()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert loader.done_at > 0 and forked_at >= loader.done_at, \
+        "the fork went ahead while the staging thread was inside the loader"
+    assert [b[0].item() for b in it] == [1.0, 2.0]
     assert wait_for_no_threads_of_ours() == []

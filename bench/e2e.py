@@ -22,6 +22,7 @@ which `opt4torch demo` runs small (installed wheels have no bench/).
     python bench/e2e.py [--images 1000] [--epochs 3] [--capacity 0.5] [--latency 0.005]
         [--bandwidth 100e6] [--repeats 3] [--configs ...] [--samplers ...] [--data out/e2e-data]
         [--image-size-max PX] [--v11-src PATH] [--shard-bytes B] [--progress] [--store {file,s3}] [--link B]
+        [--train-cpus LIST] [--server-cpus LIST]
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import machine  # noqa: E402
+from s3server import parse_cpus  # noqa: E402
 
 from opt4torch.lab.e2e import (  # noqa: E402
     ALL_CONFIGS, CONFIGS, SAMPLERS, Setup, markdown, prepare_data, run, write_outputs,
@@ -66,6 +68,11 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
                     "(bench/s3server.py, moto), which adds --latency and --bandwidth to every request")
     ap.add_argument("--link", type=float, default=d.link,
                     help="with --store s3: bytes/s of one link all the server's responses share (0: none)")
+    ap.add_argument("--train-cpus", default=d.train_cpus, metavar="LIST",
+                    help="run the training process (and all it starts) on these CPUs, as 0 or 0-1 (default: all)")
+    ap.add_argument("--server-cpus", default=d.server_cpus, metavar="LIST",
+                    help="with --store s3: run the S3 server on these CPUs (default: all): with --train-cpus, "
+                    "keeps the server's CPU off the training cores, as a store runs on machines of its own")
     ap.add_argument("--threads", type=int, default=d.threads, help="prefetch threads")
     ap.add_argument("--lookahead", type=int, default=d.lookahead)
     ap.add_argument("--repeats", type=int, default=d.repeats)
@@ -97,7 +104,16 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
                            else [c.strip() for c in a.configs.split(",") if c.strip()]),
                   samplers=[s.strip() for s in a.samplers.split(",") if s.strip()],
                   image_size_max=a.image_size_max, v11_src=a.v11_src, shard_bytes=a.shard_bytes,
-                  progress=a.progress, store=a.store, link=a.link)
+                  progress=a.progress, store=a.store, link=a.link, train_cpus=a.train_cpus,
+                  server_cpus=a.server_cpus)
+    for opt in ("train_cpus", "server_cpus"):
+        if getattr(a, opt):
+            try:
+                parse_cpus(getattr(a, opt))
+            except ValueError as e:
+                ap.error(f"--{opt.replace('_', '-')}: {e}")
+    if a.server_cpus and a.store != "s3":
+        ap.error("--server-cpus: there is a server only with --store s3")
     return setup, a
 
 
@@ -113,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nwrote " + ", ".join(write_outputs(result, a.out, info, prefix=a.name, plots=not a.no_plots)))
         return 0
     path = prepare_data(a.data, setup, log=lambda m: print(m, file=sys.stderr))
+    if setup.train_cpus:  # after the data is made (on every core); threads and processes started later inherit it
+        os.sched_setaffinity(0, parse_cpus(setup.train_cpus))
     if setup.store == "s3":
         from s3server import Server
 
@@ -123,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_REGION", "us-east-1"),
                      ("AWS_EC2_METADATA_DISABLED", "true")):
             os.environ[k] = v
-        with Server(setup.latency, bandwidth=setup.bandwidth, link=setup.link) as server:
+        with Server(setup.latency, bandwidth=setup.bandwidth, link=setup.link, cpus=setup.server_cpus) as server:
             setup.s3_endpoint, setup.s3_server_pid = server.endpoint, server.proc.pid
             os.environ["AWS_ENDPOINT_URL"] = os.environ["S3_ENDPOINT_URL"] = server.endpoint
             print(f"S3 server at {server.endpoint} (pid {server.proc.pid})", file=sys.stderr)

@@ -19,6 +19,9 @@ what a real store costs, at the server, so every client pays it the same way.
   bytes of GET bodies), ``POST /_opt4/reset`` zeroes them, and
   ``POST /_opt4/set?latency=S&bandwidth=B&link=L`` changes the costs of a
   running server. These paths are not S3's.
+* ``--cpus LIST``: the CPUs the server may run on (``1``, ``0,1``, ``2-3``),
+  set before it starts: a benchmark can keep the server's CPU off the cores
+  that train, as a store runs on machines of its own.
 
 It binds 127.0.0.1 on ``--port`` (0: a free one), prints ``PORT <n>`` on one
 line of stdout once it listens, and serves until SIGTERM or SIGINT.
@@ -26,7 +29,7 @@ line of stdout once it listens, and serves until SIGTERM or SIGINT.
 this module imports only the standard library until ``main`` runs).
 
     python bench/s3server.py [--port 0] [--latency 0.01] [--bandwidth 0] [--link 0]
-        [--access-key testing]
+        [--access-key testing] [--cpus 1]
 """
 
 from __future__ import annotations
@@ -45,11 +48,26 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs
 
-__all__ = ["CostMiddleware", "Server", "main"]
+__all__ = ["CostMiddleware", "Server", "main", "parse_cpus"]
 
 _KEY_ID = re.compile(r"Credential=([^/,\s]+)/")
 _DENIED = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidAccessKeyId</Code>'
            b'<Message>The AWS Access Key Id you provided does not exist in our records.</Message></Error>')
+
+
+def parse_cpus(text: str) -> set[int]:
+    """``"1"``, ``"0,2"``, ``"0-3"`` (Linux's cpu list format) as a set of CPU
+    numbers, each one this process may run on; a clear error otherwise."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        if m is None or int(m.group(2) or m.group(1)) < int(m.group(1)):
+            raise ValueError(f"CPU list {text!r}: write CPU numbers and ranges, as 1 or 0,2 or 0-3")
+        cpus.update(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
+    n = os.cpu_count() or 1
+    if not cpus or max(cpus) >= n or min(cpus) < 0:
+        raise ValueError(f"CPU list {text!r}: this machine has CPUs 0-{n - 1}")
+    return cpus
 
 
 class CostMiddleware:
@@ -138,14 +156,17 @@ class Server:
     """This server in a subprocess of its own session (no terminal, default
     signal dispositions, no standard input), on a free port; ``endpoint`` is
     its URL. ``python``: an interpreter that has ``moto[server]`` (default:
-    this one). A context manager: stopped on exit."""
+    this one); ``cpus``: the CPUs it runs on (``--cpus``; default: this
+    process's). A context manager: stopped on exit."""
 
     def __init__(self, latency: float = 0.0, access_key: str | None = None, *, bandwidth: float = 0.0,
-                 link: float = 0.0, python: str | None = None) -> None:
+                 link: float = 0.0, python: str | None = None, cpus: str = "") -> None:
         args = [python or sys.executable, os.path.abspath(__file__), "--port", "0", "--latency", str(latency),
                 "--bandwidth", str(bandwidth), "--link", str(link)]
         if access_key is not None:
             args += ["--access-key", access_key]
+        if cpus:
+            args += ["--cpus", cpus]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                      text=True, start_new_session=True, restore_signals=True)
         assert self.proc.stdout is not None
@@ -201,7 +222,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--link", type=float, default=0.0,
                     help="bytes per second of one link all response bodies share (0: no limit)")
     ap.add_argument("--access-key", default=None, help="the one access key id accepted (default: any)")
+    ap.add_argument("--cpus", default="", help="the CPUs to run on, as 1 or 0,2 or 0-3 (default: all allowed)")
     args = ap.parse_args(argv)
+    if args.cpus:
+        try:
+            os.sched_setaffinity(0, parse_cpus(args.cpus))  # before any thread: they inherit it
+        except ValueError as e:
+            ap.error(str(e))
 
     from moto.moto_server.werkzeug_app import create_backend_app
     from werkzeug.serving import WSGIRequestHandler, make_server

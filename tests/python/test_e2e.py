@@ -4,6 +4,7 @@ tiny setting: its invariants, not its timings."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -98,10 +99,11 @@ def test_e2e_over_the_s3_server(record_path: str, tmp_path, monkeypatch: pytest.
         monkeypatch.setenv(k, v)
     for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
         monkeypatch.delenv(k, raising=False)
-    with Server(0.001) as server:
+    last = str((os.cpu_count() or 1) - 1)
+    with Server(0.001, cpus=last) as server:
         setup = e2e.Setup(images=100, image_size=40, crop=32, epochs=2, batch=16, latency=0.001, repeats=1,
                           samplers=["shuffle"], threads=4, store="s3", s3_endpoint=server.endpoint,
-                          s3_server_pid=server.proc.pid,
+                          s3_server_pid=server.proc.pid, server_cpus=last,
                           configs=["no cache", "LRU (cachetools)", "OPT", "OPT + prefetch", "in memory"])
         result = e2e.run(setup, record_path, log=lambda m: None)
     runs = {c: rs[0] for c, rs in result["runs"]["shuffle"].items()}
@@ -119,3 +121,4 @@ def test_e2e_over_the_s3_server(record_path: str, tmp_path, monkeypatch: pytest.
     assert runs["LRU (cachetools)"]["hits"] <= opt["hits"]
     md = e2e.markdown(result)
     assert "an S3-compatible server on the loopback address" in md and "the server's CPU" in md
+    assert f"the S3 server on CPU {last}" in md

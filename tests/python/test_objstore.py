@@ -638,3 +638,33 @@ def test_the_servers_shared_link_carries_one_body_at_a_time() -> None:
         own = four_gets()
         assert shared >= 0.4, shared
         assert own >= 0.1, own
+
+
+def test_the_server_runs_on_the_cpus_it_is_given() -> None:
+    """bench/s3server.py's --cpus (Server(cpus=)): the server and every
+    thread it starts to answer requests run on those CPUs only, so a
+    benchmark can keep the store's CPU off the training cores; a CPU list
+    that is not one, or names a CPU the machine lacks, is refused with a
+    message that says so."""
+    from s3server import parse_cpus
+
+    assert parse_cpus("0") == {0}
+    n = os.cpu_count() or 1
+    assert parse_cpus(f"0-{n - 1}") == set(range(n))
+    for bad in ("", "x", "1-", "2-1", f"{n}", "-1"):
+        with pytest.raises(ValueError, match="CPU list"):
+            parse_cpus(bad)
+    last = str(n - 1)
+    with Server(0.0, KEY, cpus=last) as s:
+        client = boto3.client("s3", endpoint_url=s.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                              aws_secret_access_key=SECRET)
+        client.create_bucket(Bucket="cpus")
+        client.put_object(Bucket="cpus", Key="k", Body=b"y" * 1000)
+        assert client.get_object(Bucket="cpus", Key="k")["Body"].read() == b"y" * 1000
+        tasks = os.listdir(f"/proc/{s.proc.pid}/task")
+        assert tasks
+        for t in tasks:
+            try:
+                assert os.sched_getaffinity(int(t)) == {n - 1}, t
+            except ProcessLookupError:  # a request's thread that has ended since the listing
+                pass

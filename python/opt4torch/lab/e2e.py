@@ -110,6 +110,8 @@ class Setup:
     s3_endpoint: str = ""         # with store="s3": the server's URL (bench/e2e.py starts it)
     s3_server_pid: int = 0        # ... and its process, for its CPU time
     link: float = 0.0             # with store="s3": bytes/s of the server's one shared link (0: none)
+    train_cpus: str = ""          # the CPUs the training process (and all it starts) ran on ("": all)
+    server_cpus: str = ""         # with store="s3": the CPUs the server ran on ("": all)
 
     @property
     def capacity_items(self) -> int:
@@ -952,6 +954,10 @@ def markdown(result: dict[str, Any]) -> str:
                    f"{'O_DIRECT' if s.direct else 'buffered reads'} ({lat['read_note']}) and "
                    f"{s.latency * 1e3:g} ms + mean record / {s.bandwidth / 1e6:g} MB/s = "
                    f"{lat['latency_s'] * 1e3:.2f} ms per read, emulated in C for every reader. ")
+    if s.train_cpus or s.server_cpus:
+        storage += (f"The training process, its workers and helpers ran on CPU {s.train_cpus or 'all'}"
+                    + (f", the S3 server on CPU {s.server_cpus} (its CPU off the training cores, as a store "
+                       "runs on machines of its own). " if s.server_cpus else ". "))
     lines = [
         f"{s.images:,} JPEGs ({_px(s)}, {s.classes} classes), {s.epochs} epochs, batch {s.batch}, "
         f"{s.workers} workers, capacity {s.capacity:.0%} ({s.capacity_items:,} items), a small CNN on "

@@ -188,9 +188,12 @@ bench-e2e-full: bench-env
 # epoch shuffle, every configuration and peer reading the same images from the loopback S3
 # server (bench/s3server.py: moto, 5 ms a request, 100 MB/s a response), then again with the
 # server's responses sharing one link of LINK bytes/s, at 50 % and 25 %, and under class-balanced
-# sampling (the sharded peers shuffle only). Writes bench/results/e2e-s3-*.
-# About an hour on 2 cores (Streaming's defaults thrash: about 2.5 minutes a run).
+# sampling (the sharded peers shuffle only); then with the server's CPU off the training core
+# (training on CPU 0, the server on CPU 1, as a store runs on machines of its own), with no
+# shared link and with one of SPLIT_LINK bytes/s. Writes bench/results/e2e-s3-*.
+# About 75 minutes on 2 cores (Streaming's defaults thrash: about 2.5 minutes a run).
 LINK    ?= 30e6
+SPLIT_LINK ?= 20e6
 S3_ARGS ?= --store s3 --images 2000 --image-size 160 --image-size-max 400 --epochs 3 --capacity 0.5 \
 	--repeats 3 --samplers shuffle --data out/e2e-s3-data
 bench-e2e-s3: bench-env
@@ -203,6 +206,10 @@ bench-e2e-s3: bench-env
 	nice -n 10 $(BENCH_PY) bench/e2e.py $(S3_ARGS) --link $(LINK) --samplers balanced --name e2e-s3-50-link-balanced \
 	    $(if $(V11_SRC),--v11-src $(V11_SRC),) \
 	    --configs "no cache,LRU (cachetools),OPT4TorchDataSet v1.1.0,OPT4TorchDataSet API (compat),OPT + prefetch,in memory"
+	nice -n 10 $(BENCH_PY) bench/e2e.py $(S3_ARGS) --train-cpus 0 --server-cpus 1 --name e2e-s3-50-split \
+	    --configs "no cache,Streaming (tuned),LitData,OPT + prefetch,in memory"
+	nice -n 10 $(BENCH_PY) bench/e2e.py $(S3_ARGS) --train-cpus 0 --server-cpus 1 --link $(SPLIT_LINK) \
+	    --name e2e-s3-50-link-split --configs "no cache,Streaming (tuned),LitData,OPT + prefetch,in memory"
 
 clean:
 	rm -rf build dist out *.egg-info

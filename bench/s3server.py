@@ -57,7 +57,7 @@ _DENIED = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidAccessK
 
 def parse_cpus(text: str) -> set[int]:
     """``"1"``, ``"0,2"``, ``"0-3"`` (Linux's cpu list format) as a set of CPU
-    numbers, each one this process may run on; a clear error otherwise."""
+    numbers, each a CPU of this machine; a clear error otherwise."""
     cpus: set[int] = set()
     for part in text.split(","):
         m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
@@ -65,7 +65,7 @@ def parse_cpus(text: str) -> set[int]:
             raise ValueError(f"CPU list {text!r}: write CPU numbers and ranges, as 1 or 0,2 or 0-3")
         cpus.update(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
     n = os.cpu_count() or 1
-    if not cpus or max(cpus) >= n or min(cpus) < 0:
+    if max(cpus) >= n:
         raise ValueError(f"CPU list {text!r}: this machine has CPUs 0-{n - 1}")
     return cpus
 

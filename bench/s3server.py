@@ -13,8 +13,12 @@ what a real store costs, at the server, so every client pays it the same way.
   NIC, that every reader shares: the bytes a configuration fetches become
   time once the link is busy);
 * ``--access-key K``: requests signed with another access key id get S3's
-  ``403 InvalidAccessKeyId`` (moto itself accepts any credentials; the
-  secret is not checked);
+  ``403 InvalidAccessKeyId`` (moto itself accepts any credentials);
+* ``--secret S`` (with ``--access-key``): every request's Signature Version
+  4 is computed again, by botocore, from what arrived (the headers it names
+  as signed, the URI as sent, its x-amz-date) and the secret; a request
+  whose signature differs gets S3's ``403 SignatureDoesNotMatch``. So a
+  client that signs wrongly fails here as it would at AWS;
 * ``GET /_opt4/stats`` answers JSON counters (requests, GETs, ranged GETs,
   bytes of GET bodies), ``POST /_opt4/reset`` zeroes them, and
   ``POST /_opt4/set?latency=S&bandwidth=B&link=L`` changes the costs of a
@@ -29,7 +33,7 @@ line of stdout once it listens, and serves until SIGTERM or SIGINT.
 this module imports only the standard library until ``main`` runs).
 
     python bench/s3server.py [--port 0] [--latency 0.01] [--bandwidth 0] [--link 0]
-        [--access-key testing] [--cpus 1]
+        [--access-key testing [--secret S]] [--cpus 1]
 """
 
 from __future__ import annotations
@@ -53,6 +57,40 @@ __all__ = ["CostMiddleware", "Server", "main", "parse_cpus"]
 _KEY_ID = re.compile(r"Credential=([^/,\s]+)/")
 _DENIED = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InvalidAccessKeyId</Code>'
            b'<Message>The AWS Access Key Id you provided does not exist in our records.</Message></Error>')
+_BAD_SIGNATURE = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SignatureDoesNotMatch</Code>'
+                  b'<Message>The request signature we calculated does not match the signature you provided.'
+                  b'</Message></Error>')
+_SIGV4 = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/,\s]+)/(\d{8})/([^/]+)/s3/aws4_request,\s*"
+                    r"SignedHeaders=([a-z0-9;-]+),\s*Signature=([0-9a-f]{64})$")
+
+
+def signature_matches(environ: dict[str, Any], secret: str) -> bool:
+    """Whether the request's SigV4 signature is the one botocore computes
+    for what arrived, with this secret."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    m = _SIGV4.match(environ.get("HTTP_AUTHORIZATION", ""))
+    if m is None:
+        return False
+    key_id, day, region, signed, signature = m.groups()
+    headers = {}
+    for name in signed.split(";"):
+        env = {"content-type": "CONTENT_TYPE", "content-length": "CONTENT_LENGTH"}.get(
+            name, "HTTP_" + name.upper().replace("-", "_"))
+        if env not in environ:
+            return False
+        headers[name] = environ[env]
+    date = environ.get("HTTP_X_AMZ_DATE", "")
+    if not date.startswith(day):
+        return False
+    uri = environ.get("RAW_URI") or environ.get("REQUEST_URI") or environ.get("PATH_INFO", "/")
+    req = AWSRequest(method=environ.get("REQUEST_METHOD", "GET"), url=f"http://{headers.get('host', '')}{uri}",
+                     headers=headers)
+    req.context["timestamp"] = date
+    auth = S3SigV4Auth(Credentials(key_id, secret), "s3", region)
+    return auth.signature(auth.string_to_sign(req, auth.canonical_request(req)), req) == signature
 
 
 def parse_cpus(text: str) -> set[int]:
@@ -75,8 +113,9 @@ class CostMiddleware:
     counters of what was asked."""
 
     def __init__(self, app: Callable[..., Any], latency: float, bandwidth: float, access_key: str | None,
-                 link: float = 0.0) -> None:
+                 link: float = 0.0, secret: str | None = None) -> None:
         self.app = app
+        self.secret = secret
         self.latency = float(latency)
         self.bandwidth = float(bandwidth)
         self.link = float(link)
@@ -87,7 +126,8 @@ class CostMiddleware:
 
     def _reset(self) -> None:
         with self._lock:
-            self.counts = {"requests": 0, "gets": 0, "ranged_gets": 0, "get_bytes": 0, "lists": 0, "denied": 0}
+            self.counts = {"requests": 0, "gets": 0, "ranged_gets": 0, "get_bytes": 0, "lists": 0, "denied": 0,
+                           "bad_signatures": 0}
 
     def _count(self, **delta: int) -> None:
         with self._lock:
@@ -110,6 +150,11 @@ class CostMiddleware:
                 start_response("403 Forbidden", [("Content-Type", "application/xml"),
                                                  ("Content-Length", str(len(_DENIED)))])
                 return [_DENIED]
+            if self.secret is not None and not signature_matches(environ, self.secret):
+                self._count(denied=1, bad_signatures=1)
+                start_response("403 Forbidden", [("Content-Type", "application/xml"),
+                                                 ("Content-Length", str(len(_BAD_SIGNATURE)))])
+                return [_BAD_SIGNATURE]
         body = b"".join(self.app(environ, _capture(start_response)))
         query = environ.get("QUERY_STRING", "")
         if method == "GET" and "list-type" in query:
@@ -160,11 +205,13 @@ class Server:
     process's). A context manager: stopped on exit."""
 
     def __init__(self, latency: float = 0.0, access_key: str | None = None, *, bandwidth: float = 0.0,
-                 link: float = 0.0, python: str | None = None, cpus: str = "") -> None:
+                 link: float = 0.0, python: str | None = None, cpus: str = "", secret: str | None = None) -> None:
         args = [python or sys.executable, os.path.abspath(__file__), "--port", "0", "--latency", str(latency),
                 "--bandwidth", str(bandwidth), "--link", str(link)]
         if access_key is not None:
             args += ["--access-key", access_key]
+        if secret is not None:
+            args += ["--secret", secret]
         if cpus:
             args += ["--cpus", cpus]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -186,7 +233,7 @@ class Server:
             return json.loads(r.read())
 
     def stats(self) -> dict[str, Any]:
-        """What the server was asked: requests, gets, ranged_gets, get_bytes, lists, denied."""
+        """What the server was asked: requests, gets, ranged_gets, get_bytes, lists, denied, bad_signatures."""
         return self.call("stats")
 
     def cpu_seconds(self) -> float:
@@ -222,8 +269,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--link", type=float, default=0.0,
                     help="bytes per second of one link all response bodies share (0: no limit)")
     ap.add_argument("--access-key", default=None, help="the one access key id accepted (default: any)")
+    ap.add_argument("--secret", default=None,
+                    help="check every request's SigV4 signature with this secret (needs --access-key)")
     ap.add_argument("--cpus", default="", help="the CPUs to run on, as 1 or 0,2 or 0-3 (default: all allowed)")
     args = ap.parse_args(argv)
+    if args.secret is not None and args.access_key is None:
+        ap.error("--secret needs --access-key")
     if args.cpus:
         try:
             os.sched_setaffinity(0, parse_cpus(args.cpus))  # before any thread: they inherit it
@@ -242,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     # moto's modules (about 180 stat calls a request), which made 1.6 ms of
     # the server's 2 ms of CPU a GET on this machine.
     app = CostMiddleware(create_backend_app("s3"), args.latency,
-                         args.bandwidth, args.access_key, args.link)
+                         args.bandwidth, args.access_key, args.link, args.secret)
     server = make_server("127.0.0.1", args.port, app, threaded=True, request_handler=QuietHandler)
     server.daemon_threads = True
 

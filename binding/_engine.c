@@ -223,7 +223,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
   PyObject *m = PyModule_Create(&module_def);
   if (m == NULL) return NULL;
   if (opt4py_plan_init(m) < 0 || opt4py_pool_init(m) < 0 || opt4py_records_init(m) < 0 ||
-      opt4py_outfile_init(m) < 0 || opt4py_ranges_init(m) < 0 || opt4py_prefetcher_init(m) < 0 ||
+      opt4py_outfile_init(m) < 0 || opt4py_ranges_init(m) < 0 || opt4py_s3_init(m) < 0 || opt4py_prefetcher_init(m) < 0 ||
       opt4py_cluster_init(m) < 0 || opt4py_forkfix_init(m) < 0 || opt4py_encode_init(m) < 0)
     goto fail;
   Opt4Error = new_error(m, "Opt4Error", NULL,

@@ -63,6 +63,7 @@ PyObject *opt4py_prefetchers_resume(PyObject *module, PyObject *ignored);
 int opt4py_records_init(PyObject *module);
 int opt4py_outfile_init(PyObject *module);
 int opt4py_ranges_init(PyObject *module);
+int opt4py_s3_init(PyObject *module);
 int opt4py_prefetcher_init(PyObject *module);
 
 /* cluster.c: cluster_place, the generations of an aggregate plan placed

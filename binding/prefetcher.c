@@ -121,15 +121,22 @@ static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
     }
     return prefetcher_start(self, name, &o);
   }
-  int is_ranges = PyObject_TypeCheck(rec, &opt4py_RangesType);
+  /* Ranges of files and ranges of objects are read alike (a source of
+   * ranges, framed the same way): is_ranges covers both. */
+  int is_s3 = PyObject_TypeCheck(rec, &opt4py_S3RangesType);
+  int is_ranges = is_s3 || PyObject_TypeCheck(rec, &opt4py_RangesType);
   if (!is_ranges && !PyObject_TypeCheck(rec, &opt4py_RecordsType))
-    return PyErr_Format(PyExc_TypeError, "the prefetcher reads Records or Ranges, not %s", Py_TYPE(rec)->tp_name);
-  if (is_ranges ? opt4py_ranges_check((RangesObject *)rec) < 0 : opt4py_records_check((RecordsObject *)rec) < 0) return NULL;
+    return PyErr_Format(PyExc_TypeError, "the prefetcher reads Records, Ranges or S3Ranges, not %s",
+                        Py_TYPE(rec)->tp_name);
+  if (is_s3 ? opt4py_s3_check((S3RangesObject *)rec) < 0
+            : is_ranges ? opt4py_ranges_check((RangesObject *)rec) < 0
+                        : opt4py_records_check((RecordsObject *)rec) < 0)
+    return NULL;
   int tar = strcmp(frame, "tar") == 0;
   if (strcmp(frame, "raw") != 0 && strcmp(frame, "bytes") != 0 && !tar)
     return PyErr_Format(PyExc_ValueError, "frame must be 'bytes', 'tar' or 'raw', not '%s'", frame);
   if (tar != (samples != Py_None) || (tar && (!is_ranges || !PyTuple_Check(samples) || PyTuple_GET_SIZE(samples) != 2)))
-    return PyErr_Format(PyExc_ValueError, "frame='tar' reads Ranges, with samples=(keys, members) as TarShards "
+    return PyErr_Format(PyExc_ValueError, "frame='tar' reads Ranges or S3Ranges, with samples=(keys, members) as TarShards "
                                           "has them; samples= goes with frame='tar' only");
   /* Built before anything else, with the GIL: the threads only read it. */
   opt4py_tar_layout *layout = NULL;
@@ -166,7 +173,9 @@ static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
     self->frame.n_labels = n;
   }
   self->records = Py_NewRef(rec);
-  self->readers = is_ranges ? &((RangesObject *)rec)->readers : &((RecordsObject *)rec)->readers;
+  self->readers = is_s3       ? &((S3RangesObject *)rec)->readers
+                  : is_ranges ? &((RangesObject *)rec)->readers
+                              : &((RecordsObject *)rec)->readers;
   if (self->frame.mode != FRAME_RAW) {
     o.frame = frame_codec;
     o.frame_ctx = &self->frame;
@@ -174,7 +183,8 @@ static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
   int rc;
   opt4_prefetcher *pf = NULL;
   if (is_ranges) {
-    rc = opt4_source_ranges(((RangesObject *)rec)->r, &self->src);
+    rc = is_s3 ? opt4_source_s3(((S3RangesObject *)rec)->r, &self->src)
+               : opt4_source_ranges(((RangesObject *)rec)->r, &self->src);
     if (rc == 0 && layout != NULL) {
       opt4_source *ranges = self->src;
       self->src = NULL;

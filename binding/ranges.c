@@ -17,6 +17,51 @@ int opt4py_ranges_check(RangesObject *self) {
   return 0;
 }
 
+int opt4py_rows_view(PyObject *items, Py_buffer *view, uint64_t *n, const char *what) {
+  if (PyObject_GetBuffer(items, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+  if (view->itemsize != 8 || view->format == NULL ||
+      (strcmp(view->format, "q") != 0 && strcmp(view->format, "l") != 0) || view->len % 24 != 0) {
+    PyBuffer_Release(view);
+    PyErr_Format(PyExc_TypeError, "items must be a contiguous int64 array of (%s, offset, length) rows", what);
+    return -1;
+  }
+  const int64_t *rows = view->buf;
+  *n = (uint64_t)view->len / 24;
+  for (uint64_t i = 0; i < 3 * *n; i++)
+    if (rows[i] < 0) {
+      PyBuffer_Release(view);
+      PyErr_Format(PyExc_ValueError, "item %llu has a negative %s, offset or length", (unsigned long long)(i / 3),
+                   what);
+      return -1;
+    }
+  return 0;
+}
+
+PyObject *opt4py_read_item(void *reader, Py_ssize_t *readers, PyObject *arg, opt4py_len_fn len_of,
+                           opt4py_read_fn read) {
+  unsigned long long i = PyLong_AsUnsignedLongLong(arg);
+  if (i == (unsigned long long)-1 && PyErr_Occurred()) {
+    if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_IndexError, "item index %R is out of range", arg);
+    }
+    return NULL;
+  }
+  uint64_t len = 0;
+  int rc = len_of(reader, i, &len);
+  if (rc != 0) return opt4py_raise_records(rc, "read item");
+  PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
+  if (out == NULL) return NULL;
+  (*readers)++;
+  Py_BEGIN_ALLOW_THREADS rc = read(reader, i, PyBytes_AS_STRING(out), (size_t)len, &len);
+  Py_END_ALLOW_THREADS (*readers)--;
+  if (rc != 0) {
+    Py_DECREF(out);
+    return opt4py_raise_records(rc, "read item");
+  }
+  return out;
+}
+
 /* Ranges(paths, items, direct=False): items is a C-contiguous int64 buffer
  * of (file, offset, length) rows. */
 static PyObject *ranges_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
@@ -40,20 +85,9 @@ static PyObject *ranges_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(seq, f), &enc[f])) goto leave;
     cp[f] = PyBytes_AS_STRING(enc[f]);
   }
-  if (PyObject_GetBuffer(items, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto leave;
+  uint64_t n = 0;
+  if (opt4py_rows_view(items, &view, &n, "file") < 0) goto leave;
   have_view = 1;
-  if (view.itemsize != 8 || view.format == NULL || (strcmp(view.format, "q") != 0 && strcmp(view.format, "l") != 0) ||
-      view.len % 24 != 0) {
-    PyErr_SetString(PyExc_TypeError, "items must be a contiguous int64 array of (file, offset, length) rows");
-    goto leave;
-  }
-  const int64_t *rows = view.buf;
-  uint64_t n = (uint64_t)view.len / 24;
-  for (uint64_t i = 0; i < 3 * n; i++)
-    if (rows[i] < 0) {
-      PyErr_Format(PyExc_ValueError, "item %llu has a negative file, offset or length", (unsigned long long)(i / 3));
-      goto leave;
-    }
   opt4_ranges *r = NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS rc = opt4_ranges_open(cp, (uint64_t)nf, (const opt4_range *)view.buf, n,
@@ -101,29 +135,14 @@ static Py_ssize_t ranges_length(RangesObject *self) {
   return (Py_ssize_t)in.count;
 }
 
+static int ranges_len_fn(void *r, uint64_t i, uint64_t *len) { return opt4_ranges_len(r, i, len); }
+static int ranges_read_fn(void *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
+  return opt4_ranges_read(r, i, dst, cap, len);
+}
+
 static PyObject *ranges_read(RangesObject *self, PyObject *arg) {
   if (opt4py_ranges_check(self) < 0) return NULL;
-  unsigned long long i = PyLong_AsUnsignedLongLong(arg);
-  if (i == (unsigned long long)-1 && PyErr_Occurred()) {
-    if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-      PyErr_Clear();
-      PyErr_Format(PyExc_IndexError, "item index %R is out of range", arg);
-    }
-    return NULL;
-  }
-  uint64_t len = 0;
-  int rc = opt4_ranges_len(self->r, i, &len);
-  if (rc != 0) return opt4py_raise_records(rc, "read item");
-  PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
-  if (out == NULL) return NULL;
-  self->readers++;
-  Py_BEGIN_ALLOW_THREADS rc = opt4_ranges_read(self->r, i, PyBytes_AS_STRING(out), (size_t)len, &len);
-  Py_END_ALLOW_THREADS self->readers--;
-  if (rc != 0) {
-    Py_DECREF(out);
-    return opt4py_raise_records(rc, "read item");
-  }
-  return out;
+  return opt4py_read_item(self->r, &self->readers, arg, ranges_len_fn, ranges_read_fn);
 }
 
 static PyObject *ranges_len_of(RangesObject *self, PyObject *arg) {

@@ -1208,6 +1208,66 @@ void opt4_ranges_set_latency(opt4_ranges *r, uint64_t ns);
  * the source is closed). Reads keep counting in opt4_ranges_info. */
 int opt4_source_ranges(opt4_ranges *r, opt4_source **out);
 
+/* Byte ranges of objects in an S3-compatible store (AWS S3, MinIO, Ceph,
+ * moto, ...): item i is `length` bytes at `offset` of object `file` (an
+ * index into the keys given to opt4_s3_open), read with one ranged GET made
+ * in C on the calling thread, signed with AWS Signature Version 4 (or
+ * unsigned, for a public bucket). Built with libcurl and OpenSSL's
+ * libcrypto; without them (opt4_s3_available() == 0) opt4_s3_open fails
+ * with OPT4_ENOTSUP. The protocol, retries and fork rules are written down
+ * at the top of src/source/s3.c.
+ *
+ * Thread and process safety: opt4_s3_read may be called from any number of
+ * threads at once (each read holds one HTTP connection; idle connections
+ * are kept for the next read), and in processes forked after open, which
+ * open connections of their own; counters are shared with them. */
+typedef struct opt4_s3 opt4_s3;
+
+typedef struct opt4_s3_config {
+  const char *endpoint;      /* "http://127.0.0.1:9000", "https://minio.example:9000"; NULL: AWS's for the region */
+  const char *bucket;
+  const char *region;        /* NULL: "us-east-1" */
+  const char *access_key;    /* NULL (with secret_key NULL): unsigned requests */
+  const char *secret_key;
+  const char *session_token; /* temporary credentials' token; NULL: none */
+  uint32_t path_style;       /* 1: endpoint/bucket/key (MinIO, moto); 0: bucket.host/key (AWS) */
+  uint32_t max_attempts;     /* tries of a GET (connection errors, 5xx, 429); 0: 3 */
+  uint64_t timeout_ns;       /* a try that moves no byte this long fails; 0: 60 s */
+} opt4_s3_config;
+
+typedef struct opt4_s3_info {
+  uint64_t count, objects, total_bytes, max_len;
+  uint64_t reads;      /* items read, by every thread and forked process (one shared count) */
+  uint64_t bytes_read; /* their bytes */
+  uint64_t requests;   /* GETs sent, tries again included */
+  uint64_t retries;    /* tries again after a connection error, a 5xx or a 429 */
+  uint64_t failures;   /* reads that failed after their last try */
+  const char *note;    /* how reads are done (valid while open) */
+} opt4_s3_info;
+
+/* 1 if this build has the S3 reader (libcurl and libcrypto), else 0. */
+int opt4_s3_available(void);
+/* Make a reader of n_items ranges of n_objects objects (keys: the objects'
+ * keys, not URL-encoded). Everything is copied; keys are checked only by
+ * the reads. Errors: OPT4_EINVAL (a NULL argument or key, no bucket, an
+ * endpoint that is not http(s)://host[:port], a key without its secret),
+ * OPT4_ERANGE (an item's object past n_objects), OPT4_ETOOBIG, OPT4_ENOMEM,
+ * OPT4_ENOTSUP (built without libcurl). */
+int opt4_s3_open(const opt4_s3_config *cfg, const char *const *keys, uint64_t n_objects, const opt4_range *items,
+                 uint64_t n_items, opt4_s3 **out);
+void opt4_s3_close(opt4_s3 *r);
+int opt4_s3_info_get(const opt4_s3 *r, opt4_s3_info *out);
+int opt4_s3_len(const opt4_s3 *r, uint64_t i, uint64_t *len);
+/* Read item i into dst (cap bytes); *len gets its length. OPT4_EITEMSIZE if
+ * it does not fit, OPT4_ERANGE, OPT4_EIO (the store failed or refused the
+ * request: opt4_errdetail() names the object, the range, the status and
+ * the store's error code), OPT4_ETRUNCATED (the store answered another
+ * length than the listing's: the object changed). */
+int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len);
+/* The reader r as a source named "s3" (borrowed: r must stay open until the
+ * source is closed). */
+int opt4_source_s3(opt4_s3 *r, opt4_source **out);
+
 /* Tar shards, indexed as WebDataset reads them (docs/sources.md): regular
  * members only (ustar prefix, GNU ././@LongLink names and pax path= and
  * size= records understood), grouped into samples by key: the path up to

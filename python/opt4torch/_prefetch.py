@@ -49,8 +49,10 @@ class RecordPrefetcher:
 
     kind = "records"
 
-    def __init__(self, pool_name: str, dataset: Any, *, threads: int, max_threads: int, lookahead: int) -> None:
-        source = dataset._prefetch_source()
+    def __init__(self, pool_name: str, dataset: Any, *, threads: int, max_threads: int, lookahead: int,
+                 source: dict[str, Any] | None = None) -> None:
+        if source is None:
+            source = dataset._prefetch_source()
         self._pf = _engine.Prefetcher(pool_name, threads=threads, max_threads=max_threads, lookahead=lookahead,
                                       **source)
         self._records = source["records"]

@@ -282,8 +282,11 @@ class OPTCache:
             if self._prefetch_box[0] is not None or self._pool.closed:
                 return
             try:
-                if hasattr(dataset, "_prefetch_source"):
-                    self._prefetch_box[0] = RecordPrefetcher(self.name, dataset, **depth)
+                # The engine reads it itself (records, files, objects with the
+                # C client), or None: through the Python callback.
+                source = dataset._prefetch_source() if hasattr(dataset, "_prefetch_source") else None
+                if source is not None:
+                    self._prefetch_box[0] = RecordPrefetcher(self.name, dataset, source=source, **depth)
                 else:
                     # The most bytes a miss may take once stored: its pages (a
                     # sized plan), else a page of the pool.

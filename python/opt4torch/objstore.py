@@ -10,12 +10,22 @@ at construction (one LIST, paged, never a HEAD per object), which gives
 every item's size, so the cache plans in bytes. Each read is one ranged GET
 of the whole object.
 
-The client is ``s3torchconnector``'s (AWS's connector for PyTorch, on the
-AWS Common Runtime): requests run on its native threads, and a Python thread
-waiting for one releases the GIL, so the C prefetch threads keep many reads
-in flight while training runs. It is an optional dependency
-(``pip install opt4torchdataset[s3]``); docs/dependencies.md has the
-measurements that chose it (obstore and boto3 were measured too).
+Two clients, one protocol. The listing (and a tar shard's one-time fetch
+for its index) is ``s3torchconnector``'s (AWS's connector for PyTorch, on the
+AWS Common Runtime), an optional dependency (``pip install
+opt4torchdataset[s3]``). The items' GETs are the engine's own where it can
+(``client="auto"``, the default): ranged GETs made in C with libcurl, signed
+there (``_engine.S3Ranges``, src/source/s3.c), so the C prefetch threads load
+misses with no Python and no GIL on the path, at a fraction of the CPU a GET
+costs through a Python client (docs/dependencies.md has the measurements).
+It signs with static credentials, found as boto3 finds them: the
+environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_SESSION_TOKEN``), then the profile's in the shared credentials file,
+or none (``unsigned=True``). Where those are not there (an instance role,
+SSO), or the engine was built without libcurl, or ``latency`` is set, the
+GETs are s3torchconnector's too, through the prefetcher's Python callback;
+``client="s3torchconnector"`` asks for that, ``client="c"`` refuses to fall
+back. ``info()["client"]`` says which one reads.
 
 :class:`S3TarShards` is :class:`opt4torch.TarShards` for shards kept as
 objects: each shard is indexed once by the same C indexer (one GET of the
@@ -109,6 +119,42 @@ def _region(explicit: str | None) -> str:
     return "us-east-1"
 
 
+def _profile_credentials(profile: str | None) -> tuple[str, str, str | None] | None:
+    """The profile's static keys in the shared credentials file (and the
+    config file, where boto3 also looks), or None."""
+    import configparser
+
+    name = profile or os.environ.get("AWS_PROFILE") or "default"
+    places = [(os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join("~", ".aws", "credentials"), name),
+              (os.environ.get("AWS_CONFIG_FILE") or os.path.join("~", ".aws", "config"),
+               name if name == "default" else f"profile {name}")]
+    for path, section in places:
+        parser = configparser.RawConfigParser()
+        try:
+            if not parser.read(os.path.expanduser(path)):
+                continue
+        except configparser.Error:
+            continue
+        if parser.has_section(section):
+            get = lambda k: parser.get(section, k, fallback=None) or None  # noqa: E731
+            key, secret = get("aws_access_key_id"), get("aws_secret_access_key")
+            if key and secret:
+                return key, secret, get("aws_session_token")
+    return None
+
+
+def _static_credentials(profile: str | None) -> tuple[str, str, str | None] | None:
+    """Static credentials as boto3 finds them first: the environment (unless
+    a profile is named), then the profile's in the shared files. None where
+    only a provider the C reader lacks would find them (instance role, SSO,
+    a process or web-identity provider)."""
+    if profile is None:
+        key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+        if key and secret:
+            return key, secret, os.environ.get("AWS_SESSION_TOKEN") or None
+    return _profile_credentials(profile)
+
+
 def _split_url(url: str) -> tuple[str, str]:
     if not isinstance(url, str) or not url.startswith("s3://"):
         raise ValueError(f"S3ImageFolder takes an s3://bucket/prefix URL, got {url!r}")
@@ -130,7 +176,11 @@ class _ObjectDataset:
     _prefetch_by_callback = True
 
     def _setup(self, bucket: str, endpoint_url: str | None, region: str | None, profile: str | None,
-               unsigned: bool, path_style: bool | None, max_attempts: int, latency: float) -> None:
+               unsigned: bool, path_style: bool | None, max_attempts: int, latency: float,
+               client: str = "auto") -> None:
+        if client not in ("auto", "c", "s3torchconnector"):
+            raise ValueError(f"client must be 'auto', 'c' or 's3torchconnector', got {client!r}")
+        self.client = client
         self.bucket = bucket
         self.endpoint_url = _endpoint(endpoint_url)
         self.region = _region(region)
@@ -147,6 +197,80 @@ class _ObjectDataset:
         self._client: Any = None
         self._client_pid = -1
         self._client_lock = threading.Lock()
+        self._reader: Any = None  # this process's C reader (_engine.S3Ranges), made on first use
+        self._reader_pid = -1
+        self._prefetch_reader: Any = None  # the C prefetcher's, counted in info()
+        self._c_choice: tuple[int, bool] | None = None
+        if client == "c":
+            why = self._why_not_c()
+            if why:
+                raise ValueError(f"client='c' cannot read {self._where()}: {why}")
+
+    # ---- the C reader (ranged GETs in the engine) ----
+
+    def _why_not_c(self) -> str:
+        """Why the items' GETs cannot be the engine's here ('' when they can)."""
+        from . import _engine
+
+        if not getattr(_engine, "HAVE_S3", 0):
+            return ("this build of the engine has no S3 reader (it needs libcurl and libcrypto when it is built: "
+                    "apt install libcurl4-openssl-dev libssl-dev, then reinstall)")
+        if self.latency:
+            return "latency= is emulated by the Python client only"
+        if not self.unsigned and _static_credentials(self.profile) is None:
+            return ("no static credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or the profile's keys in "
+                    "~/.aws/credentials); an instance role or SSO is read by s3torchconnector only")
+        return ""
+
+    def _uses_c(self) -> bool:
+        """Whether the items' GETs are the engine's (decided once a process)."""
+        pid = os.getpid()
+        if self._c_choice is None or self._c_choice[0] != pid:
+            self._c_choice = (pid, self.client != "s3torchconnector" and not self._why_not_c())
+        return self._c_choice[1]
+
+    def _objects(self) -> tuple[list[str], np.ndarray]:
+        """The objects' keys, and the items as int64 (object, offset, length) rows."""
+        raise NotImplementedError
+
+    def _new_reader(self) -> Any:
+        """A C reader of every item, signed with the credentials found now."""
+        from . import _engine
+
+        keys, rows = self._objects()
+        creds = None if self.unsigned else _static_credentials(self.profile)
+        key, secret, token = creds if creds is not None else (None, None, None)
+        return _engine.S3Ranges(self.endpoint_url, self.bucket, keys, np.ascontiguousarray(rows, dtype=np.int64),
+                                region=self.region, access_key=key, secret_key=secret, session_token=token,
+                                path_style=self.path_style, max_attempts=self.max_attempts)
+
+    def _read_item(self, i: int) -> bytes:
+        """Item i's bytes through this process's C reader (one ranged GET)."""
+        pid = os.getpid()
+        if self._reader is None or self._reader_pid != pid:
+            with self._client_lock:
+                if self._reader is None or self._reader_pid != pid:
+                    self._reader = self._new_reader()
+                    self._reader_pid = pid
+        try:
+            data = self._reader.read(i)
+        except (OSError, ValueError) as exc:  # the engine's errors (its message names the GET and the store)
+            _counts_add(self._counts, 0, 0, 1)
+            raise ObjectStoreError(str(exc).removeprefix("read item: ")) from None
+        # A GET a read, as the Python client's are counted (a try again
+        # inside the client is not another); none for an empty item.
+        _counts_add(self._counts, 1, len(data), 1 if data else 0)
+        return data
+
+    def _c_prefetch_source(self) -> dict[str, Any] | None:
+        """What the C prefetcher reads through when the GETs are the
+        engine's (a reader of its own, counted in info()); None: through the
+        Python callback."""
+        if not self._uses_c():
+            return None
+        if self._prefetch_reader is None:
+            self._prefetch_reader = self._new_reader()
+        return {"records": self._prefetch_reader}
 
     # ---- the client, one per process ----
 
@@ -235,14 +359,20 @@ class _ObjectDataset:
 
     def _info(self) -> dict[str, Any]:
         reads, bytes_read, requests = _counts_get(self._counts)
+        pf = self._prefetch_reader
+        if pf is not None:  # the C prefetcher's GETs (its own reader, this process)
+            c = pf.info()
+            reads, bytes_read = reads + c["reads"], bytes_read + c["bytes_read"]
+            requests += c["requests"] - c["retries"]
         return {"bucket": self.bucket, "endpoint": self.endpoint_url, "region": self.region,
-                "client": "s3torchconnector", "latency": self.latency,
+                "client": "c (libcurl)" if self._uses_c() else "s3torchconnector", "latency": self.latency,
                 "reads": reads, "bytes_read": bytes_read, "requests": requests}
 
     def set_latency(self, seconds: float) -> None:
         """Sleep this long before every GET from now on (0 for none), in this
         process and in workers started after."""
         self.latency = float(seconds)
+        self._c_choice = None  # latency is the Python client's: the choice of client is made again
 
     # ---- pickling (spawned and forkserver workers) ----
 
@@ -250,6 +380,10 @@ class _ObjectDataset:
         state = self.__dict__.copy()
         state["_client"] = None
         state["_client_pid"] = -1
+        state["_reader"] = None
+        state["_reader_pid"] = -1
+        state["_prefetch_reader"] = None
+        state["_c_choice"] = None
         del state["_client_lock"]
         if multiprocessing.context.get_spawning_popen() is None:
             # Pickled for anything but a worker process (a file, a queue):
@@ -317,10 +451,10 @@ class S3ImageFolder(_ObjectDataset):
 
     def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
                  profile: str | None = None, unsigned: bool = False, path_style: bool | None = None,
-                 max_attempts: int = 3, latency: float = 0.0) -> None:
+                 max_attempts: int = 3, latency: float = 0.0, client: str = "auto") -> None:
         self.url = url
         bucket, self.prefix = _split_url(url)
-        self._setup(bucket, endpoint_url, region, profile, unsigned, path_style, max_attempts, latency)
+        self._setup(bucket, endpoint_url, region, profile, unsigned, path_style, max_attempts, latency, client)
         listing = {k: size for k, (size, _) in self._list(self.prefix).items()}
         if not listing:
             raise FileNotFoundError(f"no object under s3://{self.bucket}/{self.prefix} {self._where()}: "
@@ -338,7 +472,22 @@ class S3ImageFolder(_ObjectDataset):
     def read(self, index: int) -> bytes:
         """Item ``index``'s bytes: one ranged GET of its object."""
         i = self._index(index)
+        if self._uses_c():
+            return self._read_item(i)
         return self._get(self._keys[i], 0, int(self._sizes[i]))
+
+    def _objects(self) -> tuple[list[str], np.ndarray]:
+        n = len(self._keys)
+        rows = np.zeros((n, 3), dtype=np.int64)
+        rows[:, 0] = np.arange(n)
+        rows[:, 2] = self._sizes
+        return self._keys, rows
+
+    def _prefetch_source(self) -> dict[str, Any] | None:
+        """The C prefetcher's source when the GETs are the engine's: items
+        stored as ``self[i]`` returns them; None: the Python callback."""
+        src = self._c_prefetch_source()
+        return None if src is None else dict(src, frame="bytes", labels=self._labels)
 
     def __getitem__(self, index: int) -> tuple[bytes, int]:
         i = self._index(index)
@@ -387,7 +536,7 @@ class S3TarShards(_ObjectDataset):
     def __init__(self, urls: str | Sequence[str], *, cache_dir: str | os.PathLike[str] | None = None,
                  endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
                  unsigned: bool = False, path_style: bool | None = None, max_attempts: int = 3,
-                 latency: float = 0.0) -> None:
+                 latency: float = 0.0, client: str = "auto") -> None:
         if isinstance(urls, str):
             urls = [urls]
         self.urls = list(urls)
@@ -397,7 +546,7 @@ class S3TarShards(_ObjectDataset):
         buckets = {b for b, _ in places}
         if len(buckets) != 1:
             raise ValueError(f"S3TarShards reads shards of one bucket, got {', '.join(sorted(buckets))}")
-        self._setup(places[0][0], endpoint_url, region, profile, unsigned, path_style, max_attempts, latency)
+        self._setup(places[0][0], endpoint_url, region, profile, unsigned, path_style, max_attempts, latency, client)
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else os.path.join(
             os.path.expanduser("~"), ".cache", "opt4torch")
         self._shard_keys = [k for _, k in places]
@@ -450,12 +599,25 @@ class S3TarShards(_ObjectDataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         i = self._index(index)
-        shard, off, length = (int(x) for x in self._rows[i])
-        raw = self._get(self._shard_keys[shard], off, length)
+        if self._uses_c():
+            raw = self._read_item(i)
+        else:
+            shard, off, length = (int(x) for x in self._rows[i])
+            raw = self._get(self._shard_keys[shard], off, length)
         sample: dict[str, Any] = {"__key__": self.keys[i]}
         for field, moff, msize in self._members[i]:
             sample[field] = raw[moff:moff + msize]
         return sample
+
+    def _objects(self) -> tuple[list[str], np.ndarray]:
+        return self._shard_keys, self._rows
+
+    def _prefetch_source(self) -> dict[str, Any] | None:
+        """As TarShards': each sample laid out as the codec stores the dict
+        ``self[i]`` (frame ``"tar"``), from one GET of its range; None: the
+        Python callback."""
+        src = self._c_prefetch_source()
+        return None if src is None else dict(src, frame="tar", samples=(self.keys, self._members))
 
     def opt4_item_bytes(self, index: int) -> int:
         """Bytes sample ``index`` takes in the cache: its record, as the

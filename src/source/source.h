@@ -23,6 +23,18 @@ extern const opt4_source_ops opt4__source_records_ops;
 /* Byte ranges of files (ranges.c); state is an opt4_ranges *, borrowed. */
 extern const opt4_source_ops opt4__source_ranges_ops;
 
+/* Objects of an S3-compatible store (s3.c); state is an opt4_s3 *, borrowed. */
+extern const opt4_source_ops opt4__source_s3_ops;
+
+/* One GET of a byte range, to be signed with AWS Signature Version 4 (s3.c):
+ * the Authorization header's value into auth. path is URI-encoded as sent;
+ * amz_date is YYYYMMDDTHHMMSSZ; payload_sha256 NULL: the empty body's. */
+typedef struct opt4__sigv4_request {
+  const char *host, *path, *range, *amz_date, *region;
+  const char *access_key, *secret_key, *session_token, *payload_sha256;
+} opt4__sigv4_request;
+int opt4__sigv4_get(const opt4__sigv4_request *q, char *auth, size_t cap);
+
 /* The largest item's length: ops.max_size, else the largest size_of. */
 int opt4__source_max_size(opt4_source *src, uint64_t *len);
 

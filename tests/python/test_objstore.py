@@ -1,13 +1,16 @@
 """opt4torch.S3ImageFolder against a real S3-compatible server on 127.0.0.1:
 moto's server (bench/s3server.py, a subprocess started and stopped here, on
-a free port), with latency added at the server and only one access key
-accepted.
+a free port), with latency added at the server, only one access key
+accepted, and every request's signature computed again there by botocore
+(a request signed wrongly is refused, as AWS would). Both clients are
+tested: the engine's own GETs in C (``client="c"``, the default here) and
+s3torchconnector's (``client="s3torchconnector"``).
 
 The objects are an image-folder tree with what torchvision's rules decide on;
 the dataset is compared with opt4torch.ImageFolder over the same tree on
 disk (itself checked against torchvision's numbering in test_sources.py),
 byte for byte. Then it runs through opt4torch.DataLoader (0 and 2 workers,
-fork and spawn, prefetch on through the callback source): every sample is
+fork and spawn, prefetch on through the C source or the callback source): every sample is
 the object's bytes, hits equal the plan's, and the bytes read from the store
 equal the plan's miss bytes. Then the errors: a missing bucket, a prefix
 with nothing under it, wrong credentials, a server that is down, an object
@@ -36,6 +39,12 @@ pytest.importorskip("moto", reason="the object-store tests need moto[server] (re
 
 from opt4torch.objstore import ObjectStoreError, S3ImageFolder  # noqa: E402
 from s3store import Server  # noqa: E402
+from opt4torch import _engine  # noqa: E402
+
+#: The engine's own client, where this build has it (libcurl and libcrypto at
+#: build time; .ci/run installs them and refuses a build without it).
+needs_c = pytest.mark.skipif(not _engine.HAVE_S3, reason="this build of the engine has no S3 reader (no libcurl)")
+C = pytest.param("c", marks=needs_c)
 
 pytestmark = pytest.mark.usefixtures("no_leaked_pools")
 
@@ -61,7 +70,7 @@ LAYOUT = {
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    s = Server(LATENCY, KEY)
+    s = Server(LATENCY, KEY, secret=SECRET)
     try:
         client = boto3.client("s3", endpoint_url=s.endpoint, region_name=REGION, aws_access_key_id=KEY,
                               aws_secret_access_key=SECRET)
@@ -176,6 +185,12 @@ def plan_miss_bytes(loader: opt4torch.DataLoader, sizes: np.ndarray) -> int:
     return int(sizes[plan.seq[plan.kinds != opt4torch.HIT]].sum())
 
 
+def prefetcher_kind(ds: Any) -> str:
+    """The prefetcher the dataset gets: the C source over the engine's GETs,
+    or the Python callback over s3torchconnector's."""
+    return "records" if ds.info()["client"].startswith("c ") else "callback"
+
+
 def run_epochs(ds: S3ImageFolder, ref: list[tuple[bytes, int]], workers: int, context: str | None,
                epochs: int = 2, persistent: bool = False) -> dict[str, Any]:
     sizes = ds.item_sizes()
@@ -195,7 +210,7 @@ def run_epochs(ds: S3ImageFolder, ref: list[tuple[bytes, int]], workers: int, co
         st = loader.cache.stats()
         assert st["fallbacks"] == 0 and st["timeouts"] == 0, st
         assert st["hits"] == st["plan_hits"], st
-        assert st["prefetcher"]["kind"] == "callback", st  # on by default for this dataset
+        assert st["prefetcher"]["kind"] == prefetcher_kind(ds), st  # on by default for this dataset
         assert st["storage_bytes"] == plan_miss_bytes(loader, sizes), st
         assert st["storage_reads"] == st["plan_misses"], st
         plan = loader.cache.plan
@@ -215,10 +230,12 @@ def reference(server: Server, local_tree: str) -> list[tuple[bytes, int]]:
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("client", [C, "s3torchconnector"])
 @pytest.mark.parametrize("workers,context", [(0, None), (2, "fork")], ids=["0-workers", "2-fork"])
-def test_loader_prefetch_is_exact(server: Server, reference: list, workers: int, context: str | None,
+def test_loader_prefetch_is_exact(server: Server, reference: list, workers: int, context: str | None, client: str,
                                   capfd: pytest.CaptureFixture[str]) -> None:
-    ds = _open(server)
+    ds = _open(server, client=client)
+    assert prefetcher_kind(ds) == ("records" if client == "c" else "callback")
     st = run_epochs(ds, reference, workers, context)
     assert st["prefetched"] > 0, st
     # Workers forked anew each epoch while the prefetch threads read: they
@@ -288,18 +305,158 @@ def test_server_down_fails_fast() -> None:
     assert time.monotonic() - t0 < 30
 
 
-def test_object_changed_after_listing(server: Server) -> None:
-    client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
-                          aws_secret_access_key=SECRET)
+@pytest.mark.parametrize("which", [C, "s3torchconnector"])
+def test_object_changed_after_listing(server: Server, which: str) -> None:
+    s3 = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                      aws_secret_access_key=SECRET)
     for k in range(2):
-        client.put_object(Bucket=BUCKET, Key=f"changing/c/{k}.jpg", Body=b"x" * 100)
-    ds = S3ImageFolder(f"s3://{BUCKET}/changing/", endpoint_url=server.endpoint)
-    client.put_object(Bucket=BUCKET, Key="changing/c/0.jpg", Body=b"x" * 10)
+        s3.put_object(Bucket=BUCKET, Key=f"changing/c/{k}.jpg", Body=b"x" * 100)
+    ds = S3ImageFolder(f"s3://{BUCKET}/changing/", endpoint_url=server.endpoint, client=which)
+    s3.put_object(Bucket=BUCKET, Key="changing/c/0.jpg", Body=b"x" * 10)
     with pytest.raises(ObjectStoreError, match=r"changing/c/0.jpg .* returned 10 bytes where the listing said 100"):
         ds[0]
-    client.delete_object(Bucket=BUCKET, Key="changing/c/1.jpg")
+    s3.delete_object(Bucket=BUCKET, Key="changing/c/1.jpg")
     with pytest.raises(ObjectStoreError, match=r"GET s3://images/changing/c/1.jpg .*the object is gone"):
         ds[1]
+
+
+# ---- the engine's own GETs (client="c") ----
+
+
+@needs_c
+def test_c_client_signs_as_botocore_checks_and_wrong_secrets_are_refused(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server computes every signature again (botocore): the C client's
+    pass, with a session token too; a wrong secret gets S3's 403
+    SignatureDoesNotMatch, said as refused credentials, not tried again."""
+    ds = _open(server, client="c")
+    ref = _open(server, client="s3torchconnector")
+    before = server.stats()
+    got = [ds.read(i) for i in range(len(ds))]
+    assert got == [ref.read(i) for i in range(len(ref))]
+    after = server.stats()
+    assert after["bad_signatures"] == before["bad_signatures"] == 0, after
+    assert after["ranged_gets"] - before["ranged_gets"] == 2 * (len(ds) - 1), (before, after)  # one empty item
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "a-session-token")
+    copy = pickle.loads(pickle.dumps(ds))  # no reader: made on first use, with the credentials there now
+    assert copy.read(3) == got[3]
+    monkeypatch.delenv("AWS_SESSION_TOKEN")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    copy = pickle.loads(pickle.dumps(ds))
+    with pytest.raises(ObjectStoreError, match=r"GET s3://images/train/\S+ bytes 0-\d+ at http://127.0.0.1:\d+: "
+                                               r"HTTP 403 SignatureDoesNotMatch: the store refused the credentials"):
+        copy.read(3)
+    end = server.stats()
+    assert end["bad_signatures"] == 1 and end["requests"] == after["requests"] + 2, end  # the token's GET, this one
+
+
+@needs_c
+def test_client_choice(server: Server, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """client= says which client GETs; "auto" takes the C one where it can,
+    and says which in info(); "c" refuses to fall back, saying why."""
+    with pytest.raises(ValueError, match="client must be 'auto', 'c' or 's3torchconnector'"):
+        _open(server, client="boto3")
+    with pytest.raises(ValueError, match="client='c' cannot read .*latency= is emulated by the Python client"):
+        _open(server, client="c", latency=0.001)
+    assert _open(server, latency=0.001).info()["client"] == "s3torchconnector"
+    want = _open(server).read(7)
+    assert _open(server).info()["client"] == "c (libcurl)"
+    # Keys only in a profile of the shared credentials file: found as boto3 finds them.
+    creds = tmp_path / "credentials"
+    creds.write_text(f"[other]\naws_access_key_id = {KEY}\naws_secret_access_key = {SECRET}\n")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.fspath(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.fspath(tmp_path / "no-config"))
+    ds = _open(server, profile="other", client="c")
+    assert ds.info()["client"] == "c (libcurl)" and ds.read(7) == want
+    # None anywhere (an instance role would be s3torchconnector's to find): "c" says so.
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.fspath(tmp_path / "no-credentials"))
+    with pytest.raises(ValueError, match="no static credentials"):
+        _open(server, client="c")
+
+
+FORKED_CHILD_READS = """
+import os, sys, threading
+sys.path.insert(0, {here!r})
+import opt4torch
+os.environ.update(AWS_ACCESS_KEY_ID={key!r}, AWS_SECRET_ACCESS_KEY={secret!r}, AWS_DEFAULT_REGION="us-east-1",
+                  AWS_EC2_METADATA_DISABLED="true")
+ds = opt4torch.S3ImageFolder("s3://images/train/", endpoint_url={endpoint!r}, client="c")
+want = [ds.read(i) for i in range(len(ds))]  # the parent's connections are up
+stop = threading.Event()
+def reader():  # the parent goes on reading while it forks
+    while not stop.is_set():
+        for i in range(len(ds)):
+            assert ds.read(i) == want[i]
+threads = [threading.Thread(target=reader) for _ in range(3)]
+for t in threads:
+    t.start()
+for _ in range(5):
+    pid = os.fork()
+    if pid == 0:
+        ok = all(ds.read(i) == want[i] for i in range(len(ds)))
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+stop.set()
+for t in threads:
+    t.join()
+assert [ds.read(i) for i in range(len(ds))] == want  # the children left the parent's connections alone
+print("reads", ds.info()["reads"], flush=True)
+"""
+
+
+@needs_c
+def test_c_client_in_forked_children_while_the_parent_reads(server: Server) -> None:
+    """Children forked while the parent's threads are inside GETs read with
+    connections of their own (the parent's pool, whose lock a thread may
+    hold at the fork, is left alone), and the parent's go on working."""
+    code = FORKED_CHILD_READS.format(here=os.path.dirname(os.path.abspath(__file__)), key=KEY, secret=SECRET,
+                                     endpoint=server.endpoint)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout + out.stderr
+    n = len(LAYOUT["zebra"]) - 1 + len(LAYOUT["ant"]) + len(LAYOUT[".hidden"]) + len(LAYOUT["moth"])
+    # The children's reads count into the parent's counters (5 x n), with the parent's own.
+    assert int(out.stdout.split("reads ")[1]) >= 7 * n, out.stdout
+
+
+@needs_c
+def test_c_client_a_store_that_never_answers_fails_in_bounded_time() -> None:
+    """Connections taken (into the backlog) and never answered: each try
+    ends when no byte has moved for the reader's timeout, and the read
+    fails after max_attempts tries, saying the store did not answer."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        reader = _engine.S3Ranges(f"http://127.0.0.1:{s.getsockname()[1]}", BUCKET, ["k"],
+                                  np.array([[0, 0, 10]], dtype=np.int64), access_key=KEY, secret_key=SECRET,
+                                  max_attempts=2, timeout=1.0)
+        t0 = time.monotonic()
+        with pytest.raises(OSError, match=r"GET s3://images/k bytes 0-9 .* failed after 2 tries: .*did not answer"):
+            reader.read(0)
+        took = time.monotonic() - t0
+        assert 2.0 <= took < 10.0, took
+        info = reader.info()
+        assert (info["requests"], info["retries"], info["failures"], info["reads"]) == (2, 1, 1, 0), info
+
+
+@needs_c
+def test_c_client_unsigned_for_a_public_bucket() -> None:
+    """Objects anyone may read (public-read): read with no signature; one
+    that is not public is refused, as anonymous requests are at AWS."""
+    with Server(0.0) as s:  # a store that takes anonymous requests (moto applies the objects' ACLs)
+        s3 = boto3.client("s3", endpoint_url=s.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET)
+        s3.create_bucket(Bucket="public")
+        bodies = {f"p/c/{k}.jpg": _blob(k) for k in range(3)}
+        for key, body in bodies.items():
+            s3.put_object(Bucket="public", Key=key, Body=body, ACL="public-read" if key != "p/c/2.jpg" else "private")
+        ds = S3ImageFolder("s3://public/p/", endpoint_url=s.endpoint, unsigned=True, client="c")
+        assert [ds.read(i) for i in range(2)] == [bodies[k] for k, _ in ds.samples[:2]]
+        with pytest.raises(ObjectStoreError, match=r"p/c/2.jpg .* HTTP 403: the store refused the credentials"):
+            ds.read(2)
 
 
 def test_without_the_client_the_error_says_what_to_install() -> None:
@@ -422,11 +579,17 @@ def test_tar_shards_bad_input(server: Server, tmp_path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("client", [C, "s3torchconnector"])
 @pytest.mark.parametrize("workers", [0, 2], ids=["0-workers", "2-fork"])
-def test_tar_shards_loader_is_exact(server: Server, shard_urls: list[str], workers: int, tmp_path) -> None:
-    ds = opt4torch.S3TarShards(shard_urls, endpoint_url=server.endpoint, cache_dir=tmp_path)
+def test_tar_shards_loader_is_exact(server: Server, shard_urls: list[str], workers: int, client: str,
+                                    tmp_path) -> None:
+    ds = opt4torch.S3TarShards(shard_urls, endpoint_url=server.endpoint, cache_dir=tmp_path,
+                               client="s3torchconnector")
     ref = [ds[i] for i in range(len(ds))]
-    ds = opt4torch.S3TarShards(shard_urls, endpoint_url=server.endpoint, cache_dir=tmp_path)  # counters at 0
+    ds = opt4torch.S3TarShards(shard_urls, endpoint_url=server.endpoint, cache_dir=tmp_path,
+                               client=client)  # counters at 0
+    assert [ds[i] for i in range(len(ds))] == ref  # both clients cut samples alike
+    ds = opt4torch.S3TarShards(shard_urls, endpoint_url=server.endpoint, cache_dir=tmp_path, client=client)
     sizes = ds.item_sizes()
     loader = opt4torch.DataLoader(ds, batch_size=4, shuffle=True, seed=3, num_workers=workers,
                                   multiprocessing_context="fork" if workers else None, cache_items=len(ds) // 3,
@@ -441,7 +604,7 @@ def test_tar_shards_loader_is_exact(server: Server, shard_urls: list[str], worke
                     t += 1
         st = loader.cache.stats()
         assert st["fallbacks"] == 0 and st["hits"] == st["plan_hits"], st
-        assert st["prefetcher"]["kind"] == "callback" and st["prefetched"] > 0, st
+        assert st["prefetcher"]["kind"] == prefetcher_kind(ds) and st["prefetched"] > 0, st
         assert st["storage_bytes"] == plan_miss_bytes(loader, sizes), st
         assert st["storage_reads"] == st["plan_misses"], st
     finally:
@@ -455,7 +618,7 @@ import opt4torch._forksafe  # opt4torch's fork hook first, the client's after it
 import opt4torch
 os.environ.update(AWS_ACCESS_KEY_ID={key!r}, AWS_SECRET_ACCESS_KEY={secret!r}, AWS_DEFAULT_REGION="us-east-1",
                   AWS_EC2_METADATA_DISABLED="true")
-ds = opt4torch.S3ImageFolder("s3://images/train/", endpoint_url={endpoint!r})
+ds = opt4torch.S3ImageFolder("s3://images/train/", endpoint_url={endpoint!r}, client={client!r})
 loader = opt4torch.DataLoader(ds, batch_size=4, shuffle=True, seed=1, num_workers=2, multiprocessing_context="fork",
                               cache_bytes=int(ds.item_sizes().sum()) // 3, epochs=6, collate_fn=list,
                               prefetch_threads=8)
@@ -469,15 +632,18 @@ loader.cache.close()
 """
 
 
-def test_fork_parks_the_threads_before_the_clients_hook(server: Server) -> None:
-    """Imported in this order, the client's before-fork hook would run
+@pytest.mark.parametrize("client", ["s3torchconnector", C])
+def test_fork_parks_the_threads_before_the_clients_hook(server: Server, client: str) -> None:
+    """Imported in this order, s3torchconnector's before-fork hook would run
     before opt4torch's, while prefetch threads are inside GETs, fail to join
     its threads and say so (seen: 2 of 6 forks). objstore's own hook,
-    registered after the client's, parks the threads first."""
+    registered after the client's, parks the threads first. With the C
+    client the threads are inside libcurl GETs at the forks: parked all the
+    same, and the workers' processes open connections of their own."""
     import urllib.request
 
     code = FORK_ORDER.format(here=os.path.dirname(os.path.abspath(__file__)), key=KEY, secret=SECRET,
-                             endpoint=server.endpoint)
+                             endpoint=server.endpoint, client=client)
     # GETs of 20 ms, so that forks find the threads inside them.
     urllib.request.urlopen(urllib.request.Request(f"{server.endpoint}/_opt4/set?latency=0.02", method="POST"),
                            timeout=10).close()

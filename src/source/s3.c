@@ -1,0 +1,675 @@
+/*
+ * s3.c - byte ranges of objects in an S3-compatible store, as a source:
+ * item i is `length` bytes at `offset` of object `file` (one object an
+ * image, or many samples a tar shard), each read one ranged GET, made in C
+ * on the calling thread: no Python and no GIL on the path.
+ *
+ * The protocol, written down before the code:
+ *
+ *   GET <path> HTTP/1.1          path: /<bucket>/<key> (path style) or /<key>
+ *   Host: <host>                 (virtual hosted: <bucket>.<endpoint host>)
+ *   Range: bytes=<a>-<b>         the item's range, b inclusive
+ *   x-amz-content-sha256: <SHA-256 of the empty body>
+ *   x-amz-date: <YYYYMMDDTHHMMSSZ, UTC>
+ *   x-amz-security-token: <token>                     (temporary credentials)
+ *   Authorization: AWS4-HMAC-SHA256 Credential=<id>/<date>/<region>/s3/aws4_request,
+ *                  SignedHeaders=host;range;x-amz-content-sha256;x-amz-date[;x-amz-security-token],
+ *                  Signature=<hex>
+ *
+ * Signature Version 4 as AWS documents it (sigv4_get below, checked against
+ * AWS's own worked example in tests/c/test_s3.c, and by the loopback test
+ * server, which recomputes every signature with botocore). Unsigned
+ * requests (a public bucket) send none of the x-amz headers.
+ *
+ * The answer must be 206 with exactly the range's bytes, or 200 with the
+ * whole object when the range is the whole object from byte 0; a body
+ * longer than the range is cut off and refused (the object changed since it
+ * was listed), a shorter one too. Connection failures, 5xx and 429 are
+ * tried again, max_attempts in all, after 50 ms, 100 ms, ... (at most 2 s);
+ * a 4xx fails at once, the message naming the object, the range, the
+ * endpoint, the status and the store's error code.
+ *
+ * HTTP is libcurl's (easy handles: one request at a time each, keeping its
+ * connection open between requests). Handles wait in a per-process pool:
+ * a read takes one (or makes one), uses it, and puts it back, so N threads
+ * reading at once hold N connections and no more. Fork: the pool belongs
+ * to the process that made it (its pid). A child that reads makes a pool of
+ * its own and never touches the parent's (its lock may have been held at
+ * the fork, and its connections are the parent's sockets: closing them
+ * from the child could end the parent's TLS sessions), so that pool and
+ * its handles are left behind in the child, unused, as the memory of a
+ * forked process is. Counters live in a shared mapping, as the file
+ * ranges' do, so forked workers count into the same place.
+ *
+ * Built only with libcurl and OpenSSL's libcrypto (SHA-256, HMAC); without
+ * them opt4_s3_open says so (OPT4_ENOTSUP).
+ */
+#include "source.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef OPT4_HAVE_S3
+#include <curl/curl.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/sha.h>
+#include <pthread.h>
+#endif
+
+/* The SHA-256 of nothing: a GET's body. */
+static const char EMPTY_SHA256[] = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+struct s3_counters {
+  _Atomic uint64_t reads, bytes_read, requests, retries, failures;
+};
+
+#ifdef OPT4_HAVE_S3
+
+/* ---- Signature Version 4 ---------------------------------------------------- */
+
+static void hex(const unsigned char *in, size_t n, char *out) {
+  static const char digits[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = digits[in[i] >> 4];
+    out[2 * i + 1] = digits[in[i] & 15];
+  }
+  out[2 * n] = '\0';
+}
+
+static int hmac(const void *key, size_t key_len, const char *msg, unsigned char out[32]) {
+  unsigned int len = 32;
+  return HMAC(EVP_sha256(), key, (int)key_len, (const unsigned char *)msg, strlen(msg), out, &len) != NULL ? 0 : -1;
+}
+
+int opt4__sigv4_get(const opt4__sigv4_request *q, char *auth, size_t cap) {
+  char canonical[4096], to_sign[512], scope[128], day[9], digest_hex[65];
+  unsigned char digest[32], k[32];
+  memcpy(day, q->amz_date, 8);
+  day[8] = '\0';
+  const char *payload = q->payload_sha256 != NULL ? q->payload_sha256 : EMPTY_SHA256;
+  const char *token = q->session_token != NULL && q->session_token[0] ? q->session_token : NULL;
+  const char *signed_headers = token ? "host;range;x-amz-content-sha256;x-amz-date;x-amz-security-token"
+                                     : "host;range;x-amz-content-sha256;x-amz-date";
+  int n = snprintf(canonical, sizeof canonical,
+                   "GET\n%s\n\nhost:%s\nrange:%s\nx-amz-content-sha256:%s\nx-amz-date:%s\n%s%s%s\n%s\n%s", q->path,
+                   q->host, q->range, payload, q->amz_date, token ? "x-amz-security-token:" : "", token ? token : "",
+                   token ? "\n" : "", signed_headers, payload);
+  if (n < 0 || (size_t)n >= sizeof canonical) return opt4__fail(OPT4_ETOOBIG, "a request's path is too long to sign");
+  SHA256((const unsigned char *)canonical, (size_t)n, digest);
+  hex(digest, 32, digest_hex);
+  n = snprintf(scope, sizeof scope, "%s/%s/s3/aws4_request", day, q->region);
+  if (n < 0 || (size_t)n >= sizeof scope) return opt4__fail(OPT4_EINVAL, "the region name is too long");
+  snprintf(to_sign, sizeof to_sign, "AWS4-HMAC-SHA256\n%s\n%s\n%s", q->amz_date, scope, digest_hex);
+  char secret[256];
+  n = snprintf(secret, sizeof secret, "AWS4%s", q->secret_key);
+  if (n < 0 || (size_t)n >= sizeof secret) return opt4__fail(OPT4_EINVAL, "the secret key is too long");
+  int bad = hmac(secret, (size_t)n, day, k) | hmac(k, 32, q->region, k) | hmac(k, 32, "s3", k) |
+            hmac(k, 32, "aws4_request", k) | hmac(k, 32, to_sign, digest);
+  memset(secret, 0, sizeof secret);
+  memset(k, 0, sizeof k);
+  if (bad) return opt4__fail(OPT4_EIO, "HMAC-SHA256 failed (OpenSSL)");
+  hex(digest, 32, digest_hex);
+  n = snprintf(auth, cap, "AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, Signature=%s", q->access_key, scope,
+               signed_headers, digest_hex);
+  if (n < 0 || (size_t)n >= cap) return opt4__fail(OPT4_ETOOBIG, "the Authorization header does not fit");
+  return 0;
+}
+
+/* ---- the reader ------------------------------------------------------------- */
+
+#define POOL_MAX 512u
+
+struct pool {
+  pid_t pid;
+  pthread_mutex_t lock;
+  unsigned n;
+  CURL *idle[POOL_MAX];
+};
+
+struct opt4_s3 {
+  uint64_t n_objects, count, total_bytes, max_len;
+  opt4_range *items;
+  char **paths; /* each object's request path, URI-encoded: /bucket/key or /key */
+  char **keys;  /* each object's key as given (for messages); both into path_buf */
+  char *path_buf;
+  size_t path_bytes;
+  char *base;   /* scheme://authority, without a trailing slash */
+  char *host;   /* the Host header, the one signed */
+  char *bucket, *region, *access_key, *secret_key, *token;
+  uint32_t max_attempts;
+  uint64_t timeout_ns;
+  _Atomic(struct pool *) pool;
+  struct s3_counters *shared;
+  char note[192];
+};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc = CURLE_OK;
+static void curl_init(void) { curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+static char *dup_str(const char *s) {
+  if (s == NULL) return NULL;
+  size_t n = strlen(s) + 1;
+  char *d = opt4__malloc(n);
+  if (d != NULL) memcpy(d, s, n);
+  return d;
+}
+
+static void free_str(char *s) {
+  if (s != NULL) {
+    memset(s, 0, strlen(s)); /* keys do not linger in freed memory */
+    opt4__free(s, strlen(s) + 1);
+  }
+}
+
+static int unreserved(unsigned char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
+         c == '_' || c == '~';
+}
+
+/* The URI-encoded form of s (slashes kept) appended at out; returns its length. */
+static size_t encode_path(const char *s, char *out) {
+  static const char digits[] = "0123456789ABCDEF";
+  size_t n = 0;
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (unreserved(*p) || *p == '/') {
+      if (out) out[n] = (char)*p;
+      n++;
+    } else {
+      if (out) {
+        out[n] = '%';
+        out[n + 1] = digits[*p >> 4];
+        out[n + 2] = digits[*p & 15];
+      }
+      n += 3;
+    }
+  }
+  return n;
+}
+
+/* This process's pool: the one there, or a new one when it was made before
+ * a fork (the parent's is left as it is). */
+static struct pool *my_pool(opt4_s3 *r) {
+  pid_t me = getpid();
+  struct pool *p = atomic_load_explicit(&r->pool, memory_order_acquire);
+  while (p == NULL || p->pid != me) {
+    struct pool *fresh = opt4__calloc(1, sizeof *fresh);
+    if (fresh == NULL) return NULL;
+    fresh->pid = me;
+    pthread_mutex_init(&fresh->lock, NULL);
+    if (atomic_compare_exchange_strong_explicit(&r->pool, &p, fresh, memory_order_acq_rel, memory_order_acquire))
+      return fresh;
+    pthread_mutex_destroy(&fresh->lock);
+    opt4__free(fresh, sizeof *fresh);
+  }
+  return p;
+}
+
+static CURL *take_handle(opt4_s3 *r, struct pool **pp) {
+  struct pool *p = my_pool(r);
+  *pp = p;
+  if (p == NULL) return NULL;
+  CURL *h = NULL;
+  pthread_mutex_lock(&p->lock);
+  if (p->n > 0) h = p->idle[--p->n];
+  pthread_mutex_unlock(&p->lock);
+  if (h != NULL) return h;
+  h = curl_easy_init();
+  if (h == NULL) return NULL;
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+  /* A request that moves no byte for timeout_ns fails (and is tried again):
+   * a bound on a store that accepts and never answers, not on a large
+   * object's whole transfer. */
+  long secs = (long)((r->timeout_ns + 999999999u) / 1000000000u);
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, secs > 0 ? secs : 1L);
+  curl_easy_setopt(h, CURLOPT_USERAGENT, "opt4torch-s3/1");
+  return h;
+}
+
+static void give_handle(struct pool *p, CURL *h, int keep) {
+  if (keep && p->pid == getpid()) {
+    pthread_mutex_lock(&p->lock);
+    if (p->n < POOL_MAX) {
+      p->idle[p->n++] = h;
+      h = NULL;
+    }
+    pthread_mutex_unlock(&p->lock);
+  }
+  if (h != NULL) curl_easy_cleanup(h);
+}
+
+struct sink {
+  uint8_t *dst;
+  size_t cap, got;
+  int over;      /* the body was longer than cap */
+  char err[512]; /* the start of an error answer's body */
+  size_t err_len;
+  long status;   /* 0 until the first body byte: then the status line's */
+  CURL *h;
+};
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *user) {
+  struct sink *s = user;
+  size_t n = size * nmemb;
+  if (s->status == 0) curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &s->status);
+  if (s->status >= 300) { /* an error document: keep its start for the message */
+    size_t room = sizeof s->err - 1 - s->err_len, k = n < room ? n : room;
+    memcpy(s->err + s->err_len, data, k);
+    s->err_len += k;
+    s->err[s->err_len] = '\0';
+    return n;
+  }
+  if (n > s->cap - s->got) {
+    s->over = 1;
+    return 0; /* aborts the transfer */
+  }
+  memcpy(s->dst + s->got, data, n);
+  s->got += n;
+  return n;
+}
+
+/* The store's error code in an S3 error document (<Code>X</Code>), into out. */
+static void error_code(const char *body, char *out, size_t cap) {
+  out[0] = '\0';
+  const char *a = strstr(body, "<Code>");
+  if (a == NULL) return;
+  a += 6;
+  const char *b = strstr(a, "</Code>");
+  if (b == NULL || b == a) return;
+  size_t n = (size_t)(b - a) < cap - 1 ? (size_t)(b - a) : cap - 1;
+  memcpy(out, a, n);
+  out[n] = '\0';
+}
+
+static const char *hint_for(long status, const char *code) {
+  if (status == 404 && strcmp(code, "NoSuchBucket") == 0) return ": the bucket does not exist";
+  if (status == 404) return ": the object is gone (deleted since the listing?)";
+  if (status == 403 || status == 401)
+    return ": the store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or unsigned "
+           "access for a public bucket)";
+  if (status == 416) return ": the object is shorter than the listing said (changed since?)";
+  return "";
+}
+
+static void sleep_ms(unsigned ms) {
+  struct timespec ts = {.tv_sec = ms / 1000u, .tv_nsec = (long)(ms % 1000u) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
+  if (r == NULL || len == NULL || (dst == NULL && cap > 0)) return opt4__fail(OPT4_EINVAL, "reader, dst or len is NULL");
+  if (i >= r->count) return opt4__fail(OPT4_ERANGE, "item %llu of %llu", (unsigned long long)i,
+                                       (unsigned long long)r->count);
+  const opt4_range *it = &r->items[i];
+  *len = it->length;
+  if (it->length > cap)
+    return opt4__fail(OPT4_EITEMSIZE, "item %llu is %llu bytes; the buffer holds %zu", (unsigned long long)i,
+                      (unsigned long long)it->length, cap);
+  if (it->length == 0) { /* a range of nothing is not a request S3 answers (416) */
+    atomic_fetch_add_explicit(&r->shared->reads, 1, memory_order_relaxed);
+    return 0;
+  }
+  const char *path = r->paths[it->file], *key = r->keys[it->file];
+  unsigned long long first = (unsigned long long)it->offset, last = (unsigned long long)(it->offset + it->length - 1);
+  char url[4096], range[64], amz_date[17], auth[512];
+  char h_host[512], h_range[80], h_date[40], h_sha[100], h_auth[560];
+  char *h_token = NULL;
+  int n = snprintf(url, sizeof url, "%s%s", r->base, path);
+  if (n < 0 || (size_t)n >= sizeof url) return opt4__fail(OPT4_ETOOBIG, "the URL of object %s is too long", key);
+  snprintf(range, sizeof range, "bytes=%llu-%llu", first, last);
+  snprintf(h_host, sizeof h_host, "Host: %s", r->host);
+  snprintf(h_range, sizeof h_range, "Range: %s", range);
+  if (r->token != NULL) {
+    size_t tn = strlen(r->token) + sizeof "x-amz-security-token: ";
+    h_token = opt4__malloc(tn);
+    if (h_token == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a request");
+    snprintf(h_token, tn, "x-amz-security-token: %s", r->token);
+  }
+  struct pool *pool = NULL;
+  CURL *h = take_handle(r, &pool);
+  if (h == NULL) {
+    free_str(h_token);
+    return opt4__fail(OPT4_ENOMEM, "no memory for an HTTP handle (libcurl)");
+  }
+  int rc = 0;
+  unsigned backoff = 50;
+  for (uint32_t attempt = 1;; attempt++) {
+    struct curl_slist *hdr = NULL, *t;
+    hdr = curl_slist_append(hdr, h_host);
+    hdr = (t = hdr ? curl_slist_append(hdr, h_range) : NULL) ? t : hdr;
+    hdr = (t = hdr ? curl_slist_append(hdr, "Accept:") : NULL) ? t : hdr; /* no Accept: curl's default, unsigned */
+    if (r->access_key != NULL) {
+      time_t now = time(NULL);
+      struct tm tm;
+      gmtime_r(&now, &tm);
+      strftime(amz_date, sizeof amz_date, "%Y%m%dT%H%M%SZ", &tm);
+      opt4__sigv4_request q = {.host = r->host, .path = path, .range = range, .amz_date = amz_date,
+                               .region = r->region, .access_key = r->access_key, .secret_key = r->secret_key,
+                               .session_token = r->token, .payload_sha256 = NULL};
+      if ((rc = opt4__sigv4_get(&q, auth, sizeof auth)) != 0) {
+        curl_slist_free_all(hdr);
+        break;
+      }
+      snprintf(h_date, sizeof h_date, "x-amz-date: %s", amz_date);
+      snprintf(h_sha, sizeof h_sha, "x-amz-content-sha256: %s", EMPTY_SHA256);
+      snprintf(h_auth, sizeof h_auth, "Authorization: %s", auth);
+      hdr = (t = hdr ? curl_slist_append(hdr, h_date) : NULL) ? t : hdr;
+      hdr = (t = hdr ? curl_slist_append(hdr, h_sha) : NULL) ? t : hdr;
+      if (h_token) hdr = (t = hdr ? curl_slist_append(hdr, h_token) : NULL) ? t : hdr;
+      hdr = (t = hdr ? curl_slist_append(hdr, h_auth) : NULL) ? t : hdr;
+    }
+    if (hdr == NULL) {
+      rc = opt4__fail(OPT4_ENOMEM, "no memory for a request's headers");
+      break;
+    }
+    struct sink s = {.dst = dst, .cap = (size_t)it->length, .h = h};
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &s);
+    CURLcode cc = curl_easy_perform(h);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
+    curl_slist_free_all(hdr);
+    atomic_fetch_add_explicit(&r->shared->requests, 1, memory_order_relaxed);
+    long status = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    int retry = 0;
+    if (s.over) {
+      rc = opt4__fail(OPT4_ETRUNCATED, "GET s3://%s/%s bytes %llu-%llu at %s answered more bytes than the "
+                      "listing said (%llu): the object changed since the dataset was made", r->bucket, key, first,
+                      last, r->base, (unsigned long long)it->length);
+    } else if (cc != CURLE_OK) {
+      retry = 1;
+      rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s (%s%s) failed after %u tries: %s: the store "
+                      "did not answer (is the endpoint right, and the server up?)", r->bucket, key, first, last,
+                      r->base, r->base, path, attempt, curl_easy_strerror(cc));
+    } else if (status == 206 || (status == 200 && it->offset == 0)) {
+      if (s.got != it->length)
+        rc = opt4__fail(OPT4_ETRUNCATED, "GET s3://%s/%s bytes %llu-%llu at %s returned %zu bytes where the "
+                        "listing said %llu: the object changed since the dataset was made", r->bucket, key, first,
+                        last, r->base, s.got, (unsigned long long)it->length);
+      else
+        rc = 0;
+    } else if (status == 200) {
+      rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s: the store ignored the Range header "
+                      "(answered 200, the whole object): a store that reads byte ranges is needed", r->bucket, key,
+                      first, last, r->base);
+    } else {
+      char code[64];
+      error_code(s.err, code, sizeof code);
+      retry = status >= 500 || status == 429;
+      rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s: HTTP %ld%s%s%s", r->bucket, key, first, last,
+                      r->base, status, code[0] ? " " : "", code, hint_for(status, code));
+    }
+    if (rc == 0 || !retry || attempt >= r->max_attempts) break;
+    atomic_fetch_add_explicit(&r->shared->retries, 1, memory_order_relaxed);
+    sleep_ms(backoff);
+    backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+  }
+  give_handle(pool, h, rc == 0);
+  free_str(h_token);
+  if (rc != 0) {
+    atomic_fetch_add_explicit(&r->shared->failures, 1, memory_order_relaxed);
+    return rc;
+  }
+  atomic_fetch_add_explicit(&r->shared->reads, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&r->shared->bytes_read, it->length, memory_order_relaxed);
+  return 0;
+}
+
+int opt4_s3_open(const opt4_s3_config *cfg, const char *const *keys, uint64_t n_objects, const opt4_range *items,
+                 uint64_t n_items, opt4_s3 **out) {
+  opt4__clear_detail();
+  if (out == NULL || cfg == NULL || (keys == NULL && n_objects > 0) || (items == NULL && n_items > 0))
+    return opt4__fail(OPT4_EINVAL, "config, keys, items or out is NULL");
+  *out = NULL;
+  if (cfg->bucket == NULL || !cfg->bucket[0]) return opt4__fail(OPT4_EINVAL, "no bucket");
+  if ((cfg->access_key == NULL) != (cfg->secret_key == NULL))
+    return opt4__fail(OPT4_EINVAL, "an access key needs its secret key, and the other way round");
+  if (n_items > OPT4_MAX_ITEMS)
+    return opt4__fail(OPT4_ETOOBIG, "%llu items; at most %llu are supported", (unsigned long long)n_items,
+                      (unsigned long long)OPT4_MAX_ITEMS);
+  pthread_once(&curl_once, curl_init);
+  if (curl_init_rc != CURLE_OK)
+    return opt4__fail(OPT4_EIO, "libcurl would not start: %s", curl_easy_strerror(curl_init_rc));
+  const char *region = cfg->region != NULL && cfg->region[0] ? cfg->region : "us-east-1";
+  /* The endpoint: scheme://authority[/...]; AWS's for the region when none. */
+  char endpoint[512];
+  if (cfg->endpoint != NULL && cfg->endpoint[0])
+    snprintf(endpoint, sizeof endpoint, "%s", cfg->endpoint);
+  else
+    snprintf(endpoint, sizeof endpoint, "https://s3.%s.amazonaws.com", region);
+  const char *sep = strstr(endpoint, "://");
+  if (sep == NULL || (strncmp(endpoint, "http://", 7) != 0 && strncmp(endpoint, "https://", 8) != 0))
+    return opt4__fail(OPT4_EINVAL, "endpoint %s: expected http://host[:port] or https://host[:port]", endpoint);
+  const char *authority = sep + 3;
+  size_t auth_len = strcspn(authority, "/?#");
+  if (auth_len == 0 || auth_len > 255) return opt4__fail(OPT4_EINVAL, "endpoint %s names no host", endpoint);
+  if (authority[auth_len] == '/' && authority[auth_len + 1] != '\0')
+    return opt4__fail(OPT4_EINVAL, "endpoint %s has a path; give the store's root (scheme://host[:port])", endpoint);
+  int path_style = cfg->path_style != 0;
+  int rc = 0;
+  opt4_s3 *r = opt4__calloc(1, sizeof *r);
+  if (r == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for an S3 reader");
+  r->n_objects = n_objects;
+  r->count = n_items;
+  r->max_attempts = cfg->max_attempts ? cfg->max_attempts : 3;
+  r->timeout_ns = cfg->timeout_ns ? cfg->timeout_ns : 60ull * 1000000000ull;
+  char host[600], base[700];
+  size_t scheme_len = (size_t)(authority - endpoint);
+  if (path_style)
+    snprintf(host, sizeof host, "%.*s", (int)auth_len, authority);
+  else
+    snprintf(host, sizeof host, "%s.%.*s", cfg->bucket, (int)auth_len, authority);
+  snprintf(base, sizeof base, "%.*s%s", (int)scheme_len, endpoint, host);
+  r->base = dup_str(base);
+  r->host = dup_str(host);
+  r->bucket = dup_str(cfg->bucket);
+  r->region = dup_str(region);
+  if (cfg->access_key != NULL) {
+    r->access_key = dup_str(cfg->access_key);
+    r->secret_key = dup_str(cfg->secret_key);
+    if (cfg->session_token != NULL && cfg->session_token[0]) r->token = dup_str(cfg->session_token);
+  }
+  if (r->base == NULL || r->host == NULL || r->bucket == NULL || r->region == NULL ||
+      (cfg->access_key != NULL && (r->access_key == NULL || r->secret_key == NULL))) {
+    rc = opt4__fail(OPT4_ENOMEM, "no memory for an S3 reader");
+    goto fail;
+  }
+  for (uint64_t i = 0; i < n_items; i++) {
+    const opt4_range *it = &items[i];
+    if (it->file >= n_objects) {
+      rc = opt4__fail(OPT4_ERANGE, "item %llu is in object %llu; there are %llu objects", (unsigned long long)i,
+                      (unsigned long long)it->file, (unsigned long long)n_objects);
+      goto fail;
+    }
+    if (it->offset > (UINT64_C(1) << 62) || it->length > (UINT64_C(1) << 62)) {
+      rc = opt4__fail(OPT4_ERANGE, "item %llu's range is past 2^62", (unsigned long long)i);
+      goto fail;
+    }
+    r->total_bytes += it->length;
+    if (it->length > r->max_len) r->max_len = it->length;
+  }
+  size_t bucket_part = path_style ? 1 + encode_path(cfg->bucket, NULL) : 0;
+  for (uint64_t f = 0; f < n_objects; f++) {
+    if (keys[f] == NULL || !keys[f][0]) {
+      rc = opt4__fail(OPT4_EINVAL, "object %llu has no key", (unsigned long long)f);
+      goto fail;
+    }
+    r->path_bytes += bucket_part + 1 + encode_path(keys[f], NULL) + 1 + strlen(keys[f]) + 1;
+  }
+  if (n_items > 0 && (r->items = opt4__malloc(n_items * sizeof *r->items)) == NULL) {
+    rc = opt4__fail(OPT4_ENOMEM, "no memory for %llu items", (unsigned long long)n_items);
+    goto fail;
+  }
+  if (n_items > 0) memcpy(r->items, items, n_items * sizeof *r->items);
+  r->paths = opt4__calloc(n_objects ? n_objects : 1, sizeof *r->paths);
+  r->keys = opt4__calloc(n_objects ? n_objects : 1, sizeof *r->keys);
+  r->path_buf = opt4__malloc(r->path_bytes ? r->path_bytes : 1);
+  if (r->paths == NULL || r->keys == NULL || r->path_buf == NULL) {
+    rc = opt4__fail(OPT4_ENOMEM, "no memory for %llu object keys", (unsigned long long)n_objects);
+    goto fail;
+  }
+  char *p = r->path_buf;
+  for (uint64_t f = 0; f < n_objects; f++) {
+    r->paths[f] = p;
+    if (path_style) {
+      *p++ = '/';
+      p += encode_path(cfg->bucket, p);
+    }
+    *p++ = '/';
+    p += encode_path(keys[f], p);
+    *p++ = '\0';
+    r->keys[f] = p;
+    size_t kn = strlen(keys[f]) + 1;
+    memcpy(p, keys[f], kn);
+    p += kn;
+  }
+  r->shared = mmap(NULL, sizeof *r->shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (r->shared == MAP_FAILED) {
+    r->shared = NULL;
+    rc = opt4__fail(OPT4_ENOMEM, "no memory for the shared counters");
+    goto fail;
+  }
+  snprintf(r->note, sizeof r->note, "ranged GETs in C (libcurl), %s, %s, %s-style", r->base,
+           r->access_key ? "signed (SigV4)" : "unsigned", path_style ? "path" : "virtual-hosted");
+  *out = r;
+  return 0;
+fail:
+  opt4_s3_close(r);
+  return rc;
+}
+
+void opt4_s3_close(opt4_s3 *r) {
+  if (r == NULL) return;
+  struct pool *p = atomic_load(&r->pool);
+  if (p != NULL && p->pid == getpid()) { /* a forked child leaves the parent's pool alone (see above) */
+    for (unsigned k = 0; k < p->n; k++) curl_easy_cleanup(p->idle[k]);
+    pthread_mutex_destroy(&p->lock);
+    opt4__free(p, sizeof *p);
+  }
+  if (r->items) opt4__free(r->items, r->count * sizeof *r->items);
+  if (r->paths) opt4__free(r->paths, (r->n_objects ? r->n_objects : 1) * sizeof *r->paths);
+  if (r->keys) opt4__free(r->keys, (r->n_objects ? r->n_objects : 1) * sizeof *r->keys);
+  if (r->path_buf) opt4__free(r->path_buf, r->path_bytes ? r->path_bytes : 1);
+  free_str(r->base);
+  free_str(r->host);
+  free_str(r->bucket);
+  free_str(r->region);
+  free_str(r->access_key);
+  free_str(r->secret_key);
+  free_str(r->token);
+  if (r->shared) munmap(r->shared, sizeof *r->shared);
+  opt4__free(r, sizeof *r);
+}
+
+int opt4_s3_info_get(const opt4_s3 *r, opt4_s3_info *out) {
+  if (r == NULL || out == NULL) return opt4__fail(OPT4_EINVAL, "reader or out is NULL");
+  memset(out, 0, sizeof *out);
+  out->count = r->count;
+  out->objects = r->n_objects;
+  out->total_bytes = r->total_bytes;
+  out->max_len = r->max_len;
+  out->reads = atomic_load_explicit(&r->shared->reads, memory_order_relaxed);
+  out->bytes_read = atomic_load_explicit(&r->shared->bytes_read, memory_order_relaxed);
+  out->requests = atomic_load_explicit(&r->shared->requests, memory_order_relaxed);
+  out->retries = atomic_load_explicit(&r->shared->retries, memory_order_relaxed);
+  out->failures = atomic_load_explicit(&r->shared->failures, memory_order_relaxed);
+  out->note = r->note;
+  return 0;
+}
+
+int opt4_s3_len(const opt4_s3 *r, uint64_t i, uint64_t *len) {
+  if (r == NULL || len == NULL) return opt4__fail(OPT4_EINVAL, "reader or len is NULL");
+  if (i >= r->count)
+    return opt4__fail(OPT4_ERANGE, "item %llu of %llu", (unsigned long long)i, (unsigned long long)r->count);
+  *len = r->items[i].length;
+  return 0;
+}
+
+#else /* no libcurl: the reader is not built */
+
+#define NO_S3 \
+  opt4__fail(OPT4_ENOTSUP, "this build of the engine has no S3 reader: it needs libcurl and OpenSSL's libcrypto " \
+                           "at build time (Debian: apt install libcurl4-openssl-dev libssl-dev; then reinstall)")
+
+int opt4__sigv4_get(const opt4__sigv4_request *q, char *auth, size_t cap) {
+  (void)q, (void)auth, (void)cap;
+  return NO_S3;
+}
+int opt4_s3_open(const opt4_s3_config *cfg, const char *const *keys, uint64_t n_objects, const opt4_range *items,
+                 uint64_t n_items, opt4_s3 **out) {
+  (void)cfg, (void)keys, (void)n_objects, (void)items, (void)n_items;
+  if (out) *out = NULL;
+  return NO_S3;
+}
+void opt4_s3_close(opt4_s3 *r) { (void)r; }
+int opt4_s3_info_get(const opt4_s3 *r, opt4_s3_info *out) {
+  (void)r, (void)out;
+  return NO_S3;
+}
+int opt4_s3_len(const opt4_s3 *r, uint64_t i, uint64_t *len) {
+  (void)r, (void)i, (void)len;
+  return NO_S3;
+}
+int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
+  (void)r, (void)i, (void)dst, (void)cap, (void)len;
+  return NO_S3;
+}
+#endif
+
+int opt4_s3_available(void) {
+#ifdef OPT4_HAVE_S3
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+/* ---- the source ------------------------------------------------------------- */
+
+static int s3_count(void *state, uint64_t *items) {
+  opt4_s3_info in;
+  int rc = opt4_s3_info_get(state, &in);
+  if (rc == 0) *items = in.count;
+  return rc;
+}
+
+static int s3_size_of(void *state, uint64_t item, uint64_t *len) { return opt4_s3_len(state, item, len); }
+
+static int s3_max_size(void *state, uint64_t *len) {
+  opt4_s3_info in;
+  int rc = opt4_s3_info_get(state, &in);
+  if (rc == 0) *len = in.max_len;
+  return rc;
+}
+
+static int s3_submit(void *state, opt4_source_read *reads, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    reads[i].status = opt4_s3_read(state, reads[i].item, reads[i].dst, reads[i].cap, &reads[i].len);
+  return 0;
+}
+
+const opt4_source_ops opt4__source_s3_ops = {
+    .version = OPT4_SOURCE_OPS_VERSION,
+    .name = "s3",
+    .count = s3_count,
+    .size_of = s3_size_of,
+    .max_size = s3_max_size,
+    .submit = s3_submit,
+};
+
+int opt4_source_s3(opt4_s3 *r, opt4_source **out) {
+  opt4__clear_detail();
+  if (r == NULL || out == NULL) return opt4__fail(OPT4_EINVAL, "reader or out is NULL");
+  return opt4_source_create(&opt4__source_s3_ops, r, out);
+}

@@ -102,7 +102,7 @@ test-asan-binding: $(STAMP)
 	    tests/python/test_cachelib.py tests/python/test_sized.py tests/python/test_prefetch.py \
 	    tests/python/test_bad_input.py tests/python/test_worker_kill.py tests/python/test_fork_safety.py \
 	    tests/python/test_sources.py tests/python/test_cluster.py tests/python/test_cluster_pools.py \
-	    tests/python/test_live.py \
+	    tests/python/test_live.py tests/python/test_objstore.py \
 	    -k "not spawn and not forkserver" $(ASAN_DESELECT)
 
 # ThreadSanitizer runs the concurrent tests (label "concurrent").
@@ -190,7 +190,8 @@ bench-e2e-full: bench-env
 # server's responses sharing one link of LINK bytes/s, at 50 % and 25 %, and under class-balanced
 # sampling (the sharded peers shuffle only); then with the server's CPU off the training core
 # (training on CPU 0, the server on CPU 1, as a store runs on machines of its own), with no
-# shared link and with one of SPLIT_LINK bytes/s. Writes bench/results/e2e-s3-*.
+# shared link and with one of SPLIT_LINK bytes/s, OPT + prefetch there with the engine's GETs and
+# with s3torchconnector's side by side. Writes bench/results/e2e-s3-*.
 # About 75 minutes on 2 cores (Streaming's defaults thrash: about 2.5 minutes a run).
 LINK    ?= 30e6
 SPLIT_LINK ?= 20e6
@@ -207,9 +208,10 @@ bench-e2e-s3: bench-env
 	    $(if $(V11_SRC),--v11-src $(V11_SRC),) \
 	    --configs "no cache,LRU (cachetools),OPT4TorchDataSet v1.1.0,OPT4TorchDataSet API (compat),OPT + prefetch,in memory"
 	nice -n 10 $(BENCH_PY) bench/e2e.py $(S3_ARGS) --train-cpus 0 --server-cpus 1 --name e2e-s3-50-split \
-	    --configs "no cache,Streaming (tuned),LitData,OPT + prefetch,in memory"
+	    --configs "no cache,Streaming (tuned),LitData,OPT + prefetch,OPT + prefetch (s3torchconnector),in memory"
 	nice -n 10 $(BENCH_PY) bench/e2e.py $(S3_ARGS) --train-cpus 0 --server-cpus 1 --link $(SPLIT_LINK) \
-	    --name e2e-s3-50-link-split --configs "no cache,Streaming (tuned),LitData,OPT + prefetch,in memory"
+	    --name e2e-s3-50-link-split \
+	    --configs "no cache,Streaming (tuned),LitData,OPT + prefetch,OPT + prefetch (s3torchconnector),in memory"
 
 clean:
 	rm -rf build dist out *.egg-info

@@ -11,7 +11,12 @@ server, for each client:
   client shared by the threads (botocore clients are thread-safe), its pool
   sized to the threads;
 * ``s3torchconnector`` (Rust, the AWS CRT): ``S3Client``'s native
-  ``get_object(bucket, key, start, end)``.
+  ``get_object(bucket, key, start, end)``;
+* ``opt4-c``: the engine's own GET (``_engine.S3Ranges.read``: libcurl,
+  SigV4 signed in C, the GIL released for the whole request), as
+  ``opt4torch.S3ImageFolder`` reads with ``client="c"``. Called here from
+  Python threads like the others; the C prefetch threads call it with no
+  Python at all.
 
 Per client and thread count: requests per second, the process's CPU time
 (user + system, all its threads) per request, and how much of the GIL the
@@ -46,7 +51,7 @@ from _machine import machine  # noqa: E402
 
 BUCKET = "clients"
 REGION = "us-east-1"
-CLIENTS = ("obstore", "boto3", "s3torchconnector")
+CLIENTS = ("obstore", "boto3", "s3torchconnector", "opt4-c")
 
 
 def start_server(latency: float) -> tuple[subprocess.Popen[str], str]:
@@ -61,8 +66,19 @@ def start_server(latency: float) -> tuple[subprocess.Popen[str], str]:
     return proc, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
-def make_reader(name: str, endpoint: str, threads: int) -> Callable[[str, int], bytes]:
-    """A function (key, size) -> the object's bytes, by one ranged GET."""
+def make_reader(name: str, endpoint: str, threads: int,
+                objects: list[tuple[str, int]] | None = None) -> Callable[[str, int], bytes]:
+    """A function (key, size) -> the object's bytes, by one ranged GET
+    (``objects``: every (key, size) it will be asked for; opt4-c needs them)."""
+    if name == "opt4-c":
+        from opt4torch import _engine
+
+        objects = list(objects or [])
+        index = {key: i for i, (key, _) in enumerate(objects)}
+        rows = np.array([(i, 0, size) for i, (_, size) in enumerate(objects)], dtype=np.int64).reshape(-1, 3)
+        reader = _engine.S3Ranges(endpoint, BUCKET, [k for k, _ in objects], rows, region=REGION,
+                                  access_key="testing", secret_key="testing", path_style=True)
+        return lambda key, size: reader.read(index[key])
     if name == "obstore":
         import obstore
         from obstore.store import S3Store
@@ -105,8 +121,9 @@ def tick_rate(seconds: float) -> float:
     return out[0] / (time.perf_counter() - t0)
 
 
-def run(name: str, endpoint: str, threads: int, keys: list[tuple[str, int]], alone: float) -> dict[str, Any]:
-    read = make_reader(name, endpoint, threads)
+def run(name: str, endpoint: str, threads: int, keys: list[tuple[str, int]], alone: float,
+        objects: list[tuple[str, int]]) -> dict[str, Any]:
+    read = make_reader(name, endpoint, threads, objects)
     for key, size in keys[:threads]:  # connections up, runtime started
         read(key, size)
     next_i = [0]
@@ -161,7 +178,7 @@ FORK_CHILD = """
 import os, sys
 sys.path.insert(0, {here!r})
 from s3clients import make_reader
-read = make_reader({name!r}, {endpoint!r}, 4)
+read = make_reader({name!r}, {endpoint!r}, 4, [({key!r}, {size})])
 read({key!r}, {size})
 import time
 t0 = time.perf_counter()
@@ -231,7 +248,7 @@ def main() -> None:
         for rep in range(args.repeats):
             for threads in (int(t) for t in args.threads.split(",")):
                 for name in clients:
-                    row = run(name, endpoint, threads, keys, alone)
+                    row = run(name, endpoint, threads, keys, alone, objects)
                     row["repeat"] = rep
                     rows.append(row)
                     print(f"{name:17s} {threads:3d} threads: {row['requests_per_s']:7.0f} req/s, "
@@ -254,7 +271,7 @@ def main() -> None:
                             "errors": sum(r["errors"] for r in mine)})
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"machine": machine(("obstore", "boto3", "botocore", "s3torchconnector", "moto")),
+        json.dump({"machine": machine(("obstore", "boto3", "botocore", "s3torchconnector", "moto", "opt4torchdataset")),
                    "args": vars(args), "summary": summary, "fork": forks, "runs": rows}, f, indent=1)
     print("| client | threads | requests/s | CPU per request | a Python thread's progress beside them |")
     print("|---|---|---|---|---|")

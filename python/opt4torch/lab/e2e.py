@@ -76,7 +76,13 @@ CACHETOOLS = {"LRU (cachetools)": "LRUCache", "LFU (cachetools)": "LFUCache",
 #: OPT4TorchDataSet v1.1.0 and this package's compat layer for its API); not
 #: in the default list: they need packages the demo does not install.
 PEERS = ("Streaming", "Streaming (tuned)", "LitData", "OPT4TorchDataSet v1.1.0", "OPT4TorchDataSet API (compat)")
-ALL_CONFIGS = CONFIGS + PEERS
+#: Over the object store only: OPT + prefetch with the GETs made by
+#: s3torchconnector through the prefetcher's Python callback, beside the
+#: default (the engine's own GETs in C), for what the client costs.
+S3_ONLY = ("OPT + prefetch (s3torchconnector)",)
+ALL_CONFIGS = CONFIGS + PEERS + S3_ONLY
+#: The configurations that are opt4torch.DataLoader.
+OPT_CONFIGS = ("OPT", "OPT + prefetch", "OPT + prefetch (s3torchconnector)")
 #: Sampling: epoch shuffle, uniform with replacement, class-balanced weighted.
 SAMPLERS = ("shuffle", "replacement", "balanced")
 
@@ -295,6 +301,7 @@ class _S3Images:
         from ..records import RecordFile
 
         self.dataset = S3ImageFolder(f"s3://{S3_BUCKET}/images/", endpoint_url=setup.s3_endpoint)
+        self._by_client = {"auto": self.dataset}
         plain = RecordFile(path)
         sizes, self.labels = plain.item_sizes(), plain.labels
         plain.close()
@@ -307,6 +314,15 @@ class _S3Images:
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def dataset_for(self, client: str) -> Any:
+        """The images through another client (``client=`` of S3ImageFolder)."""
+        if client not in self._by_client:
+            from ..objstore import S3ImageFolder
+
+            self._by_client[client] = S3ImageFolder(f"s3://{S3_BUCKET}/images/", endpoint_url=self.endpoint,
+                                                    client=client)
+        return self._by_client[client]
+
     def __getitem__(self, i: int) -> Any:
         return self.dataset[i]
 
@@ -314,7 +330,12 @@ class _S3Images:
         return self.dataset.item_sizes()
 
     def info(self) -> dict[str, Any]:
-        return {**self.dataset.info(), "note": f"opt4torch.S3ImageFolder, one GET an image from {self.endpoint}"}
+        out = {**self.dataset.info(), "note": f"opt4torch.S3ImageFolder, one GET an image from {self.endpoint}"}
+        for ds in self._by_client.values():  # reads through every client's dataset
+            if ds is not self.dataset:
+                more = ds.info()
+                out.update(reads=out["reads"] + more["reads"], bytes_read=out["bytes_read"] + more["bytes_read"])
+        return out
 
     def close(self) -> None:
         pass
@@ -645,11 +666,13 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
                                          os.path.dirname(os.path.abspath(path)), transform, common,
                                          (prepared or {}).get(name, {}), budget)
         out["cache_bytes"] = budget
-    elif name in ("OPT", "OPT + prefetch"):
+    elif name in OPT_CONFIGS:
         from ..data import DataLoader
 
-        prefetch = name == "OPT + prefetch"
-        loader: Any = DataLoader(rf.dataset if s3 else rf, sampler=make_sampler(sampler_kind, labels, setup.seed), cache_items=c,
+        prefetch = name != "OPT"
+        source = rf.dataset_for("s3torchconnector" if name in S3_ONLY else "auto") if s3 else rf
+        out["s3_client"] = source.info()["client"] if s3 else None
+        loader: Any = DataLoader(source, sampler=make_sampler(sampler_kind, labels, setup.seed), cache_items=c,
                                  epochs=setup.epochs, transform=transform, prefetch=prefetch,
                                  prefetch_threads=setup.threads, lookahead=setup.lookahead,
                                  progress=False, **common)
@@ -727,7 +750,7 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
             # that read the record file missed, and waited for it (a sample
             # that came back undecodable was read again: counted as a miss).
             out.update(hits=samples - out["storage_reads"], stall_rate=out["storage_reads"] / max(1, samples))
-    elif name in ("OPT", "OPT + prefetch"):
+    elif name in OPT_CONFIGS:
         st = loader.cache.stats()
         plan = loader.cache.plan
         out.update(hits=st["hits"], plan_hits=plan.hits, stall_rate=st["stall_rate"],
@@ -814,6 +837,8 @@ def run(setup: Setup, path: str, log: Callable[[str], None] = print) -> dict[str
     for name in setup.configs:
         if name not in ALL_CONFIGS:
             raise ValueError(f"unknown configuration {name!r} (one of {', '.join(ALL_CONFIGS)})")
+        if name in S3_ONLY and setup.store != "s3":
+            raise ValueError(f"the configuration {name!r} reads the object store: give --store s3")
     skipped: dict[str, str] = {}
     prepared: dict[str, dict[str, Any]] = {}
     from . import peers  # imports no peer package itself
@@ -1066,7 +1091,7 @@ def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]
     configs = list(dict.fromkeys(configs))
     epochs = result["setup"].get("epochs", 1)
     median = ", median" if result["setup"].get("repeats", 1) > 1 else ""
-    ours = ("OPT", "OPT + prefetch", "OPT4TorchDataSet API (compat)")
+    ours = ("OPT", "OPT + prefetch", "OPT + prefetch (s3torchconnector)", "OPT4TorchDataSet API (compat)")
     colour = {c: ("#c0392b" if c in ours else "#27ae60" if c in PEERS
                   else "#7f8c8d" if c in ("no cache", "in memory") else "#2980b9") for c in configs}
 

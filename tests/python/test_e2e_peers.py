@@ -35,7 +35,14 @@ def test_import_opt4torch_imports_no_peer() -> None:
 
 def test_the_harness_lists_every_peer() -> None:
     assert e2e.PEERS == peers.PEERS and set(peers.SHARDED) <= set(peers.PEERS)
-    assert e2e.ALL_CONFIGS == e2e.CONFIGS + e2e.PEERS
+    assert e2e.ALL_CONFIGS == e2e.CONFIGS + e2e.PEERS + e2e.S3_ONLY
+    assert set(e2e.S3_ONLY) <= set(e2e.OPT_CONFIGS)
+
+
+def test_the_object_store_only_configuration_asks_for_the_store() -> None:
+    setup = e2e.Setup(configs=["OPT + prefetch (s3torchconnector)"])
+    with pytest.raises(ValueError, match="reads the object store: give --store s3"):
+        e2e.run(setup, "no-such.rec")
 
 
 def test_unavailable_reasons(tmp_path) -> None:

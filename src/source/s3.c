@@ -141,6 +141,7 @@ struct opt4_s3 {
   char *base;   /* scheme://authority, without a trailing slash */
   char *host;   /* the Host header, the one signed */
   char *bucket, *region, *access_key, *secret_key, *token;
+  char *h_host, *h_token; /* the Host and x-amz-security-token header lines, made once */
   uint32_t max_attempts;
   uint64_t timeout_ns;
   _Atomic(struct pool *) pool;
@@ -160,10 +161,23 @@ static char *dup_str(const char *s) {
   return d;
 }
 
+/* name followed by value, as a new string (NULL: no memory, or value NULL). */
+static char *header_line(const char *name, const char *value) {
+  if (value == NULL) return NULL;
+  size_t a = strlen(name), b = strlen(value);
+  char *d = opt4__malloc(a + b + 1);
+  if (d != NULL) {
+    memcpy(d, name, a);
+    memcpy(d + a, value, b + 1);
+  }
+  return d;
+}
+
 static void free_str(char *s) {
   if (s != NULL) {
-    memset(s, 0, strlen(s)); /* keys do not linger in freed memory */
-    opt4__free(s, strlen(s) + 1);
+    size_t n = strlen(s);
+    memset(s, 0, n); /* keys do not linger in freed memory */
+    opt4__free(s, n + 1);
   }
 }
 
@@ -321,30 +335,19 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
   const char *path = r->paths[it->file], *key = r->keys[it->file];
   unsigned long long first = (unsigned long long)it->offset, last = (unsigned long long)(it->offset + it->length - 1);
   char url[4096], range[64], amz_date[17], auth[512];
-  char h_host[512], h_range[80], h_date[40], h_sha[100], h_auth[560];
-  char *h_token = NULL;
+  char h_range[80], h_date[40], h_sha[100], h_auth[560];
   int n = snprintf(url, sizeof url, "%s%s", r->base, path);
   if (n < 0 || (size_t)n >= sizeof url) return opt4__fail(OPT4_ETOOBIG, "the URL of object %s is too long", key);
   snprintf(range, sizeof range, "bytes=%llu-%llu", first, last);
-  snprintf(h_host, sizeof h_host, "Host: %s", r->host);
   snprintf(h_range, sizeof h_range, "Range: %s", range);
-  if (r->token != NULL) {
-    size_t tn = strlen(r->token) + sizeof "x-amz-security-token: ";
-    h_token = opt4__malloc(tn);
-    if (h_token == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for a request");
-    snprintf(h_token, tn, "x-amz-security-token: %s", r->token);
-  }
   struct pool *pool = NULL;
   CURL *h = take_handle(r, &pool);
-  if (h == NULL) {
-    free_str(h_token);
-    return opt4__fail(OPT4_ENOMEM, "no memory for an HTTP handle (libcurl)");
-  }
+  if (h == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for an HTTP handle (libcurl)");
   int rc = 0;
   unsigned backoff = 50;
   for (uint32_t attempt = 1;; attempt++) {
     struct curl_slist *hdr = NULL, *t;
-    hdr = curl_slist_append(hdr, h_host);
+    hdr = curl_slist_append(hdr, r->h_host);
     hdr = (t = hdr ? curl_slist_append(hdr, h_range) : NULL) ? t : hdr;
     hdr = (t = hdr ? curl_slist_append(hdr, "Accept:") : NULL) ? t : hdr; /* no Accept: curl's default, unsigned */
     if (r->access_key != NULL) {
@@ -364,7 +367,7 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
       snprintf(h_auth, sizeof h_auth, "Authorization: %s", auth);
       hdr = (t = hdr ? curl_slist_append(hdr, h_date) : NULL) ? t : hdr;
       hdr = (t = hdr ? curl_slist_append(hdr, h_sha) : NULL) ? t : hdr;
-      if (h_token) hdr = (t = hdr ? curl_slist_append(hdr, h_token) : NULL) ? t : hdr;
+      if (r->h_token) hdr = (t = hdr ? curl_slist_append(hdr, r->h_token) : NULL) ? t : hdr;
       hdr = (t = hdr ? curl_slist_append(hdr, h_auth) : NULL) ? t : hdr;
     }
     if (hdr == NULL) {
@@ -416,7 +419,6 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
     backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
   }
   give_handle(pool, h, rc == 0);
-  free_str(h_token);
   if (rc != 0) {
     atomic_fetch_add_explicit(&r->shared->failures, 1, memory_order_relaxed);
     return rc;
@@ -480,8 +482,11 @@ int opt4_s3_open(const opt4_s3_config *cfg, const char *const *keys, uint64_t n_
     r->secret_key = dup_str(cfg->secret_key);
     if (cfg->session_token != NULL && cfg->session_token[0]) r->token = dup_str(cfg->session_token);
   }
-  if (r->base == NULL || r->host == NULL || r->bucket == NULL || r->region == NULL ||
-      (cfg->access_key != NULL && (r->access_key == NULL || r->secret_key == NULL))) {
+  r->h_host = header_line("Host: ", r->host);
+  if (r->token != NULL) r->h_token = header_line("x-amz-security-token: ", r->token);
+  if (r->base == NULL || r->host == NULL || r->bucket == NULL || r->region == NULL || r->h_host == NULL ||
+      (cfg->access_key != NULL && (r->access_key == NULL || r->secret_key == NULL)) ||
+      (r->token != NULL && r->h_token == NULL)) {
     rc = opt4__fail(OPT4_ENOMEM, "no memory for an S3 reader");
     goto fail;
   }
@@ -568,6 +573,8 @@ void opt4_s3_close(opt4_s3 *r) {
   free_str(r->access_key);
   free_str(r->secret_key);
   free_str(r->token);
+  free_str(r->h_host);
+  free_str(r->h_token);
   if (r->shared) munmap(r->shared, sizeof *r->shared);
   opt4__free(r, sizeof *r);
 }

@@ -83,6 +83,7 @@ static void test_open_checks(void) {
   ASSERT_U64_EQ(opt4_source_count(src), 2);
   opt4_source_close(src);
   opt4_s3_close(r);
+  ASSERT_NO_ENGINE_MEMORY(); /* every string, key and the pool given back, in full */
 }
 
 /* Nothing listens on port 1: the read fails (after its tries), naming the
@@ -110,6 +111,7 @@ static void test_store_not_there(void) {
   ASSERT_U64_EQ(in.failures, 1);
   ASSERT_U64_EQ(in.reads, 0);
   opt4_s3_close(r);
+  ASSERT_NO_ENGINE_MEMORY(); /* every string, key and the pool given back, in full */
 }
 
 int main(void) {

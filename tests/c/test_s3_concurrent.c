@@ -245,6 +245,7 @@ static void test_many_threads(void) {
   ASSERT(atomic_load(&s.n_conn) >= 1 && atomic_load(&s.n_conn) <= THREADS);
   opt4_s3_close(r);
   server_stop(&s);
+  ASSERT_NO_ENGINE_MEMORY(); /* every string, key and the pool given back, in full */
 }
 
 /* A 503 is tried again (and then served), a 404 is not, a short body is
@@ -291,6 +292,7 @@ static void test_answers(void) {
   ASSERT_U64_EQ(atomic_load(&s.unsigned_requests), 1);
   opt4_s3_close(r);
   server_stop(&s);
+  ASSERT_NO_ENGINE_MEMORY(); /* every string, key and the pool given back, in full */
 }
 
 int main(void) {

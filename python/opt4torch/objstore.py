@@ -442,11 +442,20 @@ class S3ImageFolder(_ObjectDataset):
     LIST pages) in shared memory, so DataLoader workers and the prefetch
     threads count into one place (``stats()["storage_bytes"]``).
 
+    ``client`` says who makes the items' GETs: ``"auto"`` (the default) the
+    engine's own, in C (libcurl, signed there), where the engine has them and
+    the credentials are static ones (the environment's, a profile's keys in
+    the shared files, or ``unsigned=True``) and no ``latency`` is set, else
+    s3torchconnector; ``"c"`` the engine's or an error saying why not;
+    ``"s3torchconnector"`` that client's. ``info()["client"]`` says which.
+
     Given to :class:`opt4torch.DataLoader`, its misses are prefetched by the
-    C threads through the callback source (``prefetch`` is on by default for
-    it): a thread calls ``ds[i]``, whose wait for the GET releases the GIL.
-    It pickles to spawned and forkserver workers; each process makes its own
-    client on first use, never a forked one.
+    C threads (``prefetch`` is on by default for it): with the engine's GETs
+    they read the objects themselves, with no Python on the path; with
+    s3torchconnector's, through the callback source, a thread calling
+    ``ds[i]``, whose wait for the GET releases the GIL. It pickles to spawned
+    and forkserver workers; each process makes its own client and
+    connections on first use, never a forked one.
     """
 
     def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
@@ -529,7 +538,7 @@ class S3TarShards(_ObjectDataset):
     ``info()["index_bytes"]`` counts what indexing fetched; it is not counted
     as reads.
 
-    Where the store is and who asks, ``latency`` and the counters: as
+    Where the store is and who asks, ``latency``, ``client`` and the counters: as
     :class:`S3ImageFolder`.
     """
 

@@ -44,6 +44,7 @@
  * Built only with libcurl and OpenSSL's libcrypto (SHA-256, HMAC); without
  * them opt4_s3_open says so (OPT4_ENOTSUP).
  */
+#include "direct.h"
 #include "source.h"
 
 #include <stdatomic.h>
@@ -313,12 +314,6 @@ static const char *hint_for(long status, const char *code) {
   return "";
 }
 
-static void sleep_ms(unsigned ms) {
-  struct timespec ts = {.tv_sec = ms / 1000u, .tv_nsec = (long)(ms % 1000u) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0) {
-  }
-}
-
 int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
   if (r == NULL || len == NULL || (dst == NULL && cap > 0)) return opt4__fail(OPT4_EINVAL, "reader, dst or len is NULL");
   if (i >= r->count) return opt4__fail(OPT4_ERANGE, "item %llu of %llu", (unsigned long long)i,
@@ -415,7 +410,7 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
     }
     if (rc == 0 || !retry || attempt >= r->max_attempts) break;
     atomic_fetch_add_explicit(&r->shared->retries, 1, memory_order_relaxed);
-    sleep_ms(backoff);
+    opt4__sleep_ns((uint64_t)backoff * 1000000u); /* the backoff before a try again (direct.c) */
     backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
   }
   give_handle(pool, h, rc == 0);

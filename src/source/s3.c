@@ -62,14 +62,14 @@
 #include <pthread.h>
 #endif
 
-/* The SHA-256 of nothing: a GET's body. */
-static const char EMPTY_SHA256[] = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
-
 struct s3_counters {
   _Atomic uint64_t reads, bytes_read, requests, retries, failures;
 };
 
 #ifdef OPT4_HAVE_S3
+
+/* The SHA-256 of nothing: a GET's body. */
+static const char EMPTY_SHA256[] = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
 /* ---- Signature Version 4 ---------------------------------------------------- */
 

@@ -59,6 +59,19 @@ def _check_output(path: str, what: str = "output") -> str:
     return path
 
 
+# ---- shared output helpers ----
+
+
+def _text_table(rows: Sequence[Sequence[str]], align: str = "l") -> str:
+    """Rows of cells (the first row the header) as aligned text: each column
+    as wide as its widest cell, two spaces between columns whatever the
+    content. ``align`` gives each column's alignment in turn ("l" or "r");
+    the columns past its end are right-aligned (numbers)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) if align[i:i + 1] == "l" else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows)
+
+
 # ---- shared parsing helpers ----
 
 
@@ -314,6 +327,9 @@ def _inspect_records(path: str, as_json: bool) -> int:
 #: pattern sweep (and every --out file) adds the rest.
 _BASE_FIELDS = ["policy", "capacity", "accesses", "hits", "misses", "hit_rate"]
 _SWEEP_FIELDS = _BASE_FIELDS + ["pattern", "param", "value", "items", "seed"]
+#: The --out files add the capacity as it was asked for ("1%", "500"), which
+#: the plots label their axes with.
+_OUT_FIELDS = _SWEEP_FIELDS + ["requested"]
 _DEFAULT_SWEEP_CAPACITIES = "1%,2%,5%,10%,20%,50%"
 # Sweeps that replay fewer accesses than this in total finish in about a
 # second: no progress bar.
@@ -389,15 +405,24 @@ def _sweep_plan(args: argparse.Namespace) -> list[tuple[str, str, Any, dict[str,
 
 
 def _rows_for(seq: np.ndarray, items: int, label: tuple[str, str, Any], policies: Sequence[str],
-              capacities: Sequence[int], seed: int, workers: int | None, bar: Any) -> list[dict[str, Any]]:
+              capacities: Sequence[tuple[int, str]], seed: int, workers: int | None,
+              bar: Any) -> list[dict[str, Any]]:
+    """The sweep's rows for one trace; ``capacities`` are (items, as asked for)."""
     from .lab.sim import sweep
 
-    rows = sweep(seq, policies, capacities, items=items, seed=seed, workers=workers,
+    rows = sweep(seq, policies, [c for c, _ in capacities], items=items, seed=seed, workers=workers,
                  on_done=lambda _job: bar.update(1))
     pattern, param, value = label
-    for row in rows:
-        row.update(pattern=pattern, param=param, value=value, items=items, seed=seed)
+    asked = [text for _ in policies for _, text in capacities]  # sweep's rows: policy-major
+    for row, requested in zip(rows, asked):
+        row.update(pattern=pattern, param=param, value=value, items=items, seed=seed, requested=requested)
     return rows
+
+
+def _capacities_asked(text: str, items: int) -> list[tuple[int, str]]:
+    """(capacity in items, as the user wrote it) for each capacity in ``text``."""
+    asked = [part.strip().replace(" ", "") for part in text.split(",") if part.strip()]
+    return list(zip(_parse_capacities(text, items), asked))
 
 
 def _write_rows(rows: list[dict[str, Any]], fmt: str, out: Any, fields: Sequence[str] = tuple(_BASE_FIELDS)) -> None:
@@ -410,15 +435,79 @@ def _write_rows(rows: list[dict[str, Any]], fmt: str, out: Any, fields: Sequence
         for row in rows:
             w.writerow({**row, "hit_rate": f"{row['hit_rate']:.6f}"})
     else:
-        sweep = "pattern" in fields
-        head = f"{'pattern':<24}{'param':>16}" if sweep else ""
-        out.write(f"{head}{'policy':<14}{'capacity':>10}{'hits':>12}{'misses':>12}{'hit rate':>10}\n")
-        for row in rows:
-            if sweep:
-                param = f"{row['param']}={row['value']}" if row["param"] else ""
-                out.write(f"{row['pattern']:<24}{param:>16}")
-            out.write(f"{row['policy']:<14}{row['capacity']:>10,}{row['hits']:>12,}{row['misses']:>12,}"
-                      f"{row['hit_rate']:>10.2%}\n")
+        out.write(_results_table(rows, sweep="pattern" in fields) + "\n")
+
+
+def _trace_name(row: dict[str, Any]) -> str:
+    """A row's trace as a reader names it: "zipf alpha=0.8", or the file's name."""
+    return f"{row['pattern']} {row['param']}={row['value']}" if row.get("param") else str(row["pattern"])
+
+
+def _results_table(rows: list[dict[str, Any]], sweep: bool) -> str:
+    """Every row, one line each, columns as wide as their content."""
+    from .lab.plots import capacity_label
+
+    head = (["pattern", "param"] if sweep else []) + ["policy", "capacity", "of items", "hits", "misses", "hit rate"]
+    cells = [head]
+    for row in rows:
+        param = f"{row['param']}={row['value']}" if row.get("param") else ""
+        cells.append(([str(row["pattern"]), param] if sweep else [])
+                     + [row["policy"], f"{row['capacity']:,}", capacity_label(row), f"{row['hits']:,}",
+                        f"{row['misses']:,}", f"{row['hit_rate']:.2%}"])
+    return _text_table(cells, "lll" if sweep else "l")
+
+
+def _sweep_summary(rows: list[dict[str, Any]]) -> str | None:
+    """What a sweep's reader wants first, per trace and capacity: OPT's hit
+    rate, the best online policy and its hit rate, LRU's, and OPT's gains
+    over both in percentage points. None when there is nothing to compare
+    (fewer than two policies, or neither OPT nor an online policy)."""
+    from .lab.plots import capacity_label
+    from .lab.sim import compare
+
+    traces: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        traces.setdefault(_trace_name(row), []).append(row)
+    comparisons = {name: compare(group) for name, group in traces.items()}
+    flat = [c for cs in comparisons.values() for c in cs]
+    has_opt = any(c.opt is not None for c in flat)
+    has_online = any(c.best_online is not None for c in flat)
+    has_lru = has_opt and any(c.lru_hit_rate is not None for c in flat)
+    if len({r["policy"] for r in rows}) < 2 or not (has_opt and (has_online or has_lru)):
+        return None
+    opt = next(c.opt for c in flat if c.opt is not None)
+
+    def rate(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    def gain(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:+.1f}"
+
+    head, align = ["trace", "capacity", opt], "lrr"
+    if has_online:
+        head += ["best online", "its hit rate"]
+        align += "lr"
+    if has_lru:
+        head += ["lru", f"{opt} - lru"]
+        align += "rr"
+    if has_online:
+        head.append(f"{opt} - best online")
+    cells = [head]
+    for name, cs in comparisons.items():
+        label = {int(r["capacity"]): capacity_label(r) for r in traces[name]}
+        for k, c in enumerate(cs):
+            line = [name if k == 0 else "", f"{c.capacity:,} ({label[c.capacity]})", rate(c.opt_hit_rate)]
+            if has_online:
+                line += [c.best_online or "-", rate(c.best_online_hit_rate)]
+            if has_lru:
+                line += [rate(c.lru_hit_rate), gain(c.gain_over_lru)]
+            if has_online:
+                line.append(gain(c.gain_over_best_online))
+            cells.append(line)
+    title = (f"Summary: {opt}'s hit rate by trace and capacity" + (", LRU's" if has_lru else "")
+             + (", and the best online policy's (the best of those that do not know the future)"
+                if has_online else "") + "; gains in percentage points.")
+    return title + "\n" + _text_table(cells, align)
 
 
 def _write_outputs(rows: list[dict[str, Any]], out_dir: str, plots: bool) -> list[str]:
@@ -429,7 +518,7 @@ def _write_outputs(rows: list[dict[str, Any]], out_dir: str, plots: bool) -> lis
     for name, fmt in (("results.csv", "csv"), ("results.json", "json")):
         path = os.path.join(out_dir, name)
         with atomic_write(path) as f:
-            _write_rows(rows, fmt, f, _SWEEP_FIELDS)
+            _write_rows(rows, fmt, f, _OUT_FIELDS)
         written.append(path)
     if plots:
         from .lab.plots import gain_heatmaps, hit_rate_curves
@@ -485,7 +574,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             if seq.size == 0:
                 raise UsageError(f"{args.trace} is empty: give --items to simulate it")
             items = int(seq.max()) + 1
-        capacities = _parse_capacities(args.capacity or _DEFAULT_SWEEP_CAPACITIES, items)
+        capacities = _capacities_asked(args.capacity or _DEFAULT_SWEEP_CAPACITIES, items)
         traces = [((os.path.basename(args.trace), "", ""), lambda loaded=seq: loaded)]
         lengths = [seq.size]
     else:
@@ -497,7 +586,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             raise UsageError(f"--epochs must be at least 1, got {epochs}")
         if args.accesses is not None and args.accesses < 1:
             raise UsageError(f"--accesses must be at least 1, got {args.accesses}")
-        capacities = _parse_capacities(args.capacity or _DEFAULT_SWEEP_CAPACITIES, items)
+        capacities = _capacities_asked(args.capacity or _DEFAULT_SWEEP_CAPACITIES, items)
         traces, lengths = [], []
         for pattern, param, value, kw in _sweep_plan(args):
             def make(pattern: str = pattern, kw: dict[str, Any] = kw) -> np.ndarray:
@@ -522,6 +611,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
     fields = _BASE_FIELDS if args.trace is not None else _SWEEP_FIELDS
     _write_rows(rows, args.format, sys.stdout, fields)
+    if args.format == "table":
+        # After the full table, so that it is what a terminal shows at the end.
+        summary = _sweep_summary(rows)
+        if summary is not None:
+            print(f"\n{summary}")
     if args.out is not None:
         written = _write_outputs(rows, args.out, plots)
         if not args.quiet:
@@ -786,9 +880,7 @@ def _top_table(figs: list[dict[str, Any]]) -> str:
                      f"{100 * f['stall_rate']:.1f}%", f"{f['prefetched']:,}", f"{f['fallbacks']:,}",
                      f"{100 * f['occupancy']:.1f}%",
                      f"{f['accesses_per_s']:,.0f}" if "accesses_per_s" in f else "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                     for r in rows)
+    return _text_table(rows)
 
 
 def _cmd_top(args: argparse.Namespace) -> int:
@@ -875,7 +967,9 @@ def _parser() -> argparse.ArgumentParser:
         "simulate", help="replay traces or generated access patterns through cache policies",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Replay a trace (--trace), or sweep generated access patterns (--pattern), through "
-                    "cache policies at several capacities, and print a table of hits.",
+                    "cache policies at several capacities, and print a table of hits, then a summary: per "
+                    "trace and capacity, OPT's hit rate, LRU's and the best online policy's, and OPT's gains "
+                    "over both in percentage points.",
         epilog=_simulate_epilog())
     src = p.add_argument_group("what to replay (one of)")
     src.add_argument("--trace", metavar="PATH", help="text (one id per line) or .npy trace")
@@ -1015,6 +1109,12 @@ def _run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         parser.exit(1, f"{parser.prog}: error: {exc}\n")
     except KeyboardInterrupt:
         parser.exit(130, "interrupted\n")
+    except BrokenPipeError:
+        # The reader went away (`opt4torch simulate ... | head`): stop quietly,
+        # as a pipeline expects, without a traceback from the interpreter's
+        # final flush of stdout either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return 0
 
 

@@ -49,7 +49,10 @@ _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
 def _style(policy: str) -> dict[str, Any]:
     """One look per policy in every figure; OPT in black, drawn on top."""
     if policy == "opt":
-        return {"color": "black", "linewidth": 2.4, "marker": "o", "zorder": 5}
+        # Hollow too: a policy that matches OPT (a static cache under epoch
+        # shuffle) shows its marker inside OPT's.
+        return {"color": "black", "linewidth": 2.4, "marker": "o", "markersize": 9, "fillstyle": "none",
+                "markeredgewidth": 1.6, "zorder": 5}
     if policy == "opt-nobypass":
         return {"color": "#888888", "linewidth": 1.4, "linestyle": "--", "marker": "o", "markersize": 3,
                 "zorder": 6}

@@ -32,10 +32,12 @@
 extern "C" {
 #endif
 
-#define OPT4_VERSION_MAJOR 0
-#define OPT4_VERSION_MINOR 1
+/* The release's version: the same in pyproject.toml, CMakeLists.txt and
+ * opt4torch.__version__ (tests/python/test_migration.py checks). */
+#define OPT4_VERSION_MAJOR 2
+#define OPT4_VERSION_MINOR 0
 #define OPT4_VERSION_PATCH 0
-#define OPT4_VERSION_STRING "0.1.0"
+#define OPT4_VERSION_STRING "2.0.0"
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                    */

@@ -20,7 +20,7 @@ from ._engine import (
 from ._plan import ADMIT, BYPASS, HIT, Plan, fingerprint, load_plan, plan, sequence_plan
 from .capture import CaptureWarning, capture, capture_ranks
 
-__version__ = "0.1.0"
+__version__ = "2.0.0"
 
 # The torch integration is imported on first use, so that `import opt4torch`
 # needs only numpy; so are the research side (opt4torch.lab) and the earlier

@@ -364,16 +364,26 @@ static int pf_try(pf_thread *th, pf_item *it) {
   return 1;
 }
 
-/* Claim the next miss and load it into it->buf. 1 loaded, 0 nothing to
- * claim now, -1 the plan has no more misses. */
-static int pf_load(pf_thread *th, pf_item *it) {
+/* What pf_load did. */
+typedef enum pf_load_result {
+  PF_END,     /* nothing more to claim: the plan has no more misses, or the
+                 claim failed (the handle could not get a process record);
+                 either way the thread stops and consumers load the rest */
+  PF_IDLE,    /* nothing to claim in the window now */
+  PF_SETTLED, /* claimed, but the read failed: given back to its consumer
+                 (counted as an error); it->buf is free again */
+  PF_LOADED   /* claimed and read: it holds the item, to hand over */
+} pf_load_result;
+
+/* Claim the next miss and load it into it->buf. */
+static pf_load_result pf_load(pf_thread *th, pf_item *it) {
   opt4_prefetcher *pf = th->pf;
   opt4_prefetch_job job;
   int status;
   if (opt4_pool_prefetch_claim(th->pool, pf->opts.lookahead, &job, &status) != 0 ||
       status == OPT4_PREFETCH_END)
-    return -1;
-  if (status == OPT4_PREFETCH_IDLE) return 0;
+    return PF_END;
+  if (status == OPT4_PREFETCH_IDLE) return PF_IDLE;
   uint64_t rec_len = 0;
   size_t head = 0;
   it->t = job.t;
@@ -402,12 +412,12 @@ static int pf_load(pf_thread *th, pf_item *it) {
     atomic_fetch_add_explicit(&pf->errors, 1, memory_order_relaxed);
     opt4_pool_prefetch_release(th->pool, job.t);
     pf_progress(pf);
-    return 1;
+    return PF_SETTLED;
   }
   atomic_fetch_add_explicit(&pf->loaded, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&pf->bytes, len, memory_order_relaxed);
   it->len = head + (size_t)len;
-  return 2;
+  return PF_LOADED;
 }
 
 /* Look at the depth (see "Depth" above): more threads reading if the
@@ -610,23 +620,27 @@ static void *pf_main(void *arg) {
         while (k < in_use && order[k] != slot) k++;
         if (k == in_use) break;
       }
-      int r = pf_load(th, &items[slot]);
-      if (r < 0) {
+      switch (pf_load(th, &items[slot])) {
+      case PF_END:
         end = 1;
         atomic_store(&pf->ended, 1); /* the dormant ones have nothing to read */
         pf_open_gate(pf);
-      }
-      /* Nothing claimed although the window is not full (the claim's work
-       * per call is bounded): come back at once rather than sleep. */
-      if (r == 0 && !opt4__pool_prefetch_window_full(th->pool, pf->opts.lookahead)) progressed = 1;
-      if (r == 2) {
+        break;
+      case PF_IDLE:
+        /* Nothing claimed although the window is not full (the claim's work
+         * per call is bounded): come back at once rather than sleep. */
+        if (!opt4__pool_prefetch_window_full(th->pool, pf->opts.lookahead)) progressed = 1;
+        break;
+      case PF_SETTLED:
+        progressed = 1;
+        break;
+      case PF_LOADED:
         /* Tried with the others, earliest first, next round: handing it
          * over may wait for the consumers, who may first need an item this
          * thread holds from an earlier claim. */
         progressed = 1;
         order[held++] = slot;
-      } else if (r == 1) {
-        progressed = 1;
+        break;
       }
     }
     if (end && held == 0) break;

@@ -20,6 +20,14 @@
  *   - Functions that take no handle are safe to call from any thread.
  *   - A plan is immutable once built or opened: any number of threads may read
  *     it at once. Closing it while another thread uses it is a caller error.
+ *   - A pool handle (opt4_pool) serves one thread at a time. Any number of
+ *     threads and processes may serve one pool at once, each thread through
+ *     a handle of its own (opt4_pool_attach): a handle's process record
+ *     holds one hazard, the page it is copying out. A second thread that
+ *     enters a handle while another is inside opt4_pool_get, opt4_pool_put,
+ *     opt4_pool_warm or a prefetch store gets OPT4_EINVAL at once. Calls
+ *     that only read (info, stats, view, item, space) and opt4_pool_interrupt
+ *     may come from any thread.
  *   - opt4_set_allocator() must be called before any other function, if at all.
  */
 #ifndef OPT4_H
@@ -630,8 +638,10 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts,
                      opt4_pool **out);
 
 /* Attach to a pool by name (what opt4_pool_name() returned). Checks magic,
- * layout version, owner uid and sizes. Errors: OPT4_ESHM (no such pool),
- * OPT4_EPOOL, OPT4_EPROCS, OPT4_ENOMEM. */
+ * layout version, owner uid and sizes. Each handle takes a process record
+ * of its own (max_procs of them in all): attach one for each thread that
+ * serves the pool. Errors: OPT4_ESHM (no such pool), OPT4_EPOOL,
+ * OPT4_EPROCS, OPT4_ENOMEM. */
 int opt4_pool_attach(const char *name, opt4_pool **out);
 
 /* Detach: release this process's record and unmap. NULL is harmless. Does
@@ -737,8 +747,10 @@ typedef struct opt4_get_result {
 /* Serve position t. batch (sorted, length batch_len, may be NULL) lists the
  * positions this caller handles together: a HIT on an item admitted at one of
  * them returns OPT4_GET_DEFER instead of waiting for itself. May wait
- * (bounded). Errors: OPT4_ERANGE for t past the plan. Thread-safe; safe
- * across processes.
+ * (bounded). Errors: OPT4_ERANGE for t past the plan; OPT4_EINVAL when
+ * another thread is inside this handle. Thread and process safety: any
+ * number of threads and processes at once, each thread with its own handle
+ * (a handle holds one hazard: see "Thread and process safety" above).
  *
  * A caller may serve a batch in two passes: get every position, then load
  * the LOADs and commit in position order (opt4_pool_put for each ADMIT,

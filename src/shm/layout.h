@@ -278,6 +278,9 @@ struct opt4_pool {
   uint64_t fork_gen;
   uint64_t timeout_ns;
   _Atomic int interrupted; /* opt4_pool_interrupt: waits give up at once */
+  /* Nonzero while a thread is inside a call that announces in this
+   * handle's record (runtime.h, handle_enter). */
+  _Atomic uint32_t entered;
   /* Called inside bounded waits, where this handle's thread holds no lock
    * and no memory of its own is half-changed: the prefetcher parks its
    * threads there around fork (prefetcher.c). Returns the nanoseconds it

@@ -337,16 +337,21 @@ static int prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, 
   if (pool == NULL || stored == NULL || (parts == NULL && n_parts > 0))
     return opt4__fail(OPT4_EINVAL, "pool, parts or stored is NULL");
   *stored = 0;
-  int rc = opt4__pool_register(pool);
+  int rc = handle_enter(pool, try_only ? "opt4_pool_prefetch_try_store" : "opt4_pool_prefetch_store");
   if (rc != 0) return rc;
-  uint32_t v;
-  _Atomic uint32_t *claim = my_claim(pool, t, &v);
-  if (claim == NULL) return OPT4_EINVAL;
-  uint64_t total = 0;
-  for (size_t i = 0; i < n_parts; i++) total += parts[i].len;
-  if (RT_KIND(v) == OPT4_OP_ADMIT)
-    return store_admit(pool, t, v, claim, parts, n_parts, total, try_only, stored);
-  return store_bypass(pool, t, v, claim, parts, n_parts, total, try_only, stored);
+  rc = opt4__pool_register(pool);
+  uint32_t v = 0;
+  _Atomic uint32_t *claim = rc == 0 ? my_claim(pool, t, &v) : NULL;
+  if (rc == 0 && claim == NULL) rc = OPT4_EINVAL;
+  if (rc == 0) {
+    uint64_t total = 0;
+    for (size_t i = 0; i < n_parts; i++) total += parts[i].len;
+    rc = RT_KIND(v) == OPT4_OP_ADMIT
+             ? store_admit(pool, t, v, claim, parts, n_parts, total, try_only, stored)
+             : store_bypass(pool, t, v, claim, parts, n_parts, total, try_only, stored);
+  }
+  handle_leave(pool);
+  return rc;
 }
 
 uint64_t opt4__pool_prefetch_ready_at(const opt4_pool *pool, uint64_t t) {

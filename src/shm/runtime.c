@@ -450,10 +450,23 @@ static int read_result(opt4_pool *pool, uint32_t st, uint64_t len, int counter, 
   return 0;
 }
 
+static int get_entered(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t batch_len,
+                       void *dst, size_t dst_cap, opt4_get_result *res);
+
 int opt4_pool_get(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t batch_len,
                   void *dst, size_t dst_cap, opt4_get_result *res) {
   if (pool == NULL || res == NULL || (dst == NULL && dst_cap > 0))
     return opt4__fail(OPT4_EINVAL, "pool, dst or res is NULL");
+  int rc = handle_enter(pool, "opt4_pool_get");
+  if (rc != 0) return rc;
+  rc = get_entered(pool, t, batch, batch_len, dst, dst_cap, res);
+  handle_leave(pool);
+  return rc;
+}
+
+/* opt4_pool_get, inside the handle. */
+static int get_entered(opt4_pool *pool, uint64_t t, const uint64_t *batch, size_t batch_len,
+                       void *dst, size_t dst_cap, opt4_get_result *res) {
   if (t >= pool->h->accesses)
     return opt4__fail(OPT4_ERANGE, "position %llu is past the plan's %llu accesses",
                       (unsigned long long)t, (unsigned long long)pool->h->accesses);
@@ -588,8 +601,22 @@ static int wait_hazards(opt4_pool *pool, uint32_t page, waiter *w) {
   return 0;
 }
 
-static int put_impl(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
-                    uint32_t reads_start, int *stored) {
+static int put_entered(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
+                       uint32_t reads_start, int *stored);
+
+static int put_impl(opt4_pool *pool, const char *call, uint64_t t, const opt4_iovec *parts,
+                    size_t n_parts, uint32_t reads_start, int *stored) {
+  if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool, parts or stored is NULL");
+  int rc = handle_enter(pool, call);
+  if (rc != 0) return rc;
+  rc = put_entered(pool, t, parts, n_parts, reads_start, stored);
+  handle_leave(pool);
+  return rc;
+}
+
+/* put_impl inside the handle (and opt4__pool_write, whose caller is). */
+static int put_entered(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
+                       uint32_t reads_start, int *stored) {
   if (pool == NULL || stored == NULL || (parts == NULL && n_parts > 0))
     return opt4__fail(OPT4_EINVAL, "pool, parts or stored is NULL");
   *stored = 0;
@@ -689,24 +716,24 @@ abandon:
   return 0;
 }
 
-/* For prefetch.c (store_admit). The body stays static: with put_impl
- * itself external, GCC 12 -fsanitize=thread -O2 refuses its
+/* For prefetch.c (store_admit, whose caller has entered the handle). The
+ * body stays static: with put_entered itself external, GCC 12 -fsanitize=thread -O2 refuses its
  * atomic_thread_fence (-Werror=tsan), which it accepts while it is static. */
 int opt4__pool_write(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
                      uint32_t reads_start, int *stored) {
-  return put_impl(pool, t, parts, n_parts, reads_start, stored);
+  return put_entered(pool, t, parts, n_parts, reads_start, stored);
 }
 
 int opt4_pool_put(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, size_t n_parts,
                   int *stored) {
   /* The caller has the item in hand: its own read is done. */
-  return put_impl(pool, t, parts, n_parts, 1, stored);
+  return put_impl(pool, "opt4_pool_put", t, parts, n_parts, 1, stored);
 }
 
 int opt4_pool_warm(opt4_pool *pool, uint64_t admit, const opt4_iovec *parts, size_t n_parts,
                    uint32_t reads_before, int *stored) {
   if (reads_before == UINT32_MAX) return opt4__fail(OPT4_EINVAL, "reads_before is out of range");
-  int rc = put_impl(pool, admit, parts, n_parts, reads_before + 1, stored);
+  int rc = put_impl(pool, "opt4_pool_warm", admit, parts, n_parts, reads_before + 1, stored);
   if (rc == 0) atomic_store(&pool->gclaim[RT_GEN(pool->rt[admit])], CL_SELF);
   return rc;
 }

@@ -52,4 +52,25 @@ static inline void mark_failed(opt4_pool *pool, uint32_t g) {
   opt4__pool_event(pool->h);
 }
 
+/* One thread at a time in a handle. A handle's process record holds one
+ * hazard (the page its reader is copying out) and one writing generation,
+ * so a second thread inside the same handle would overwrite the first's
+ * announcement, and a writer could then change bytes the first is still
+ * copying. The calls that announce (opt4_pool_get, opt4_pool_put,
+ * opt4_pool_warm, the prefetch stores) enter the handle; a second thread
+ * gets OPT4_EINVAL at once, naming the fix (opt4.h, "Thread and process
+ * safety"). A forked child's copy of a handle that a thread of its parent
+ * was inside is free: that thread is not in the child. */
+static inline int handle_enter(opt4_pool *pool, const char *call) {
+  if (atomic_exchange_explicit(&pool->entered, 1, memory_order_acquire) == 0) return 0;
+  if (pool->fork_gen != opt4__fork_generation()) return 0;
+  return opt4__fail(OPT4_EINVAL, "%s: pool handle %s is in use by another thread; a handle serves "
+                    "one thread at a time: attach one for each thread (opt4_pool_attach)",
+                    call, pool->name);
+}
+
+static inline void handle_leave(opt4_pool *pool) {
+  atomic_store_explicit(&pool->entered, 0, memory_order_release);
+}
+
 #endif /* OPT4_SHM_RUNTIME_H */

@@ -7,6 +7,7 @@
 #include "layout.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -248,7 +249,84 @@ static void test_dead_processes(void) {
   opt4_plan_close(plan);
 }
 
+/* A handle serves one thread at a time (opt4.h, "Thread and process
+ * safety"): its record holds one hazard. */
+typedef struct inside_arg {
+  opt4_pool *pool;
+  opt4_get_result res;
+  int rc;
+  uint8_t buf[PAGE];
+} inside_arg;
+
+static void *get_inside(void *p) {
+  inside_arg *a = p;
+  a->rc = opt4_pool_get(a->pool, 1, NULL, 0, a->buf, sizeof a->buf, &a->res);
+  return NULL;
+}
+
+/* While one thread waits inside opt4_pool_get on a handle, another thread's
+ * get or put on that handle fails at once with OPT4_EINVAL, saying why,
+ * and changes nothing. A forked child's copy of the handle is its own: the
+ * child loads and stores through it, and the parent's waiting read is
+ * served those bytes. */
+static void test_one_thread_per_handle(void) {
+  uint32_t seq[] = {0, 0}; /* capacity 1: position 0 admits item 0, position 1 hits it */
+  opt4_seq s = {seq, OPT4_U32, 2, 1};
+  opt4_plan_opts o;
+  memset(&o, 0, sizeof o);
+  o.capacity = 1;
+  opt4_plan *plan = NULL;
+  ASSERT_OK(opt4_plan_build(&s, &o, &plan));
+  opt4_pool *pool = make_pool(plan, 60000); /* the wait outlasts the steps below */
+  static inside_arg a;
+  memset(&a, 0, sizeof a);
+  a.pool = pool;
+  pthread_t th;
+  ASSERT_EQ(pthread_create(&th, NULL, get_inside, &a), 0);
+  /* The HIT at 1 waits for the ADMIT at 0, inside the handle. */
+  while (atomic_load(&pool->entered) == 0) sched_yield();
+
+  uint8_t buf[PAGE];
+  item_fill(0, buf);
+  opt4_iovec part = {buf, item_len(0)};
+  opt4_get_result res;
+  int stored = -1;
+  ASSERT_ERR(opt4_pool_get(pool, 0, NULL, 0, buf, sizeof buf, &res), OPT4_EINVAL);
+  ASSERT(strstr(opt4_errdetail(), "in use by another thread") != NULL);
+  ASSERT_ERR(opt4_pool_put(pool, 0, &part, 1, &stored), OPT4_EINVAL);
+  ASSERT(strstr(opt4_errdetail(), "opt4_pool_put: pool handle") != NULL);
+  ASSERT_ERR(opt4_pool_warm(pool, 0, &part, 1, 0, &stored), OPT4_EINVAL);
+  ASSERT(strstr(opt4_errdetail(), "opt4_pool_warm: pool handle") != NULL);
+  opt4_pool_stats st;
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(st.admits + st.stored + st.hits, 0);
+
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    int ok = opt4_pool_get(pool, 0, NULL, 0, buf, sizeof buf, &res) == 0 && res.status == OPT4_GET_LOAD &&
+             opt4_pool_put(pool, 0, &part, 1, &stored) == 0 && stored == 1;
+    if (!ok) fprintf(stderr, "child: %s\n", opt4_errdetail());
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_EQ(pthread_join(th, NULL), 0);
+  ASSERT_OK(a.rc);
+  ASSERT_EQ(a.res.status, OPT4_GET_HIT);
+  ASSERT(item_check(0, a.buf, a.res.len));
+  ASSERT_EQ(atomic_load(&pool->entered), 0); /* free again once the call returned */
+  ASSERT_OK(opt4_pool_stats_get(pool, &st));
+  ASSERT_U64_EQ(st.hits, 1);
+  ASSERT_U64_EQ(st.timeouts, 0);
+  ASSERT_OK(opt4_pool_unlink(pool));
+  opt4_pool_close(pool);
+  opt4_plan_close(plan);
+}
+
 int main(void) {
+  RUN(test_one_thread_per_handle);
   RUN(test_threads_all);
   RUN(test_threads_sized);
   RUN(test_processes);

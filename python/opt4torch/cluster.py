@@ -19,9 +19,13 @@ is then
   time at run time, where nodes exchange items a window ahead: read from
   storage and not kept.
 
-This is the planning side of issue 18, down to each node's own plan
-(:meth:`ClusterPlan.node_plan`); the transfers between nodes at run time
-(torch.distributed, gloo) are not built yet (docs/cluster.md).
+This module is the planning side, down to each node's own plan
+(:meth:`ClusterPlan.node_plan`, :meth:`ClusterPlan.pool_plan`) and
+:func:`job_plan` under torchrun. The transfers between nodes at run time
+are :mod:`opt4torch._exchange`: windowed ``all_to_all`` collectives on a
+gloo group of their own, run by a transfer thread on each node's first
+rank, under ``opt4torch.DataLoader(..., cluster=True)`` (docs/cluster.md,
+"The run time, written down before the code", says what is built).
 """
 
 from __future__ import annotations
@@ -51,8 +55,8 @@ _NONE = _engine.CLUSTER_NONE
 
 #: The per-node counts :meth:`ClusterPlan.node_stats` gives. ``local_hits``,
 #: ``peer_hits``, ``peer_bytes_sent``, ``peer_bytes_received`` and
-#: ``plan_storage_bytes`` are the names the DataLoader's ``stats()`` will use
-#: (issue 18).
+#: ``plan_storage_bytes`` are also keys of the DataLoader's ``stats()`` with
+#: ``cluster=True`` (there the first four are measured).
 NODE_KEYS: tuple[str, ...] = (
     "capacity", "accesses", "local_hits", "peer_hits", "storage_reads", "admits", "bypasses",
     "plan_storage_bytes", "homed", "peer_items_sent", "peer_items_received", "peer_bytes_sent",

@@ -13,8 +13,11 @@ reports what was read from storage.
 * :class:`TarShards`: each shard indexed once by the C indexer (WebDataset's
   grouping into samples), the index cached beside the shard; ``ds[i]`` is
   WebDataset's raw sample, ``{"__key__": key, "jpg": bytes, ...}``, read in
-  one ``pread`` (a sample is one byte range of its shard). Prefetch with
-  ``prefetch=True`` uses Python threads (docs/sources.md says why).
+  one ``pread`` (a sample is one byte range of its shard). Given to
+  :class:`opt4torch.DataLoader`, its misses are prefetched by the same C
+  threads: the binding's tar source (binding/tarframe.c) reads a sample's
+  range and lays it out as the codec stores ``ds[i]``, with no Python on
+  the way.
 
 docs/sources.md has the details.
 """

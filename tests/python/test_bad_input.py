@@ -8,6 +8,7 @@ import os
 import pickle
 import stat
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -270,3 +271,35 @@ def test_output_paths_are_validated_and_symlinks_not_followed(tmp_path) -> None:
     opt4torch.plan([0, 1, 0], capacity=1).save(link)
     assert victim.read_text() == "keep" and not link.is_symlink()
     assert stat.S_ISREG(os.lstat(link).st_mode)
+
+
+def test_a_pool_handle_serves_one_thread_at_a_time() -> None:
+    """A handle holds one hazard (include/opt4.h, "Thread and process
+    safety"): while one thread waits inside a handle, another thread's call
+    on it is refused, saying what to do, and a handle of its own serves
+    that thread meanwhile."""
+    plan = opt4torch.plan([0, 1, 0, 1], capacity=1, items=2)
+    pool = _engine.pool_create(plan._h, 64)
+    waiting = threading.Thread(target=pool.wait_head, args=(4, 60.0))  # position 4 is never reached
+    try:
+        waiting.start()
+        refused = None
+        for _ in range(10_000):  # until the thread is inside; a free handle answers at once
+            try:
+                pool.wait_head(0, 0.0)
+            except RuntimeError as e:
+                refused = e
+                break
+            time.sleep(0.001)
+        assert refused is not None and "attach one handle per thread" in str(refused), refused
+        own = _engine.pool_attach(pool.name)
+        try:
+            assert own.wait_head(0, 0.0) is True  # its own handle: served while the other waits
+        finally:
+            own.close()
+    finally:
+        pool.interrupt()  # the waiting thread returns at once
+        waiting.join(timeout=30)
+        assert not waiting.is_alive()
+        pool.unlink()
+        pool.close()

@@ -265,9 +265,9 @@ PyMODINIT_FUNC PyInit__engine(void) {
       PyModule_AddIntConstant(m, "PREFETCH_CLAIMED", OPT4_PREFETCH_CLAIMED) < 0 ||
       PyModule_AddIntConstant(m, "PREFETCH_IDLE", OPT4_PREFETCH_IDLE) < 0 ||
       PyModule_AddIntConstant(m, "PREFETCH_END", OPT4_PREFETCH_END) < 0 ||
-      PyModule_AddIntConstant(m, "STORE_GIVEN_UP", 0) < 0 ||
-      PyModule_AddIntConstant(m, "STORE_DONE", 1) < 0 ||
-      PyModule_AddIntConstant(m, "STORE_NOT_YET", 2) < 0)
+      PyModule_AddIntConstant(m, "STORE_GIVEN_UP", OPT4_STORE_GIVEN_UP) < 0 ||
+      PyModule_AddIntConstant(m, "STORE_DONE", OPT4_STORE_DONE) < 0 ||
+      PyModule_AddIntConstant(m, "STORE_NOT_YET", OPT4_STORE_NOT_YET) < 0)
     goto fail;
   return m;
 fail:

@@ -798,8 +798,9 @@ static PyObject *pool_prefetch_claim(PoolObject *self, PyObject *arg) { return c
 
 static PyObject *pool_prefetch_claim_at(PoolObject *self, PyObject *arg) { return claim(self, arg, 1); }
 
-/* prefetch_store(t, parts, try_only=False) -> 1 handed over, 0 given up,
- * -1 too large, 2 (try_only) not yet: keep it and try again later. */
+/* prefetch_store(t, parts, try_only=False) -> STORE_DONE (handed over),
+ * STORE_GIVEN_UP, -1 too large, or STORE_NOT_YET (try_only): keep it and
+ * try again later. */
 static PyObject *pool_prefetch_store(PoolObject *self, PyObject *args) {
   unsigned long long t;
   PyObject *parts;

@@ -862,19 +862,25 @@ int opt4_pool_prefetch_claim(opt4_pool *pool, uint64_t lookahead, opt4_prefetch_
  * someone has claimed already. OPT4_ERANGE for t past the plan. */
 int opt4_pool_prefetch_claim_at(opt4_pool *pool, uint64_t t, opt4_prefetch_job *job, int *status);
 
+/* Results of the prefetch stores. */
+#define OPT4_STORE_GIVEN_UP 0 /* its consumer loads it (counted as dropped) */
+#define OPT4_STORE_DONE 1     /* handed over: its consumer will find it */
+#define OPT4_STORE_NOT_YET 2  /* (try_store only) not yet: keep it, try again */
+
 /* Hand over the item loaded for claimed position t (the bytes of parts). May
  * wait, bounded, for the items it replaces to be read, or for its staging
- * slot. *stored is 1 if its consumer will find it, 0 if the prefetcher gave
- * it up (the consumer loads it; counted as dropped). OPT4_EITEMSIZE if it
+ * slot. *stored is OPT4_STORE_DONE if its consumer will find it,
+ * OPT4_STORE_GIVEN_UP if the prefetcher gave it up (the consumer loads it;
+ * counted as dropped). OPT4_EITEMSIZE if it
  * does not fit its space (given up too); OPT4_EINVAL if t is not claimed by
  * this handle. */
 int opt4_pool_prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts,
                              size_t n_parts, int *stored);
 
 /* The same without waiting while the consumers are still far (more than 32
- * positions) from t: *result is 1 handed over, 0 given up, or 2 not yet
- * (the items it replaces have reads to come, or its staging slot is taken;
- * keep the item and try again). Once the consumers are near t it waits as
+ * positions) from t: *result is OPT4_STORE_DONE, OPT4_STORE_GIVEN_UP, or
+ * OPT4_STORE_NOT_YET (the items it replaces have reads to come, or its
+ * staging slot is taken; keep the item and try again). Once the consumers are near t it waits as
  * opt4_pool_prefetch_store does: a consumer may be waiting for this item.
  * A prefetcher that keeps a few loaded items pending this way keeps its
  * reads going while earlier items wait for their place. */

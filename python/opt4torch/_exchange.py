@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _engine
 from ._codec import encode
 from ._forksafe import ForkGate
 from .cluster import ADMIT, FROM_PEER, FROM_STORAGE, PEER_HIT, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
@@ -191,7 +192,6 @@ class ClusterRuntime:
 
         import torch.distributed as dist
 
-        from . import _engine
         from .data import PlannedDataset
 
         self.cp, self.plan, self.dataset, self.allow_pickle = cp, node_plan, dataset, allow_pickle
@@ -339,14 +339,14 @@ class ClusterRuntime:
                 r = self._pool.prefetch_store(i, [record])
                 break
             r = self._pool.prefetch_store(i, [record], True)
-            if r != 2:
+            if r != _engine.STORE_NOT_YET:
                 break
             if self._stop.is_set():
                 self._release([i])
                 return False
             self._pool.wait_head(near, 0.5)
         self._claims.discard(i)
-        return r == 1
+        return r == _engine.STORE_DONE
 
     def _read_send(self, i: int) -> None:
         self.own_sends += 1  # a HIT of the plan: counted in the pool's hits

@@ -358,8 +358,8 @@ static int pf_try(pf_thread *th, pf_item *it) {
   opt4_iovec parts[2] = {{it->buf, it->len}, {it->tail, it->tail_len}};
   int result = 0;
   int rc = opt4_pool_prefetch_try_store(th->pool, it->t, parts, 2, &result);
-  if (rc == 0 && result == 2) return 0;
-  if (rc == 0 && result == 1) atomic_fetch_add_explicit(&th->pf->stored, 1, memory_order_relaxed);
+  if (rc == 0 && result == OPT4_STORE_NOT_YET) return 0;
+  if (rc == 0 && result == OPT4_STORE_DONE) atomic_fetch_add_explicit(&th->pf->stored, 1, memory_order_relaxed);
   pf_progress(th->pf);
   return 1;
 }

@@ -222,7 +222,7 @@ static int store_admit(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t
       if (opt4__may_take(pool, ps, word, ent->prev_gen)) break;
       if (wait_is_slow(&w) && st == PS_WRITING) opt4__recover_dead_writer(pool, ps, word);
       if (try_only && far_ahead(pool, t)) {
-        *stored = 2;
+        *stored = OPT4_STORE_NOT_YET;
         return 0;
       }
       if (consumers_behind(pool, t, &w)) continue;
@@ -246,7 +246,7 @@ static int store_admit(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_t
   opt4__pool_event(pool->h); /* its consumer, waiting in claim_miss */
   if (rc != 0) return rc;
   if (ok) count(pool, C_PF_STORED, 1);
-  *stored = ok;
+  *stored = ok ? OPT4_STORE_DONE : OPT4_STORE_GIVEN_UP;
   return 0;
 }
 
@@ -294,7 +294,7 @@ static int store_bypass(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_
     pass_turns(pool, b % slots, wait_is_slow(&w));
     if (atomic_load_explicit(&pool->slots[b % slots].turn, memory_order_acquire) == b) break;
     if (try_only && CL_STATE(atomic_load(claim)) != CL_ABANDONED && far_ahead(pool, t)) {
-      *stored = 2;
+      *stored = OPT4_STORE_NOT_YET;
       return 0;
     }
     if (CL_STATE(atomic_load(claim)) != CL_ABANDONED && consumers_behind(pool, t, &w)) continue;
@@ -310,7 +310,7 @@ static int store_bypass(opt4_pool *pool, uint64_t t, uint32_t v, _Atomic uint32_
   if (atomic_compare_exchange_strong_explicit(claim, &c, CL_READY, memory_order_release,
                                               memory_order_relaxed)) {
     count(pool, C_PF_STORED, 1);
-    *stored = 1;
+    *stored = OPT4_STORE_DONE;
   } else { /* its consumer stopped waiting and loaded it: the slot is free */
     atomic_store_explicit(claim, CL_DONE, memory_order_release);
     count(pool, C_PF_DROPPED, 1);
@@ -336,7 +336,7 @@ static int prefetch_store(opt4_pool *pool, uint64_t t, const opt4_iovec *parts, 
                           int try_only, int *stored) {
   if (pool == NULL || stored == NULL || (parts == NULL && n_parts > 0))
     return opt4__fail(OPT4_EINVAL, "pool, parts or stored is NULL");
-  *stored = 0;
+  *stored = OPT4_STORE_GIVEN_UP;
   int rc = handle_enter(pool, try_only ? "opt4_pool_prefetch_try_store" : "opt4_pool_prefetch_store");
   if (rc != 0) return rc;
   rc = opt4__pool_register(pool);

@@ -21,7 +21,7 @@ JOBS   ?= 2
 # the checked-in corpus is replayed either way).
 FUZZ_SECONDS ?= 60
 
-.PHONY: all demo install test test-c test-asan test-asan-binding test-tsan test-fuzz test-python bench bench-e2e clean \
+.PHONY: all demo install test test-c test-without test-asan test-asan-binding test-tsan test-fuzz test-python bench bench-e2e clean \
 	fuzz-long test-kill-long bench-env bench-e2e-full bench-e2e-s3
 
 all: test
@@ -48,7 +48,7 @@ demo: install
 
 # Every stage runs, whatever fails before it; one summary at the end
 # (scripts/test_stages.py), and the exit status says whether all passed.
-TEST_STAGES := test-c test-asan test-asan-binding test-tsan test-fuzz test-python
+TEST_STAGES := test-c test-without test-asan test-asan-binding test-tsan test-fuzz test-python
 test: install
 	@$(PY) scripts/test_stages.py $(TEST_STAGES)
 
@@ -104,6 +104,43 @@ test-asan-binding: $(STAMP)
 	    tests/python/test_sources.py tests/python/test_cluster.py tests/python/test_cluster_pools.py \
 	    tests/python/test_live.py tests/python/test_objstore.py \
 	    -k "not spawn and not forkserver" $(ASAN_DESELECT)
+
+# The build of a machine without the optional C libraries (docs/dependencies.md).
+# No libcurl: CMake's find_package(CURL) made to fail; the engine, the binding
+# and the C tests are built warning-free, the C tests run (the S3 reader's skip
+# with the reason), and the package built there is imported and drives the
+# object store through s3torchconnector. No libcrypto, and OPT4_S3=OFF: the
+# engine and binding build (the same code as without libcurl; what differs is
+# CMake's choice, which these two configure steps check).
+WITHOUT := build/without
+WITHOUT_CMAKE = $(VENV)/bin/cmake -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) \
+	-DCMAKE_BUILD_TYPE=Release -DOPT4_BUILD_PYTHON=ON -DPython_EXECUTABLE=$(abspath $(PY))
+test-without: $(STAMP)
+	@echo "test-without: no libcurl (-DCMAKE_DISABLE_FIND_PACKAGE_CURL=TRUE): engine, binding, C tests, import"
+	$(WITHOUT_CMAKE) -S . -B $(WITHOUT)/curl -DOPT4_BUILD_TESTS=ON -DCMAKE_DISABLE_FIND_PACKAGE_CURL=TRUE \
+	    > $(WITHOUT)-curl.log 2>&1 || { cat $(WITHOUT)-curl.log; exit 1; }
+	@grep -q "S3 reader: not built" $(WITHOUT)-curl.log || { cat $(WITHOUT)-curl.log; \
+	    echo "test-without: CMake did not say the S3 reader is not built"; exit 1; }
+	$(VENV)/bin/cmake --build $(WITHOUT)/curl -j $(JOBS)
+	cd $(WITHOUT)/curl && $(abspath $(VENV)/bin/ctest) --output-on-failure -j $(JOBS)
+	@grep -h "^SKIPPED:" $(WITHOUT)/curl/Testing/Temporary/LastTest.log | sort -u | sed 's/^/test-without: /'
+	@rm -rf $(WITHOUT)/curl/site && mkdir -p $(WITHOUT)/curl/site
+	cp -r python/opt4torch python/OPT4TorchDataSet $(WITHOUT)/curl/site/
+	cp $(WITHOUT)/curl/_engine*.so $(WITHOUT)/curl/site/opt4torch/
+	PYTHONPATH=$(WITHOUT)/curl/site $(PY) -c "import opt4torch, opt4torch._engine as e; \
+	    assert opt4torch._engine.__file__.startswith('$(abspath $(WITHOUT))'), e.__file__; \
+	    assert e.HAVE_S3 == 0, 'built with the S3 reader'; print('test-without: imported', e.__file__)"
+	PYTHONPATH=$(WITHOUT)/curl/site $(PY) -m pytest -q -p no:cacheprovider tests/python/test_objstore.py \
+	    -k "without or numbers_and_bytes or loader_prefetch_is_exact"
+	@echo "test-without: no libcrypto (-DCMAKE_DISABLE_FIND_PACKAGE_OpenSSL=TRUE), then OPT4_S3=OFF: engine and binding"
+	$(WITHOUT_CMAKE) -S . -B $(WITHOUT)/crypto -DCMAKE_DISABLE_FIND_PACKAGE_OpenSSL=TRUE \
+	    > $(WITHOUT)-crypto.log 2>&1 || { cat $(WITHOUT)-crypto.log; exit 1; }
+	@grep -q "S3 reader: not built" $(WITHOUT)-crypto.log || { cat $(WITHOUT)-crypto.log; exit 1; }
+	$(VENV)/bin/cmake --build $(WITHOUT)/crypto -j $(JOBS)
+	$(WITHOUT_CMAKE) -S . -B $(WITHOUT)/off -DOPT4_S3=OFF > $(WITHOUT)-off.log 2>&1 || { cat $(WITHOUT)-off.log; exit 1; }
+	@! grep -q "S3 reader: libcurl" $(WITHOUT)-off.log || { echo "test-without: OPT4_S3=OFF built the reader"; exit 1; }
+	$(VENV)/bin/cmake --build $(WITHOUT)/off -j $(JOBS)
+	@rm -f $(WITHOUT)-curl.log $(WITHOUT)-crypto.log $(WITHOUT)-off.log
 
 # ThreadSanitizer runs the concurrent tests (label "concurrent").
 test-tsan: $(STAMP)

@@ -62,15 +62,28 @@ _LAZY_MODULES = {
 }
 
 
+#: Optional packages a lazily imported name may need, and the extra that
+#: installs each (docs/dependencies.md lists what is lost without them).
+_EXTRAS = {"torch": "torch", "safetensors": "compat", "cachetools": "compat", "matplotlib": "plot"}
+
+
 def __getattr__(name: str) -> object:
     import importlib
 
-    if name in _LAZY_MODULES:
-        value = importlib.import_module(_LAZY_MODULES[name])
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    else:
-        raise AttributeError(f"module 'opt4torch' has no attribute {name!r}")
+    try:
+        if name in _LAZY_MODULES:
+            value = importlib.import_module(_LAZY_MODULES[name])
+        elif name in _LAZY:
+            value = getattr(importlib.import_module(_LAZY[name]), name)
+        else:
+            raise AttributeError(f"module 'opt4torch' has no attribute {name!r}")
+    except ModuleNotFoundError as e:
+        top = (e.name or "").partition(".")[0]
+        if top not in _EXTRAS:
+            raise
+        raise ModuleNotFoundError(
+            f"opt4torch.{name} needs {top}, which is not installed: pip install 'opt4torchdataset[{_EXTRAS[top]}]' "
+            f"(or pip install {top}); the planner and simulator work without it", name=e.name) from e
     globals()[name] = value
     return value
 

@@ -15,6 +15,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -50,7 +51,13 @@ static int create(const opt4_plan *plan, uint32_t owner_pid, opt4_pool **out) {
 }
 
 static void read_full(int fd, void *buf, size_t n) {
-  ASSERT(read(fd, buf, n) == (ssize_t)n);
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, (char *)buf + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    ASSERT(r > 0); /* the writer died before saying all */
+    got += (size_t)r;
+  }
 }
 
 /* The job in its own PID namespace: a helper unshares, then forks the job,
@@ -65,22 +72,32 @@ typedef struct job {
 } job;
 
 static int start_job_in_own_pid_namespace(const opt4_plan *plan, job *j) {
-  int fds[2];
-  ASSERT(pipe(fds) == 0);
+  /* Two pipes: the helper says the job's pid on one, the job says the pools'
+   * names on the other. On one pipe the two writes could come in either
+   * order (under load the job can write before its helper), and a reader
+   * expecting the pid first read the names' first bytes as a pid. */
+  int pid_pipe[2], names_pipe[2];
+  ASSERT(pipe(pid_pipe) == 0 && pipe(names_pipe) == 0);
   pid_t helper = fork();
   ASSERT(helper >= 0);
   if (helper == 0) {
-    close(fds[0]);
+    /* If the test dies (a failed assertion), the helper dies with it, and
+     * the job with the helper: a job left paused would keep ctest's output
+     * pipe open until ctest's timeout. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(pid_pipe[0]);
+    close(names_pipe[0]);
     int32_t msg = 0;
     if (unshare(CLONE_NEWPID) != 0) {
       msg = -errno;
-      if (write(fds[1], &msg, sizeof msg) != (ssize_t)sizeof msg) _exit(1);
+      if (write(pid_pipe[1], &msg, sizeof msg) != (ssize_t)sizeof msg) _exit(1);
       _exit(0);
     }
     pid_t jp = fork();
     if (jp < 0) _exit(1);
     if (jp == 0) {
       /* pid 1 of the new namespace */
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getpid() != 1) _exit(2);
       opt4_pool *a = NULL, *b = NULL;
       char names[2][POOL_NAME_MAX] = {{0}, {0}};
@@ -98,20 +115,22 @@ static int start_job_in_own_pid_namespace(const opt4_plan *plan, job *j) {
       }
       if (w < 0 || read(bfd[0], names[1], POOL_NAME_MAX) != POOL_NAME_MAX) _exit(7);
       waitpid(w, NULL, 0);
-      if (write(fds[1], names, sizeof names) != (ssize_t)sizeof names) _exit(8);
+      if (write(names_pipe[1], names, sizeof names) != (ssize_t)sizeof names) _exit(8);
       for (;;) pause();
     }
     msg = (int32_t)jp;
-    if (write(fds[1], &msg, sizeof msg) != (ssize_t)sizeof msg) _exit(1);
+    if (write(pid_pipe[1], &msg, sizeof msg) != (ssize_t)sizeof msg) _exit(1);
     int st;
     waitpid(jp, &st, 0);
     _exit(0);
   }
-  close(fds[1]);
+  close(pid_pipe[1]);
+  close(names_pipe[1]);
   int32_t msg;
-  read_full(fds[0], &msg, sizeof msg);
+  read_full(pid_pipe[0], &msg, sizeof msg);
+  close(pid_pipe[0]);
   if (msg < 0) {
-    close(fds[0]);
+    close(names_pipe[0]);
     waitpid(helper, NULL, 0);
     fprintf(stderr, "    SKIP: unshare(CLONE_NEWPID) refused here (%s): needs CAP_SYS_ADMIN\n",
             strerror(-msg));
@@ -120,8 +139,8 @@ static int start_job_in_own_pid_namespace(const opt4_plan *plan, job *j) {
   j->helper = helper;
   j->job = (pid_t)msg;
   char names[2][POOL_NAME_MAX];
-  read_full(fds[0], names, sizeof names);
-  close(fds[0]);
+  read_full(names_pipe[0], names, sizeof names);
+  close(names_pipe[0]);
   memcpy(j->a, names[0], POOL_NAME_MAX);
   memcpy(j->b, names[1], POOL_NAME_MAX);
   return 1;

@@ -156,6 +156,37 @@ def test_demo_runs(tmp_path) -> None:
     promised = re.search(r"hits the plan promised\s+([\d,]+)\s+fallbacks 0, timeouts 0", r.stdout)
     assert observed and promised, r.stdout
     assert observed.group(1) == promised.group(1) != "0"
+    # Three runs of each configuration by default: every timing target gives
+    # its median and range, and a verdict only as the runs allow.
+    timing = [line for line in r.stdout.splitlines()
+              if line.startswith("- ") and ("faster than" in line or "within 10 %" in line)]
+    assert len(timing) == 3, r.stdout
+    for line in timing:
+        assert "(median of 3 runs; " in line and re.search(r"\((met|NOT met|no verdict: .+)\)$", line), line
+    if "Implausible, so left out of the verdicts" in r.stdout:
+        assert not any(line.endswith("(met)") for line in timing), r.stdout
+
+
+def test_every_command_has_a_description(capsys) -> None:
+    """`opt4torch COMMAND --help` says what COMMAND does, for every command."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    commands = re.findall(r"^    (\w+)", capsys.readouterr().out, re.MULTILINE)
+    assert {"precompute", "inspect", "simulate", "demo"} <= set(commands) and len(commands) >= 8
+    for command in commands:
+        with pytest.raises(SystemExit) as exc:
+            main([command, "--help"])
+        assert exc.value.code == 0
+        paragraphs = capsys.readouterr().out.split("\n\n")
+        # usage, then the description, then the arguments
+        assert not paragraphs[1].startswith(("positional arguments:", "options:")), (command, paragraphs[1])
+        assert len(paragraphs[1]) > 60, (command, paragraphs[1])
+
+
+def test_demo_refuses_zero_repeats(tmp_path) -> None:
+    r = run("demo", "--items", "200", "--epochs", "1", "--out", str(tmp_path / "out"), "--loader-items", "20",
+            "--repeats", "0")
+    assert r.returncode == 2 and "--repeats must be at least 1" in r.stderr and "Traceback" not in r.stderr
 
 
 # ---- inspect: what it may be handed besides plans ----

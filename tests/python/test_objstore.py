@@ -460,6 +460,18 @@ def test_c_client_unsigned_for_a_public_bucket() -> None:
             ds.read(2)
 
 
+@pytest.mark.skipif(bool(_engine.HAVE_S3), reason="this build has the engine's S3 reader")
+def test_without_the_c_reader_auto_reads_with_the_client_and_c_says_why(server: Server) -> None:
+    """A build without libcurl (make test-without): the engine reports its
+    reader as not built, 'auto' reads through s3torchconnector, and asking
+    for the C reader says what to install."""
+    ds = _open(server)
+    assert ds.read(0) == ds.read(0) and len(ds.read(0)) > 0
+    assert ds.info()["client"] == "s3torchconnector"
+    with pytest.raises(ValueError, match=r"no S3 reader .*libcurl4-openssl-dev libssl-dev"):
+        _open(server, client="c")
+
+
 def test_without_the_client_the_error_says_what_to_install() -> None:
     code = ("import sys; sys.modules['s3torchconnector'] = None\n"
             "import opt4torch\n"

@@ -50,12 +50,12 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Setup", "CONFIGS", "PEERS", "ALL_CONFIGS", "SAMPLERS", "prepare_data", "run", "markdown", "plot",
-           "targets", "write_outputs"]
+__all__ = ["Setup", "CONFIGS", "PEERS", "ALL_CONFIGS", "SAMPLERS", "Judged", "Target", "implausible_runs", "judge",
+           "judge_targets", "prepare_data", "run", "markdown", "plot", "targets", "write_outputs"]
 
 #: The configurations, in the order the tables list them.
 CONFIGS = (
@@ -773,6 +773,9 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
         out["hit_rate"] = out["hits"] / max(1, samples)
     del loader
     out["cpu_s"] = _cpu_seconds() - cpu0
+    # The machine's load over the last minute, against its cores: what the
+    # timings of a run on a shared machine depend on (see implausible_runs).
+    out["load_average"], out["cores"] = os.getloadavg()[0], os.cpu_count() or 1
     out["peak_memory_bytes"] = mem.stop()
     rf.close()
     return out
@@ -833,7 +836,8 @@ def _import_once() -> None:
 
 def run(setup: Setup, path: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every sampler x configuration x repeat (configurations interleaved in
-    each repeat, so drifts in the machine's load hit all alike)."""
+    each repeat, in an order rotated from one repeat to the next, so drifts
+    in the machine's load hit all alike)."""
     for name in setup.configs:
         if name not in ALL_CONFIGS:
             raise ValueError(f"unknown configuration {name!r} (one of {', '.join(ALL_CONFIGS)})")
@@ -868,7 +872,10 @@ def run(setup: Setup, path: str, log: Callable[[str], None] = print) -> dict[str
     t_start = time.perf_counter()
     for s in setup.samplers:
         for r in range(setup.repeats):
-            for c in plan[s]:
+            # Each repeat starts one configuration later: none always runs
+            # first (after the imports) or right after the same neighbour.
+            k = r % max(1, len(plan[s]))
+            for c in plan[s][k:] + plan[s][:k]:
                 if c in failed.get(s, {}):
                     continue
                 try:
@@ -901,7 +908,9 @@ def summarize(rs: list[dict[str, Any]]) -> dict[str, Any]:
         return float(statistics.median(vals)) if vals else None
 
     x = rs[0]
-    out = {"seconds": med("seconds"), "epoch_s": med("seconds") / len(x["epoch_s"]),
+    epochs = len(x["epoch_s"])
+    out = {"seconds": med("seconds"), "epoch_s": med("seconds") / epochs,
+           "epoch_s_min": min(r["seconds"] for r in rs) / epochs, "epoch_s_max": max(r["seconds"] for r in rs) / epochs,
            "samples": x["samples"], "hit_rate": med("hit_rate"), "storage_bytes": med("storage_bytes"),
            "storage_reads": med("storage_reads"),
            "stall_rate": med_or_none("stall_rate"), "cpu_s": med("cpu_s"),
@@ -932,35 +941,159 @@ def _mb(b: float) -> str:
     return f"{b / 1e6:,.1f} MB"
 
 
-def targets(result: dict[str, Any], sampler: str = "shuffle") -> list[tuple[str, str, bool | None]]:
-    """The issue's targets, on one sampler: (what, measured, met)."""
-    summ = result["summary"].get(sampler, {})
-    t = {c: v["seconds"] for c, v in summ.items()}
-    rows: list[tuple[str, str, bool | None]] = []
-    if "OPT + prefetch" not in t:
+#: Fewer plausible runs of a configuration than this give figures (medians
+#: and ranges) but no verdict: one run on a shared machine can land anywhere.
+MIN_RUNS = 3
+#: A configuration timed faster than everything in memory by more than this
+#: share did not measure what it seems to (each configuration does at least
+#: the in-memory one's work), so that run is left out of every verdict.
+PLAUSIBLE_MARGIN = 0.10
+
+
+class Target(NamedTuple):
+    """One target: what it asks, the figure measured (median and range),
+    and ``met``: True or False when every plausible run agrees (and there
+    are at least :data:`MIN_RUNS`), None otherwise, with ``why``."""
+
+    what: str
+    measured: str
+    met: bool | None
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A figure over the runs (one value each) against a goal."""
+
+    median: float
+    low: float
+    high: float
+    runs: int
+    met: bool | None
+    why: str = ""
+
+
+def judge(values: list[float], goal: float, *, at_least: bool, min_runs: int = MIN_RUNS) -> Judged:
+    """Met when every run meets ``goal`` (``value >= goal`` if ``at_least``,
+    else ``value <= goal``), not met when none does; otherwise, or with
+    fewer than ``min_runs`` runs, no verdict (``met`` None) and the reason."""
+    if not values:
+        return Judged(math.nan, math.nan, math.nan, 0, None, "no plausible run")
+    med, lo, hi, n = float(statistics.median(values)), min(values), max(values), len(values)
+    if n < min_runs:
+        return Judged(med, lo, hi, n, None, f"{n} plausible run{'s' if n > 1 else ''}, too few "
+                                            f"({min_runs} needed)")
+    ok = [v >= goal if at_least else v <= goal for v in values]
+    if all(ok):
+        return Judged(med, lo, hi, n, True)
+    if not any(ok):
+        return Judged(med, lo, hi, n, False)
+    return Judged(med, lo, hi, n, None, f"{sum(ok)} of {n} runs meet it, {n - sum(ok)} do not")
+
+
+def _timed(runs: dict[str, list[dict[str, Any]]]) -> tuple[list[str], int]:
+    """The configurations that ran, and how many runs each has in common."""
+    timed = [c for c in runs if runs[c]]
+    return timed, min((len(runs[c]) for c in timed), default=0)
+
+
+def implausible_runs(runs: dict[str, list[dict[str, Any]]]) -> dict[int, str]:
+    """Run index -> why, for the runs (repeats) in which a configuration was
+    timed faster than everything in memory by more than
+    :data:`PLAUSIBLE_MARGIN`: every configuration does at least the in-memory
+    one's work, so such a run measured the machine's load, not the cache."""
+    timed, n = _timed(runs)
+    out: dict[int, str] = {}
+    if "in memory" not in timed:
+        return out
+    for i in range(n):
+        mem = runs["in memory"][i]["seconds"]
+        fast = [(c, runs[c][i]["seconds"] / mem - 1) for c in timed
+                if c != "in memory" and runs[c][i]["seconds"] < (1 - PLAUSIBLE_MARGIN) * mem]
+        if fast:
+            out[i] = ", ".join(f"{c} {d:+.1%}" for c, d in fast) + " against everything in memory"
+    return out
+
+
+def judge_targets(runs: dict[str, list[dict[str, Any]]], min_runs: int = MIN_RUNS) -> list[Target]:
+    """The targets of OPT + prefetch on one sampler's runs (configuration ->
+    one result per repeat, in repeat order: the configurations ran
+    interleaved, so run i of each was measured side by side). Each timing
+    figure is computed per run; ``measured`` gives its median and range over
+    all runs, the verdict (:func:`judge`) considers the plausible runs only
+    (:func:`implausible_runs`)."""
+    rows: list[Target] = []
+    if "OPT + prefetch" not in runs:
         return rows
-    pf = t["OPT + prefetch"]
-    if "no cache" in t:
-        r = t["no cache"] / pf
-        rows.append(("OPT + prefetch at least 3x faster than no cache", f"{r:.2f}x", r >= 3))
-    ct = [c for c in CACHETOOLS if c in t]
+    timed, n = _timed(runs)
+    bad = implausible_runs(runs)
+
+    def secs(c: str) -> list[float]:
+        return [float(runs[c][i]["seconds"]) for i in range(n)]
+
+    def times(x: float) -> str:
+        return f"{x:.2f}x"
+
+    def share(x: float) -> str:
+        return f"{x:+.1%}"
+
+    def target(what: str, values: list[float], goal: float, at_least: bool, show: Callable[[float], str]) -> Target:
+        every = judge(values, goal, at_least=at_least, min_runs=1)
+        if every.runs == 1:
+            measured = f"{show(every.median)} (one run)"
+        else:
+            measured = f"{show(every.median)} (median of {every.runs} runs; {show(every.low)} to {show(every.high)})"
+        j = judge([v for i, v in enumerate(values) if i not in bad], goal, at_least=at_least, min_runs=min_runs)
+        why = j.why
+        if bad and j.met is None:
+            why += f"; {len(bad)} of {n} runs implausible, left out"
+        return Target(what, measured, j.met, why)
+
+    pf = secs("OPT + prefetch")
+    if "no cache" in timed:
+        rows.append(target("OPT + prefetch at least 3x faster than no cache",
+                           [a / b for a, b in zip(secs("no cache"), pf)], 3.0, True, times))
+    ct = [c for c in CACHETOOLS if c in timed]
     if ct:
-        best = min(ct, key=lambda c: t[c])
-        r = t[best] / pf
-        rows.append((f"at least 1.5x faster than the best cachetools policy ({best})", f"{r:.2f}x", r >= 1.5))
-    sharded = [c for c in ("Streaming", "Streaming (tuned)", "LitData") if c in t]
+        best = min(ct, key=lambda c: statistics.median(secs(c)))
+        rows.append(target(f"at least 1.5x faster than the best cachetools policy ({best})",
+                           [a / b for a, b in zip(secs(best), pf)], 1.5, True, times))
+    sharded = [c for c in ("Streaming", "Streaming (tuned)", "LitData") if c in timed]
     if sharded:
-        best = min(sharded, key=lambda c: t[c])
-        r = t[best] / pf
-        rows.append((f"at least 1.5x faster than the best of Streaming and LitData ({best})", f"{r:.2f}x",
-                     r >= 1.5))
-    if "in memory" in t:
-        r = pf / t["in memory"] - 1
-        rows.append(("within 10 % of everything in memory", f"{r:+.1%}", r <= 0.10))
-    exact = [summ[c].get("exact") for c in ("OPT", "OPT + prefetch") if c in summ]
-    rows.append(("bytes read equal the plan's predicted miss bytes (and hits the plan's)",
-                 "equal in every run" if all(exact) else "NOT equal", all(exact)))
+        best = min(sharded, key=lambda c: statistics.median(secs(c)))
+        rows.append(target(f"at least 1.5x faster than the best of Streaming and LitData ({best})",
+                           [a / b for a, b in zip(secs(best), pf)], 1.5, True, times))
+    if "in memory" in timed:
+        rows.append(target("within 10 % of everything in memory",
+                           [a / b - 1 for a, b in zip(pf, secs("in memory"))], 0.10, False, share))
+    exact = [r["storage_bytes"] == r["plan_miss_bytes"] and r["hits"] == r["plan_hits"]
+             for c in ("OPT", "OPT + prefetch") for r in runs.get(c, [])]
+    rows.append(Target("bytes read equal the plan's predicted miss bytes (and hits the plan's)",
+                       "equal in every run" if all(exact) else "NOT equal", all(exact)))
     return rows
+
+
+def targets(result: dict[str, Any], sampler: str = "shuffle") -> list[Target]:
+    """The issue's targets on one sampler's runs (see :func:`judge_targets`)."""
+    return judge_targets(result["runs"].get(sampler, {}))
+
+
+def _busy(result: dict[str, Any]) -> str:
+    """A sentence when other work took at least the machine's cores during
+    the runs, else "". The load average counts this run's own processes
+    too; their share is about its CPU time over its wall time."""
+    def other(r: dict[str, Any]) -> float:
+        return float(r["load_average"]) - float(r["cpu_s"]) / max(1e-9, float(r["seconds"]))
+
+    runs = [r for rows in result["runs"].values() for rs in rows.values() for r in rs if "load_average" in r]
+    if not runs:
+        return ""
+    top = max(runs, key=other)
+    if other(top) < top["cores"]:
+        return ""
+    return (f"The machine was busy during these runs (load average up to {top['load_average']:.1f} on "
+            f"{top['cores']} cores, about {other(top):.1f} of it other work than this run's): the runs' times "
+            "vary with it.")
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -988,7 +1121,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"{s.workers} workers, capacity {s.capacity:.0%} ({s.capacity_items:,} items), a small CNN on "
         f"{s.crop}x{s.crop} random crops (CPU, 1 thread). " + storage
         + f"OPT + prefetch: {s.threads} C threads. "
-        + (f"Medians of {s.repeats} repeats." if s.repeats > 1 else "One run each: single numbers, not medians."),
+        + (f"Each configuration ran {s.repeats} times, interleaved: medians, and the range of the runs "
+           "where it matters." if s.repeats > 1 else "One run each: single numbers, not medians."),
         "",
     ]
     for sampler, rows in summ.items():
@@ -997,7 +1131,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [f"**{sampler}**" + {"shuffle": " (epoch shuffle: RandomSampler)",
                                       "replacement": " (RandomSampler(replacement=True))",
                                       "balanced": " (class-balanced WeightedRandomSampler)"}.get(sampler, ""), "",
-                  f"| configuration | time per epoch (mean of {s.epochs}) | samples/s | vs no cache | vs in memory "
+                  f"| configuration | time per epoch (mean of {s.epochs}"
+                  + (f"; median of {s.repeats} runs, and their range" if s.repeats > 1 else "") + ") | samples/s | vs no cache | vs in memory "
                   f"| hit rate ({s.epochs} epochs) | read from storage ({s.epochs} epochs) | requests to storage "
                   f"| stall rate | CPU time ({s.epochs} epochs) | peak memory |"
                   + (" all requests to the server | the server's CPU |" if s3 else ""),
@@ -1006,8 +1141,10 @@ def markdown(result: dict[str, Any]) -> str:
             read = _mb(v["storage_bytes"])
             if "plan_miss_bytes" in v:
                 read += " (plan: " + ("equal" if v.get("exact") else _mb(v["plan_miss_bytes"])) + ")"
+            spread = (f" ({v['epoch_s_min']:.2f} to {v['epoch_s_max']:.2f})"
+                      if v.get("repeats", 1) > 1 and "epoch_s_min" in v else "")
             lines.append(
-                f"| {c} | {v['epoch_s']:.2f} s | {v['samples_per_s']:,.0f} | "
+                f"| {c} | {v['epoch_s']:.2f} s{spread} | {v['samples_per_s']:,.0f} | "
                 f"{format(base / v['seconds'], '.2f') + 'x' if base else '–'} | "
                 f"{format(v['seconds'] / mem, '.2f') + 'x' if mem else '–'} | {v['hit_rate']:.1%}"
                 f"{' (of bytes)' if v.get('hit_rate_note') == 'bytes' else ''} | {read} | "
@@ -1018,9 +1155,21 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append("")
     tg = targets(result)
     if tg:
-        lines += ["Targets (epoch shuffle, measured side by side in this run):", ""]
-        for what, val, ok in tg:
-            lines.append(f"- {what}: {val} ({'met' if ok else 'NOT met'})")
+        lines += [(f"Targets (epoch shuffle; each figure computed per run from configurations measured side by "
+                   f"side, then its median and range; a verdict only when at least {MIN_RUNS} plausible runs "
+                   "all agree):"), ""]
+        bad = implausible_runs(result["runs"].get("shuffle", {}))
+        if bad:
+            lines += ["Implausible, so left out of the verdicts: "
+                      + "; ".join(f"run {i + 1} ({why})" for i, why in sorted(bad.items()))
+                      + ". No configuration can be faster than everything in memory: the machine's load "
+                      "changed during the runs.", ""]
+        busy = _busy(result)
+        if busy:
+            lines += [busy, ""]
+        for t in tg:
+            verdict = "met" if t.met else "NOT met" if t.met is False else "no verdict"
+            lines.append(f"- {t.what}: {t.measured} ({verdict}{': ' + t.why if t.why else ''})")
         lines.append("")
     for c, why in result.get("skipped", {}).items():
         lines.append(f"- {c} was not run: {why}.")
@@ -1102,15 +1251,29 @@ def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]
     width = max(7.0, 4.2 * len(samplers) + 1)
     height = 0.42 * len(configs) + 1.6
 
-    def bars(ax: Any, vals: list[float], label: Callable[[float], str], xmax: float, sampler: str) -> None:
+    def bars(ax: Any, vals: list[float], label: Callable[[float], str], xmax: float, sampler: str,
+             ranges: list[tuple[float, float] | None] | None = None) -> None:
         # A bar past the axis (Streaming's thrashing) is cut at its end,
-        # with its value written on it.
+        # with its value written on it. ``ranges``: (low, high) per bar, drawn
+        # as whiskers (cut at the axis too); the values are then written at
+        # the bar's base, or past the whisker, so that no line crosses them.
         ax.barh(range(len(configs)), [0.0 if math.isnan(v) else min(v, xmax) for v in vals],
                 color=[colour[c] for c in configs])
         for i, v in enumerate(vals):
             if math.isnan(v):
                 ax.text(0, i, " failed" if configs[i] in failed.get(sampler, {}) else " not run", va="center",
                         fontsize=8, color="#7f8c8d")
+                continue
+            span = ranges[i] if ranges else None
+            cut = " (axis cut) " if v > xmax else " "
+            if span is not None:
+                lo, hi = min(span[0], xmax), min(span[1], xmax)
+                ax.errorbar(min(v, xmax), i, xerr=[[min(v, xmax) - lo], [hi - min(v, xmax)]], fmt="none",
+                            ecolor="black", elinewidth=0.9, capsize=3, zorder=4)
+                if min(v, xmax) > 0.3 * xmax:
+                    ax.text(0, i, f" {label(v)}{cut}", va="center", fontsize=8, ha="left", color="white")
+                else:
+                    ax.text(max(hi, min(v, xmax)), i, f" {label(v)}", va="center", fontsize=8, ha="left")
                 continue
             # Inside the bar's end when it is long, past it otherwise.
             inside = min(v, xmax) > 0.7 * xmax
@@ -1124,14 +1287,20 @@ def plot(result: dict[str, Any], out_dir: str, prefix: str = "e2e") -> list[str]
                              layout="constrained")
     for ax, s in zip(axes[0], samplers):
         vals = [value(s, c, "epoch_s") for c in configs]
-        xmax = np.nanmax(vals) * 1.2
+        highs = [h for h in (value(s, c, "epoch_s_max") for c in configs) if not math.isnan(h)]
+        xmax = max([np.nanmax(vals) * 1.2] + [1.05 * h for h in highs])
         if "no cache" in summ[s]:  # the axis cut as for the bytes below
             xmax = min(xmax, 2.4 * summ[s]["no cache"]["epoch_s"])
-        bars(ax, vals, lambda v: f"{v:.1f} s", xmax, s)
+        ranges: list[tuple[float, float] | None] | None = None
+        if median:  # the range of the runs, as whiskers
+            ranges = [(summ[s][c]["epoch_s_min"], summ[s][c]["epoch_s_max"])
+                      if "epoch_s_min" in summ[s].get(c, {}) else None for c in configs]
+        bars(ax, vals, lambda v: f"{v:.1f} s", xmax, s, ranges)
         if "in memory" in summ[s]:
             ax.axvline(summ[s]["in memory"]["epoch_s"], color="k", ls="--", lw=0.8)
         ax.set_title(s)
-        ax.set_xlabel(f"time per epoch, s (mean of {epochs} epochs{median})")
+        ax.set_xlabel(f"time per epoch, s (mean of {epochs} epochs{median}"
+                      + (f";\nwhiskers: the range of {result['setup']['repeats']} runs)" if median else ")"))
     axes[0][0].invert_yaxis()  # shared by all panels: the first configuration on top
     axes[0][0].set_yticks(range(len(configs)), configs)
     fig.suptitle("Time per epoch (lower is better; dashed line: in memory)")

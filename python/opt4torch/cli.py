@@ -1,7 +1,7 @@
 """The ``opt4torch`` command (and ``opt4torch-precompute``, its earlier name).
 
     opt4torch precompute   capture a sampler (or read a trace) and write a plan
-    opt4torch inspect      print a plan file's header and totals, or what a record file holds
+    opt4torch inspect      describe a plan file, a record file, a tar shard or an image folder
     opt4torch simulate     replay a trace, or sweep generated patterns, through policies
     opt4torch cluster      simulate N nodes: no cache, per-node OPT and one OPT plan over all of them
     opt4torch cleanup      list this user's shared-memory pools, remove stale ones
@@ -239,24 +239,35 @@ def _cmd_precompute(args: argparse.Namespace) -> int:
 # ---- inspect ----
 
 
-_RECORD_MAGIC = b"OPT4REC\0"
+_INSPECTS = "inspect describes a plan file (.opt4), a record file (opt4torch pack), a tar shard or an image folder"
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    from ._formats import decompress_command, sniff
+
     path = args.plan
     if os.path.isdir(path):
-        raise UsageError(f"{path!r} is a directory; inspect takes a plan file (.opt4) or a record file")
+        return _inspect_image_folder(path, args.json)
     if os.path.exists(path):
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
             from .records import _file_kind
 
-            raise UsageError(f"{path!r} is {_file_kind(st.st_mode)}, not a regular file; inspect takes a plan "
-                             "file (.opt4) or a record file")
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-        if head == _RECORD_MAGIC:
+            raise UsageError(f"{path!r} is {_file_kind(st.st_mode)}, not a regular file; {_INSPECTS}")
+        fmt = sniff(path)
+        if fmt.kind == "records":
             return _inspect_records(path, args.json)
+        if fmt.kind == "tar":
+            return _inspect_tar(path, args.json)
+        if fmt.compressed:
+            raise ValueError(f"{path} is {fmt.what}: {_INSPECTS}, as stored, uncompressed (a compressed tar shard "
+                             f"is not read in place either); decompress it first, "
+                             f"`{decompress_command(path, fmt)[0]}`, and inspect that")
+        if fmt.kind not in ("plan", "pickle"):
+            with open(path, "rb") as fh:
+                head = fh.read(16)
+            raise ValueError(f"{path} is {fmt.what} (it starts with {head!r}), not an opt4 plan file, a record "
+                             f"file or a tar shard; {_INSPECTS}")
     p = load_plan(path)
     info = p.stats()
     info["kind"] = "plan"
@@ -318,6 +329,94 @@ def _inspect_records(path: str, as_json: bool) -> int:
     else:
         print("labels      none" + (f" ({side} has no labels)" if info["sidecar"] else " (no sidecar)"))
     print("read it     opt4torch.records.RecordFile(path); a dataset, not a plan")
+    return 0
+
+
+def _inspect_tar(path: str, as_json: bool) -> int:
+    """A WebDataset tar shard: its samples as opt4torch.TarShards indexes
+    them (the cached index when current; nothing is written)."""
+    from .sources import shard_index
+
+    samples = shard_index(path, write=False)
+    fields: dict[str, int] = {}
+    for _key, _off, _length, members in samples:
+        for field, _moff, _size in members:
+            fields[field] = fields.get(field, 0) + 1
+    lengths = [length for _k, _o, length, _m in samples]
+    info: dict[str, Any] = {
+        "kind": "tar",
+        "path": os.path.abspath(path),
+        "file_bytes": os.path.getsize(path),
+        "samples": len(samples),
+        "fields": fields,
+        "data_bytes": sum(size for *_, members in samples for _f, _o, size in members),
+        "min_sample_bytes": min(lengths, default=0),
+        "max_sample_bytes": max(lengths, default=0),
+        "first_key": samples[0][0] if samples else None,
+        "last_key": samples[-1][0] if samples else None,
+    }
+    if as_json:
+        print(json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False))
+        return 0
+    print(f"tar shard   {info['path']} ({info['file_bytes']:,} bytes)")
+    if not samples:
+        print("samples     none (no member named <key>.<field>, as WebDataset groups them)")
+    else:
+        keys = f"{info['first_key']!r}" + (f" ... {info['last_key']!r}" if len(samples) > 1 else "")
+        print(f"samples     {len(samples):,}, keys {keys}")
+        shown = sorted(fields.items(), key=lambda kv: (-kv[1], kv[0]))
+        more = f", and {len(shown) - 12} more" if len(shown) > 12 else ""
+        print("fields      " + ", ".join(f"{name} {count:,}" for name, count in shown[:12]) + more)
+        print(f"data        {info['data_bytes']:,} bytes in fields; a sample is one read of "
+              f"{info['min_sample_bytes']:,} to {info['max_sample_bytes']:,} bytes")
+    print("read it     opt4torch.TarShards(path): ds[i] == {'__key__': key, field: bytes, ...}; a dataset, not a plan")
+    return 0
+
+
+def _inspect_image_folder(path: str, as_json: bool) -> int:
+    """An image folder as opt4torch.ImageFolder (and pack) number it, empty
+    classes shown rather than refused."""
+    from .sources import ImageFolder, LayoutError
+
+    try:
+        ds = ImageFolder(path, allow_empty=True)
+    except LayoutError:
+        raise UsageError(f"{path!r} is a directory with no class folders; {_INSPECTS} "
+                         "(root/<class>/<image files>)") from None
+    try:
+        sizes = ds.item_sizes()
+    finally:
+        ds.close()
+    counts = [0] * len(ds.classes)
+    for label in ds.targets:
+        counts[label] += 1
+    info: dict[str, Any] = {
+        "kind": "image_folder",
+        "path": os.path.abspath(path),
+        "classes": len(ds.classes),
+        "images": len(ds),
+        "data_bytes": int(sizes.sum()),
+        "min_image_bytes": int(sizes.min()) if sizes.size else 0,
+        "max_image_bytes": int(sizes.max()) if sizes.size else 0,
+        "class_counts": dict(zip(ds.classes, counts)),
+        "dot_classes": [c for c in ds.classes if c.startswith(".")],
+        "empty_classes": [c for c, n in zip(ds.classes, counts) if n == 0],
+    }
+    if as_json:
+        print(json.dumps(info, indent=2, sort_keys=True, ensure_ascii=False))
+        return 0
+    print(f"image folder {info['path']} ({info['images']:,} images, {info['data_bytes']:,} bytes, "
+          f"{info['min_image_bytes']:,} to {info['max_image_bytes']:,} each)")
+    listed = ", ".join(f"{i} {c!r} {n:,}" for i, (c, n) in enumerate(zip(ds.classes, counts)) if i < 12)
+    more = f", and {len(ds.classes) - 12} more" if len(ds.classes) > 12 else ""
+    print(f"classes     {len(ds.classes):,}, label name images: {listed}{more}")
+    if info["dot_classes"]:
+        print(f"note        {', '.join(map(repr, info['dot_classes']))}: names that start with a dot are "
+              "classes, as torchvision counts them (move such folders out if they are not classes)")
+    if info["empty_classes"]:
+        print(f"empty       {', '.join(map(repr, info['empty_classes']))}: no image; ImageFolder and pack refuse "
+              "these unless allow_empty=True (--allow-empty)")
+    print("read it     opt4torch.ImageFolder(path), or `opt4torch pack path out.rec`; ds[i] == (bytes, label)")
     return 0
 
 
@@ -972,11 +1071,15 @@ def _parser() -> argparse.ArgumentParser:
     _precompute_parser(p)
     p.set_defaults(func=_cmd_precompute)
 
-    p = sub.add_parser("inspect", help="print a plan file's header and totals, or what a record file holds",
+    p = sub.add_parser("inspect", help="describe a plan file, a record file, a tar shard or an image folder",
                        description="Print what FILE holds: a plan file's header (format version, sequence "
-                                   "fingerprint, capacity, policy) and its totals (hits, misses, bypasses), or "
-                                   "a record file's items, sizes and labels. Nothing is changed.")
-    p.add_argument("plan", metavar="FILE", help="a plan file, or a record file (opt4torch pack)")
+                                   "fingerprint, capacity, policy) and its totals (hits, misses, bypasses); a "
+                                   "record file's items, sizes and labels; a WebDataset tar shard's samples, "
+                                   "fields and sizes; an image folder's classes (numbered as ImageFolder and "
+                                   "pack number them) and images. What it is comes from its first bytes, not "
+                                   "its name. Nothing is changed.")
+    p.add_argument("plan", metavar="FILE", help="a plan file, a record file (opt4torch pack), a WebDataset tar "
+                                               "shard, or an image folder")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_inspect)
 

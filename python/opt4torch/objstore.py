@@ -38,6 +38,7 @@ docs/sources.md, "The object store", has the details.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import multiprocessing
 import multiprocessing.context
@@ -51,7 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from .sources import IMG_EXTENSIONS, _read_index, _record_size, _write_index, checked_index
+from ._shardnames import expand_shards, has_glob
+from .sources import IMG_EXTENSIONS, _read_index, _record_size, _write_index, check_tar, checked_index
 
 __all__ = ["S3ImageFolder", "S3TarShards", "ObjectStoreError"]
 
@@ -546,31 +548,54 @@ class S3TarShards(_ObjectDataset):
                  endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
                  unsigned: bool = False, path_style: bool | None = None, max_attempts: int = 3,
                  latency: float = 0.0, client: str = "auto") -> None:
-        if isinstance(urls, str):
-            urls = [urls]
-        self.urls = list(urls)
-        if not self.urls:
+        if not isinstance(urls, str) and not urls:
             raise ValueError("S3TarShards needs at least one shard")
-        places = [_split_object_url(u) for u in self.urls]
-        buckets = {b for b, _ in places}
+        # One bucket, checked before anything is listed: the parts as
+        # written (a pattern's bucket is not expanded).
+        buckets = {_split_url(u)[0] for u in (urls.split("::") if isinstance(urls, str) else urls)}
         if len(buckets) != 1:
             raise ValueError(f"S3TarShards reads shards of one bucket, got {', '.join(sorted(buckets))}")
-        self._setup(places[0][0], endpoint_url, region, profile, unsigned, path_style, max_attempts, latency, client)
+        self._setup(buckets.pop(), endpoint_url, region, profile, unsigned, path_style, max_attempts, latency,
+                    client)
+        listings: dict[str, dict[str, tuple[int, str]]] = {}
+
+        def listing(folder: str) -> dict[str, tuple[int, str]]:
+            if folder not in listings:
+                listings[folder] = self._list(folder)
+            return listings[folder]
+
+        def exists(url: str) -> bool:
+            bucket, key = _split_object_url(url)
+            return bucket == self.bucket and key in listing(_folder(key))
+
+        def match(url: str) -> list[str]:
+            bucket, pattern = _split_object_url(url)
+            folder = _folder(pattern)
+            if bucket != self.bucket:
+                return []
+            if has_glob(folder):
+                raise ValueError(f"{url!r}: a glob is matched against the objects of one folder of the shards' "
+                                 "bucket, in the last part of the name only (s3://bucket/shards/*.tar); name "
+                                 "other folders with braces ({a,b}) or list them")
+            return [f"s3://{self.bucket}/{key}" for key in sorted(listing(folder))
+                    if "/" not in key[len(folder):] and fnmatch.fnmatchcase(key, pattern)]
+
+        self.urls = expand_shards(urls, exists=exists, match=match)
+        places = [_split_object_url(u) for u in self.urls]
+        if {b for b, _ in places} != {self.bucket}:
+            raise ValueError(f"S3TarShards reads shards of one bucket, got "
+                             f"{', '.join(sorted({b for b, _ in places}))}")
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else os.path.join(
             os.path.expanduser("~"), ".cache", "opt4torch")
         self._shard_keys = [k for _, k in places]
         self.index_bytes = 0
-        listings: dict[str, dict[str, tuple[int, str]]] = {}
         self.keys: list[str] = []
         self._members: list[tuple[tuple[str, int, int], ...]] = []
         rows: list[tuple[int, int, int]] = []
         for k, key in enumerate(self._shard_keys):
-            folder = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
-            if folder not in listings:
-                listings[folder] = self._list(folder)
-            if key not in listings[folder]:
+            if key not in listing(_folder(key)):
                 raise FileNotFoundError(f"no object s3://{self.bucket}/{key} {self._where()} (a tar shard)")
-            size, etag = listings[folder][key]
+            size, etag = listing(_folder(key))[key]
             for skey, off, length, members in self._shard_index(key, size, etag):
                 self.keys.append(skey)
                 self._members.append(tuple((f, o, n) for f, o, n in members))
@@ -596,6 +621,7 @@ class S3TarShards(_ObjectDataset):
                 tmp.write(self._get(key, start, min(step, size - start), count=False))
             tmp.flush()
             self.index_bytes += size
+            check_tar(tmp.name, url, in_store=True)
             try:
                 samples = _engine.tar_index(tmp.name)
             except Exception as exc:  # the indexer names the temporary file: name the object
@@ -647,6 +673,11 @@ class S3TarShards(_ObjectDataset):
 
     def __repr__(self) -> str:
         return f"S3TarShards({len(self.urls)} shards, {len(self)} samples, {self._where()})"
+
+
+def _folder(key: str) -> str:
+    """The folder part of a key, with its slash ("" at the top): what is listed."""
+    return key.rsplit("/", 1)[0] + "/" if "/" in key else ""
 
 
 def _split_object_url(url: str) -> tuple[str, str]:

@@ -21,7 +21,7 @@ import json
 import os
 import stat
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,12 @@ import numpy as np
 
 from . import _engine
 from ._files import abort_on_sigterm, check_output
-from .sources import checked_index
+from .sources import IMG_EXTENSIONS, LayoutError, checked_index, find_classes, make_dataset
 
 __all__ = ["RecordFile", "write_records", "image_folder_to_records", "IMAGE_EXTENSIONS"]
 
-#: File extensions image_folder_to_records takes (as torchvision's ImageFolder does).
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+#: File extensions image_folder_to_records takes by default (opt4torch.sources.IMG_EXTENSIONS, torchvision's).
+IMAGE_EXTENSIONS = IMG_EXTENSIONS
 
 
 def _sidecar(path: str | os.PathLike[str]) -> Path:
@@ -311,56 +311,43 @@ def _file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _scan_image_folder(base: Path, exts: tuple[str, ...], follow_links: bool,
-                       allow_empty: bool) -> tuple[list[str], list[Path], list[int]]:
-    """Classes, files and labels of an ImageFolder layout, as torchvision
-    numbers them (classes sorted, files sorted within each class, links to
-    folders followed), with these rules of our own: a file or folder that a
-    symbolic link takes outside ``base`` is refused unless ``follow_links``;
-    a class folder with no image is refused unless ``allow_empty`` (as
-    torchvision's ``allow_empty``)."""
+def _scan_image_folder(base: Path, extensions: Sequence[str] | None, is_valid_file: Callable[[str], bool] | None,
+                       follow_links: bool, allow_empty: bool) -> tuple[list[str], list[Path], list[int]]:
+    """Classes, files and labels of an ImageFolder layout, numbered by the
+    one rule :class:`opt4torch.ImageFolder` uses (torchvision's:
+    :func:`opt4torch.sources.find_classes` and ``make_dataset``), with one
+    refusal of our own: a file or folder that a symbolic link takes outside
+    ``base`` is refused unless ``follow_links``, so that packing a folder
+    never packs files from elsewhere."""
+    classes, class_to_idx = find_classes(base)
+    samples = make_dataset(base, class_to_idx, extensions=extensions, is_valid_file=is_valid_file,
+                           allow_empty=allow_empty)
+    if not samples:
+        raise LayoutError(f"no image files under {base}: a record file of no records is not written")
     real_base = os.path.realpath(base)
-    classes = sorted(d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
-    if not classes:
-        raise ValueError(f"{base} has no class folders (expected root/<class>/<image files>)")
-    files: list[Path] = []
-    labels: list[int] = []
-    empty: list[str] = []
-    for label, cls in enumerate(classes):
-        before = len(files)
-        for dirpath, _, names in sorted(os.walk(base / cls, followlinks=True)):
-            for name in sorted(names):
-                if not name.lower().endswith(exts):
-                    continue
-                f = Path(dirpath) / name
-                real = os.path.realpath(f)
-                if not follow_links and os.path.commonpath([real, real_base]) != real_base:
-                    raise ValueError(f"{f} leads outside {base} (to {real}) through a symbolic link: "
-                                     "refused, so that packing a folder never packs files from elsewhere; "
-                                     "pass follow_links=True (opt4torch pack --follow-links) to pack it")
-                files.append(f)
-                labels.append(label)
-        if len(files) == before:
-            empty.append(cls)
-    if empty and not allow_empty:
-        raise ValueError(f"no image files ({', '.join(exts)}) in the class folder(s) "
-                         f"{', '.join(repr(c) for c in empty)} of {base}: torchvision's ImageFolder refuses "
-                         "such a layout too; remove the folder, or pass allow_empty=True "
-                         "(opt4torch pack --allow-empty) to keep it as a class with no images")
-    if not files:
-        raise ValueError(f"no image files ({', '.join(exts)}) under {base}")
-    return classes, files, labels
+    if not follow_links:
+        for path, _ in samples:
+            real = os.path.realpath(path)
+            if os.path.commonpath([real, real_base]) != real_base:
+                raise ValueError(f"{path} leads outside {base} (to {real}) through a symbolic link: "
+                                 "refused, so that packing a folder never packs files from elsewhere; "
+                                 "pass follow_links=True (opt4torch pack --follow-links) to pack it")
+    return classes, [Path(p) for p, _ in samples], [label for _, label in samples]
 
 
 def image_folder_to_records(root: str | os.PathLike[str], path: str | os.PathLike[str], *,
-                            extensions: Sequence[str] = IMAGE_EXTENSIONS,
+                            extensions: str | Sequence[str] | None = None,
                             progress: bool | None = None, follow_links: bool = False,
-                            allow_empty: bool = False) -> RecordFile:
+                            allow_empty: bool = False,
+                            is_valid_file: Callable[[str], bool] | None = None) -> RecordFile:
     """Pack an image folder in the ``ImageFolder`` layout (``root/<class>/<file>``)
     into a record file: record ``i`` is the ``i``-th file's bytes as stored
-    (still encoded), in class order then file name order, as torchvision
-    numbers them; the sidecar keeps the classes, each record's label and its
-    source file. ``RecordFile(path)[i]`` is then ``(bytes, label)``.
+    (still encoded), in class order then file name order, numbered as
+    :class:`opt4torch.ImageFolder` and torchvision number the same tree (one
+    rule: class folders whose names start with a dot are classes too;
+    ``extensions``, default :data:`IMAGE_EXTENSIONS`, or ``is_valid_file``
+    choose the files, as ``ImageFolder``'s do); the sidecar keeps the
+    classes, each record's label and its source file. ``RecordFile(path)[i]`` is then ``(bytes, label)``.
 
     Unlike torchvision, which reads whatever the folder holds: a symbolic
     link that leads outside ``root`` is refused unless ``follow_links``;
@@ -371,8 +358,7 @@ def image_folder_to_records(root: str | os.PathLike[str], path: str | os.PathLik
     base = Path(root)
     if not base.is_dir():
         raise FileNotFoundError(f"{base} is not a folder (expected root/<class>/<image files>)")
-    exts = tuple(e.lower() for e in extensions)
-    classes, files, labels = _scan_image_folder(base, exts, follow_links, allow_empty)
+    classes, files, labels = _scan_image_folder(base, extensions, is_valid_file, follow_links, allow_empty)
     empty_files: list[Path] = []
 
     def contents() -> Iterable[bytes]:

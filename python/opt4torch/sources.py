@@ -6,39 +6,44 @@ was made, so ``opt4torch.DataLoader(...).cache.stats()["storage_bytes"]``
 reports what was read from storage.
 
 * :class:`ImageFolder`: classes, labels and order exactly as torchvision's
-  ``ImageFolder`` assigns them; ``ds[i]`` is ``(bytes, label)``, the file as
-  stored (decode in ``transform``, after the cache). Given to
+  ``ImageFolder`` assigns them, by the one rule ``opt4torch pack`` numbers
+  with too (:func:`find_classes`, :func:`make_dataset`); ``ds[i]`` is
+  ``(bytes, label)``, the file as stored (decode in the loader's
+  ``transform``, after the cache). Given to
   :class:`opt4torch.DataLoader`, its misses are prefetched by C threads (as a
   record file's are).
-* :class:`TarShards`: each shard indexed once by the C indexer (WebDataset's
-  grouping into samples), the index cached beside the shard; ``ds[i]`` is
-  WebDataset's raw sample, ``{"__key__": key, "jpg": bytes, ...}``, read in
-  one ``pread`` (a sample is one byte range of its shard). Given to
-  :class:`opt4torch.DataLoader`, its misses are prefetched by the same C
-  threads: the binding's tar source (binding/tarframe.c) reads a sample's
-  range and lays it out as the codec stores ``ds[i]``, with no Python on
-  the way.
+* :class:`TarShards`: shards named as WebDataset names them (a list, or a
+  brace pattern such as ``"shard-{000000..000003}.tar"``, or a glob), each
+  indexed once by the C indexer (WebDataset's grouping into samples), the
+  index cached beside the shard; ``ds[i]`` is WebDataset's raw sample,
+  ``{"__key__": key, "jpg": bytes, ...}``, read in one ``pread`` (a sample
+  is one byte range of its shard). Given to :class:`opt4torch.DataLoader`,
+  its misses are prefetched by the same C threads: the binding's tar source
+  (binding/tarframe.c) reads a sample's range and lays it out as the codec
+  stores ``ds[i]``, with no Python on the way.
 
 docs/sources.md has the details.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import stat
 import warnings
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import _engine
 from ._files import atomic_write
+from ._formats import decompress_command, decompressed_name, sniff
+from ._shardnames import expand_shards
 
-__all__ = ["ImageFolder", "TarShards", "IMG_EXTENSIONS"]
+__all__ = ["IMG_EXTENSIONS", "ImageFolder", "LayoutError", "TarShards", "find_classes", "make_dataset", "shard_index"]
 
 #: torchvision.datasets.folder.IMG_EXTENSIONS.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -113,24 +118,41 @@ class ImageFolder(_RangeDataset):
 
     ``classes``, ``class_to_idx``, ``samples`` (``(path, label)`` pairs),
     ``targets`` and the order of items are torchvision's
-    (``torchvision.datasets.ImageFolder``: class folders sorted, files found by
-    ``os.walk`` with links followed, sorted, kept when their name ends with one
-    of :data:`IMG_EXTENSIONS`, case-insensitively; a class folder with no
-    image is refused). ``ds[i]`` is ``(bytes, label)``: the file's bytes as
-    stored. Files are sized once here; a file changed afterwards is read at
-    its old length (shorter: the read fails, naming it).
+    (``torchvision.datasets.ImageFolder``: every folder under ``root`` is a
+    class, those whose names start with a dot too, sorted; files found by
+    ``os.walk`` with links followed, sorted, kept when their name ends with
+    one of ``extensions`` (default :data:`IMG_EXTENSIONS`),
+    case-insensitively, or when ``is_valid_file(path)`` says so; a class
+    folder with no file kept is refused unless ``allow_empty``). The same
+    rule numbers ``opt4torch pack`` (:func:`find_classes`,
+    :func:`make_dataset`). ``ds[i]`` is ``(bytes, label)``: the file's bytes
+    as stored. Files are sized once here; a file changed afterwards is read
+    at its old length (shorter: the read fails, naming it).
+
+    torchvision's ``transform``, ``target_transform`` and ``loader`` are
+    refused, saying where they go: what is cached is the file's bytes, and
+    decoding and augmentation run after the cache, in
+    ``opt4torch.DataLoader(..., transform=...)``.
 
     ``direct=True`` reads with ``O_DIRECT`` where the filesystem allows it
     (``info()["note"]`` says how reads are done). ``latency`` (seconds) sleeps
     before every read: an emulated slow store.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, direct: bool = False, latency: float = 0.0) -> None:
-        self.root = os.fspath(root)
+    def __init__(self, root: str | os.PathLike[str], transform: None = None, target_transform: None = None,
+                 loader: None = None, is_valid_file: Callable[[str], bool] | None = None,
+                 allow_empty: bool = False, *, extensions: str | Sequence[str] | None = None,
+                 direct: bool = False, latency: float = 0.0) -> None:
+        for name, value in (("transform", transform), ("target_transform", target_transform), ("loader", loader)):
+            if value is not None:
+                raise TypeError(_REFUSED[name])
+        # torchvision's VisionDataset expands a leading ~ of a str root.
+        self.root = os.path.expanduser(root) if isinstance(root, str) else os.fspath(root)
         self.direct = bool(direct)
         self.latency = float(latency)
-        self.classes, self.class_to_idx = _find_classes(self.root)
-        self.samples = _make_dataset(self.root, self.class_to_idx)
+        self.classes, self.class_to_idx = find_classes(self.root)
+        self.samples = make_dataset(self.root, self.class_to_idx, extensions=extensions,
+                                    is_valid_file=is_valid_file, allow_empty=allow_empty)
         self.imgs = self.samples
         self.targets = [label for _, label in self.samples]
         self._labels = np.asarray(self.targets, dtype=np.int64)
@@ -158,18 +180,69 @@ class ImageFolder(_RangeDataset):
         return f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, direct={self.direct})"
 
 
-def _find_classes(root: str) -> tuple[list[str], dict[str, int]]:
-    """torchvision.datasets.folder.find_classes."""
+_AFTER_THE_CACHE = ("opt4torch.ImageFolder returns each file as stored, ds[i] == (bytes, label), so that the "
+                    "cache holds the bytes and not one random augmentation of them; decoding and augmentation "
+                    "run after the cache: give them to the loader, opt4torch.DataLoader(ds, ..., transform=f), "
+                    "where f takes (bytes, label), e.g. lambda s: (tfm(PIL.Image.open(io.BytesIO(s[0]))"
+                    ".convert('RGB')), s[1])")
+_REFUSED = {
+    "transform": f"ImageFolder takes no transform: {_AFTER_THE_CACHE}",
+    "target_transform": f"ImageFolder takes no target_transform: {_AFTER_THE_CACHE}; map the label there too",
+    "loader": (f"ImageFolder takes no loader: it reads the files' bytes itself (in C, and prefetched); "
+               f"{_AFTER_THE_CACHE}, decoding there as your loader would"),
+}
+
+
+class LayoutError(FileNotFoundError, ValueError):
+    """An image folder laid out so that it has no classes, or a class with
+    no file: torchvision raises ``FileNotFoundError`` for these, and the
+    packer always raised ``ValueError``; this is both, so that code written
+    against either keeps working."""
+
+
+def find_classes(root: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
+    """The classes of an image folder and their numbers, as
+    ``torchvision.datasets.folder.find_classes`` gives them: every folder
+    directly under ``root`` (and every link to one), sorted by name, numbered
+    from 0. Folders whose names start with a dot are classes too
+    (``.ipynb_checkpoints``, ``.cache``): torchvision counts them, and a
+    number given to one shifts every later label, so skipping them here
+    would give other labels than torchvision's for the same tree. This is
+    the one rule, for :class:`ImageFolder` and for ``opt4torch pack``
+    (docs/sources.md, "One numbering")."""
+    root = os.fspath(root)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"{root} is not a folder (expected root/<class>/<image files>)")
     classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
     if not classes:
-        raise FileNotFoundError(f"Couldn't find any class folder in {root}.")
+        raise LayoutError(f"{root} has no class folders (expected root/<class>/<image files>); torchvision's "
+                          "ImageFolder refuses it too (\"Couldn't find any class folder\")")
     return classes, {name: i for i, name in enumerate(classes)}
 
 
-def _make_dataset(root: str, class_to_idx: dict[str, int]) -> list[tuple[str, int]]:
-    """torchvision.datasets.folder.make_dataset with its default extensions."""
+def make_dataset(root: str | os.PathLike[str], class_to_idx: dict[str, int], *,
+                 extensions: str | Sequence[str] | None = None, is_valid_file: Callable[[str], bool] | None = None,
+                 allow_empty: bool = False) -> list[tuple[str, int]]:
+    """The ``(path, label)`` pairs of an image folder, in the order
+    ``torchvision.datasets.folder.make_dataset`` gives: classes in sorted
+    order, each walked by ``os.walk`` with links followed, folders and names
+    sorted. A file is kept when ``is_valid_file(path)`` says so, or, without
+    one, when its name ends with one of ``extensions`` (default
+    :data:`IMG_EXTENSIONS`), case-insensitively; giving both is refused, as
+    torchvision refuses it. A class with no file kept is refused unless
+    ``allow_empty`` (it then keeps its number and has no sample)."""
+    root = os.fspath(root)
+    if extensions is not None and is_valid_file is not None:
+        raise ValueError("give extensions or is_valid_file, not both (torchvision refuses both too): "
+                         "is_valid_file decides alone")
+    exts: tuple[str, ...] = ()
+    if is_valid_file is None:
+        exts = _extensions(IMG_EXTENSIONS if extensions is None else extensions)
+        rule = f"no name ends with {', '.join(exts)}"
+    elif not callable(is_valid_file):
+        raise TypeError(f"is_valid_file must be a callable taking a path, not {type(is_valid_file).__name__}")
+    else:
+        rule = "is_valid_file accepted none"
     instances: list[tuple[str, int]] = []
     available: set[str] = set()
     for target_class in sorted(class_to_idx):
@@ -180,20 +253,40 @@ def _make_dataset(root: str, class_to_idx: dict[str, int]) -> list[tuple[str, in
         for dirpath, _, fnames in sorted(os.walk(target_dir, followlinks=True)):
             for fname in sorted(fnames):
                 path = os.path.join(dirpath, fname)
-                if path.lower().endswith(IMG_EXTENSIONS):
+                if is_valid_file(path) if is_valid_file is not None else path.lower().endswith(exts):
                     instances.append((path, class_index))
                     available.add(target_class)
-    empty = set(class_to_idx) - available
-    if empty:
-        raise FileNotFoundError(f"Found no valid file for the classes {', '.join(sorted(empty))}. "
-                                f"Supported extensions are: {', '.join(IMG_EXTENSIONS)}")
+    empty = sorted(set(class_to_idx) - available)
+    if empty and not allow_empty:
+        dotted = [c for c in empty if c.startswith(".")]
+        hint = ""
+        if dotted:
+            hint = (f" {', '.join(repr(c) for c in dotted)} {'starts' if len(dotted) == 1 else 'start'} with a dot: "
+                    "torchvision counts such folders as classes too, and so does opt4torch (one numbering "
+                    "for every reader), so move it out of the root rather than have it shift every label.")
+        raise LayoutError(f"Found no valid file for the classes {', '.join(empty)} in {root}: the class "
+                          f"folder(s) {', '.join(repr(c) for c in empty)} hold no file that is kept ({rule})."
+                          f"{hint} torchvision's ImageFolder refuses such a layout too; remove the folder, or "
+                          "pass allow_empty=True (opt4torch pack --allow-empty) to keep it as a class with "
+                          "no images")
     return instances
+
+
+def _extensions(extensions: str | Sequence[str]) -> tuple[str, ...]:
+    """Extensions as a lower-case tuple (a single one may be a str, as
+    torchvision allows). torchvision lower-cases only the file name, so an
+    upper-case extension there matches nothing; here it matches as meant."""
+    exts = (extensions,) if isinstance(extensions, str) else tuple(extensions)
+    if not exts or not all(isinstance(e, str) and e for e in exts):
+        raise ValueError(f"extensions must be non-empty strings such as '.jpg', not {extensions!r}")
+    return tuple(e.lower() for e in exts)
 
 
 # ---- tar shards ----
 
 _INDEX_FORMAT = "opt4torch-tar-index"
 _INDEX_VERSION = 1
+_INDEX_SUFFIX = ".opt4idx.json"
 
 
 class TarShards(_RangeDataset):
@@ -202,9 +295,19 @@ class TarShards(_RangeDataset):
     (fields lower-cased, e.g. ``"jpg"``, ``"cls"``, ``"seg.png"``), samples
     numbered shard after shard in the order of ``paths``.
 
+    ``paths`` is spelled as for WebDataset: a list of shards, or a string
+    split at ``::`` with each part brace-expanded
+    (``"shards/train-{000000..000147}.tar"``, ``"{a,b}.tar"``), and here
+    also globs (``"shards/*.tar"``, sorted); a name that exists as written
+    is taken as written, and a pattern that matches nothing is refused
+    naming it (``opt4torch._shardnames``). ``self.paths`` is the list.
+
     Each shard is indexed once by the C indexer (regular members only; ustar,
     GNU long names and pax headers; members grouped into samples by key as
     WebDataset does); a malformed shard is refused, naming it and the offset.
+    A compressed shard (``.tar.gz``, known by its first bytes, not its name)
+    is refused with the command that decompresses it: samples are read as
+    byte ranges, which a compressed stream does not have.
     The index is cached beside the shard as ``<shard>.opt4idx.json`` (in
     ``cache_dir``, default ``~/.cache/opt4torch``, when the shard's folder is
     not writable), written atomically, and used only while the shard's size,
@@ -214,15 +317,12 @@ class TarShards(_RangeDataset):
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, direct: bool = False,
                  latency: float = 0.0, cache_dir: str | os.PathLike[str] | None = None) -> None:
-        if isinstance(paths, (str, os.PathLike)):
-            paths = [paths]
-        self.paths = [os.fspath(p) for p in paths]
-        if not self.paths:
+        if not isinstance(paths, (str, os.PathLike)) and not paths:
             raise ValueError("TarShards needs at least one shard")
+        self.paths = expand_shards(paths, exists=os.path.exists, match=_glob_shards)
         self.direct = bool(direct)
         self.latency = float(latency)
-        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else os.path.join(
-            os.path.expanduser("~"), ".cache", "opt4torch")
+        self.cache_dir = _cache_dir(cache_dir)
         self.keys: list[str] = []
         self._members: list[tuple[tuple[str, int, int], ...]] = []
         rows: list[tuple[int, int, int]] = []
@@ -287,7 +387,7 @@ def _index_path(shard: str, cache_dir: str) -> str:
     a name made from the shard's absolute path."""
     folder = os.path.dirname(os.path.abspath(shard))
     if os.access(folder, os.W_OK | os.X_OK):
-        return shard + ".opt4idx.json"
+        return shard + _INDEX_SUFFIX
     tag = hashlib.sha256(os.fsencode(os.path.abspath(shard))).hexdigest()[:16]
     return os.path.join(cache_dir, f"{os.path.basename(shard)}-{tag}.opt4idx.json")
 
@@ -296,11 +396,31 @@ def _shard_id(st: os.stat_result) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
 
 
-def _shard_index(shard: str, cache_dir: str) -> list[Any]:
+def shard_index(shard: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, *,
+                write: bool = True) -> list[Any]:
+    """A tar shard's samples as :class:`TarShards` indexes them, ``[(key,
+    offset, length, [(field, offset in the sample, size)])]``: from its
+    cached index when that is current, else from the C indexer (then cached,
+    unless ``write`` is false: ``opt4torch inspect`` writes nothing)."""
+    return _shard_index(os.fspath(shard), _cache_dir(cache_dir), write=write)
+
+
+def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> str:
+    """Where indexes go when a shard's folder cannot hold them: ``cache_dir``,
+    else ``~/.cache/opt4torch``."""
+    if cache_dir is not None:
+        return os.fspath(cache_dir)
+    return os.path.join(os.path.expanduser("~"), ".cache", "opt4torch")
+
+
+def _shard_index(shard: str, cache_dir: str, *, write: bool = True) -> list[Any]:
     """The shard's samples, [(key, offset, length, [(field, offset, size)])],
     from its cached index when that is current, else from the C indexer
     (then cached)."""
-    st = os.stat(shard)
+    try:
+        st = os.stat(shard)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no tar shard at {shard!r}") from None
     if not stat.S_ISREG(st.st_mode):
         raise ValueError(f"tar shard {shard} is not a regular file")
     where = _index_path(shard, cache_dir)
@@ -308,11 +428,44 @@ def _shard_index(shard: str, cache_dir: str) -> list[Any]:
     samples = _read_index(where, shard, ident)
     if samples is not None:
         return samples
+    check_tar(shard)
     samples = _engine.tar_index(shard)
     if _shard_id(os.stat(shard)) != ident:
         raise ValueError(f"tar shard {shard} changed while it was being indexed; try again once it is written")
-    _write_index(where, shard, ident, samples)
+    if write:
+        _write_index(where, shard, ident, samples)
     return samples
+
+
+def _glob_shards(pattern: str) -> list[str]:
+    """The files a glob matches, sorted (``**`` spans folders), without the
+    index caches written beside shards (``shards/*`` must not take them)."""
+    return sorted(p for p in glob.glob(pattern, recursive=True) if not p.endswith(_INDEX_SUFFIX))
+
+
+def check_tar(path: str, name: str | None = None, *, in_store: bool = False) -> None:
+    """Refuse, with what it is and what to do, a shard that is not a tar by
+    its first bytes: compressed (``.tar.gz``, whatever its name says), a
+    zip, an opt4 record or plan file. ``name`` is how the shard is named in
+    the message (an ``s3://`` URL for a fetched copy, with ``in_store``).
+    Anything else is left to the C indexer, which checks every header."""
+    fmt = sniff(path)
+    name = name or path
+    if fmt.kind in ("tar", "empty", "unknown"):
+        return
+    if fmt.compressed:
+        out = decompressed_name(name)
+        if in_store:
+            todo = f"`aws s3 cp {name} - | {fmt.decompress} -dc | aws s3 cp - {out}`"
+        else:
+            todo = f"`{decompress_command(name, fmt)[0]}`"
+        raise ValueError(f"tar shard {name} is {fmt.what}: compressed shards are not read in place (a sample is "
+                         "read as one byte range of the shard, in any order, and a compressed stream can only be "
+                         "read from its start, which is how WebDataset streams it); decompress it once, "
+                         f"{todo}, and give {out} instead")
+    hint = {"records": "read it with opt4torch.RecordFile", "plan": "open it with opt4torch.load_plan"}.get(
+        fmt.kind, "WebDataset shards are tar files (tar cf shard.tar ..., or webdataset.ShardWriter)")
+    raise ValueError(f"tar shard {name} is {fmt.what}, not a tar archive: {hint}")
 
 
 def _write_index(where: str, shard: str, ident: dict[str, Any], samples: list[Any]) -> None:

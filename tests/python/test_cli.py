@@ -187,3 +187,77 @@ def test_demo_refuses_zero_repeats(tmp_path) -> None:
     r = run("demo", "--items", "200", "--epochs", "1", "--out", str(tmp_path / "out"), "--loader-items", "20",
             "--repeats", "0")
     assert r.returncode == 2 and "--repeats must be at least 1" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- inspect: what it may be handed besides plans ----
+
+
+def _tar_shard(path, samples: int = 5) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for k in range(samples):
+            for field, data in (("jpg", b"j" * (100 + k)), ("cls", str(k).encode()), ("seg.png", b"p" * 7)):
+                if field == "seg.png" and k % 2:
+                    continue
+                ti = tarfile.TarInfo(f"train/{k:04d}.{field}")
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+
+
+def test_inspect_describes_a_tar_shard(tmp_path) -> None:
+    shard = tmp_path / "shard-000000.tar"
+    _tar_shard(shard)
+    r = run("inspect", str(shard))
+    assert r.returncode == 0, r.stderr
+    assert "tar shard" in r.stdout and "pickle" not in r.stdout + r.stderr
+    assert "samples     5, keys 'train/0000' ... 'train/0004'" in r.stdout
+    assert "fields      cls 5, jpg 5, seg.png 3" in r.stdout
+    assert "opt4torch.TarShards(path)" in r.stdout
+    info = json.loads(run("inspect", str(shard), "--json").stdout)
+    ds = opt4torch.TarShards(str(shard))
+    assert info["kind"] == "tar" and info["samples"] == len(ds) == 5
+    assert info["fields"] == {"jpg": 5, "cls": 5, "seg.png": 3}
+    assert info["data_bytes"] == sum(len(v) for i in range(5) for k, v in ds[i].items() if k != "__key__")
+    assert info["max_sample_bytes"] == int(ds.item_sizes().max()) and info["file_bytes"] == shard.stat().st_size
+
+
+def test_inspect_writes_nothing_beside_a_shard(tmp_path) -> None:
+    shard = tmp_path / "s.tar"
+    _tar_shard(shard)
+    assert run("inspect", str(shard)).returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.tar"]
+
+
+def test_inspect_refuses_a_compressed_shard_saying_what_to_do(tmp_path) -> None:
+    import gzip
+
+    shard = tmp_path / "s.tar"
+    _tar_shard(shard)
+    (tmp_path / "s.tar.gz").write_bytes(gzip.compress(shard.read_bytes()))
+    r = run("inspect", str(tmp_path / "s.tar.gz"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "is a gzip-compressed file" in r.stderr and f"gzip -dc {tmp_path / 's.tar.gz'} > {shard}" in r.stderr
+    (tmp_path / "z.zip").write_bytes(b"PK\x03\x04" + b"\0" * 100)
+    r = run("inspect", str(tmp_path / "z.zip"))
+    assert r.returncode == 1 and "is a zip archive" in r.stderr and "not an opt4 plan file" in r.stderr
+    assert "pickle" not in r.stderr
+
+
+def test_inspect_describes_an_image_folder(tmp_path) -> None:
+    root = tmp_path / "images"
+    for cls, n in (("cat", 3), ("dog", 2), (".ipynb_checkpoints", 1), ("empty", 0)):
+        (root / cls).mkdir(parents=True)
+        for k in range(n):
+            (root / cls / f"{k}.jpg").write_bytes(b"x" * (10 + k))
+    r = run("inspect", str(root))
+    assert r.returncode == 0, r.stderr
+    assert "image folder" in r.stdout and "(6 images, 64 bytes, 10 to 12 each)" in r.stdout
+    assert "0 '.ipynb_checkpoints' 1, 1 'cat' 3, 2 'dog' 2, 3 'empty' 0" in r.stdout
+    assert "'.ipynb_checkpoints': names that start with a dot are classes" in r.stdout
+    assert "'empty': no image" in r.stdout
+    info = json.loads(run("inspect", str(root), "--json").stdout)
+    assert info["kind"] == "image_folder" and info["images"] == 6 and info["classes"] == 4
+    assert info["class_counts"] == {".ipynb_checkpoints": 1, "cat": 3, "dog": 2, "empty": 0}
+    assert info["dot_classes"] == [".ipynb_checkpoints"] and info["empty_classes"] == ["empty"]

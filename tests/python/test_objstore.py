@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -588,6 +589,42 @@ def test_tar_shards_bad_input(server: Server, tmp_path) -> None:
         opt4torch.S3TarShards(f"s3://{BUCKET}/bad-shards/", endpoint_url=server.endpoint)
     with pytest.raises(ValueError, match="at least one shard"):
         opt4torch.S3TarShards([], endpoint_url=server.endpoint)
+
+
+def test_tar_shards_named_as_webdataset_names_them(server: Server, shard_files: list[str], shard_urls: list[str],
+                                                  tmp_path) -> None:
+    """Brace patterns and globs name objects as they name files (one
+    expansion, opt4torch._shardnames), matched against the folder's one
+    LIST; a pattern that names objects that are not there says which."""
+    want = opt4torch.S3TarShards(shard_urls, endpoint_url=server.endpoint, cache_dir=tmp_path).keys
+    for spec in [f"s3://{BUCKET}/shards/shard-{{000..001}}.tar", f"s3://{BUCKET}/shards/shard-*.tar",
+                 f"s3://{BUCKET}/shards/shard-000.tar::s3://{BUCKET}/shards/shard-00[1].tar"]:
+        before = server.stats()
+        ds = opt4torch.S3TarShards(spec, endpoint_url=server.endpoint, cache_dir=tmp_path)
+        assert ds.urls == shard_urls and ds.keys == want, spec
+        assert server.stats()["requests"] - before["requests"] == 1, spec  # one LIST, indexes cached
+    with pytest.raises(FileNotFoundError, match=r"pattern 's3://images/shards/shard-\{000\.\.003\}\.tar' expands to "
+                                                r"4 names, and 2 of them are not there: 's3://images/shards/shard-002"):
+        opt4torch.S3TarShards(f"s3://{BUCKET}/shards/shard-{{000..003}}.tar", endpoint_url=server.endpoint,
+                              cache_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"pattern 's3://images/shards/val-\*\.tar' matches nothing"):
+        opt4torch.S3TarShards(f"s3://{BUCKET}/shards/val-*.tar", endpoint_url=server.endpoint, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="in the last part of the name only"):
+        opt4torch.S3TarShards(f"s3://{BUCKET}/sh*/shard-000.tar", endpoint_url=server.endpoint, cache_dir=tmp_path)
+
+
+def test_a_compressed_shard_in_the_store_says_what_to_do(server: Server, shard_files: list[str], tmp_path) -> None:
+    import gzip
+
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET)
+    with open(shard_files[0], "rb") as f:
+        client.put_object(Bucket=BUCKET, Key="gz-shards/s.tar.gz", Body=gzip.compress(f.read()))
+    url = f"s3://{BUCKET}/gz-shards/s.tar.gz"
+    with pytest.raises(ValueError, match=rf"tar shard {re.escape(url)} is a gzip-compressed file: compressed shards "
+                                         rf"are not read in place .*`aws s3 cp {re.escape(url)} - \| gzip -dc \| "
+                                         rf"aws s3 cp - s3://images/gz-shards/s\.tar`"):
+        opt4torch.S3TarShards(url, endpoint_url=server.endpoint, cache_dir=tmp_path)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")

@@ -89,3 +89,54 @@ def test_the_cli_flags(tmp_path) -> None:
     assert ok.returncode == 0, ok.stderr
     assert "4 records in 3 classes" in ok.stdout
     assert len(RecordFile(tmp_path / "a.rec")) == 4
+
+
+def _tree_with_a_dot_folder(root) -> None:
+    """The issue's tree: five classes and a dot-folder holding an image
+    (torchvision makes it class 0, and every other label one higher)."""
+    make_folder(root, classes=("ant", "bee", "cat", "dog", "eel"), per_class=7)
+    (root / ".ipynb_checkpoints").mkdir()
+    (root / ".ipynb_checkpoints" / "x-checkpoint.jpg").write_bytes(b"a checkpoint's image")
+    (root / "eel" / ".DS_Store").write_bytes(b"not an image")
+    (root / "README.md").write_bytes(b"not a class")
+
+
+def test_pack_and_image_folder_number_a_dot_folder_alike(tmp_path) -> None:
+    import opt4torch
+
+    root = tmp_path / "images"
+    _tree_with_a_dot_folder(root)
+    ds = opt4torch.ImageFolder(root)
+    rf = image_folder_to_records(root, tmp_path / "a.rec")
+    assert ds.classes == rf.classes == [".ipynb_checkpoints", "ant", "bee", "cat", "dog", "eel"]
+    assert len(ds) == len(rf) == 36
+    assert [ds[i] for i in range(len(ds))] == [rf[i] for i in range(len(rf))]  # bytes and labels
+    assert rf[0] == (b"a checkpoint's image", 0) and rf[1][1] == 1  # ant is 1, as torchvision numbers it
+    # The same through the command line.
+    out = subprocess.run([script("opt4torch"), "pack", str(root), str(tmp_path / "b.rec"), "--quiet"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0 and "36 records in 6 classes" in out.stdout, out.stderr
+    assert RecordFile(tmp_path / "b.rec").labels.tolist() == ds.targets
+
+    # The same file filters give the same numbering too.
+    def only(path: str) -> bool:
+        return path.endswith(("0.jpg", "1.jpg"))
+
+    ds = opt4torch.ImageFolder(root, is_valid_file=only, allow_empty=True)
+    rf = image_folder_to_records(root, tmp_path / "c.rec", is_valid_file=only, allow_empty=True)
+    assert ds.classes == rf.classes and ds.targets == rf.labels.tolist() == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+
+
+def test_a_dot_folder_with_no_image_is_refused_by_both_saying_why(tmp_path) -> None:
+    import opt4torch
+
+    root = tmp_path / "images"
+    make_folder(root)
+    (root / ".cache").mkdir()
+    (root / ".cache" / "index.json").write_bytes(b"{}")
+    for make in (lambda: opt4torch.ImageFolder(root), lambda: image_folder_to_records(root, tmp_path / "a.rec")):
+        with pytest.raises(ValueError, match=r"no valid file for the classes \.cache .* '\.cache' starts with a dot: "
+                                             r"torchvision counts such folders as classes too") as e:
+            make()
+        assert isinstance(e.value, FileNotFoundError)  # what torchvision raises
+    assert not (tmp_path / "a.rec").exists()

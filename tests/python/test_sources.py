@@ -17,12 +17,14 @@ import pickle
 import re
 import tarfile
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import opt4torch
 from opt4torch import _engine, sources
+from opt4torch._shardnames import expand_braces
 
 pytestmark = pytest.mark.usefixtures("no_leaked_pools")
 
@@ -350,3 +352,219 @@ def test_hostile_tar_is_refused(shards: list[str], tmp_path) -> None:
     with pytest.raises(opt4torch.Opt4Error, match="bad checksum field in the header at offset 0"):
         opt4torch.TarShards([bad])
     assert not os.path.exists(os.fspath(bad) + ".opt4idx.json")
+
+
+# ---- torchvision's arguments ----
+
+
+def test_image_folder_takes_torchvisions_file_arguments(image_root: str) -> None:
+    """extensions, is_valid_file and allow_empty, with torchvision's meaning:
+    is_valid_file is given each file's path (root joined), extensions are
+    suffixes of the name (case-insensitive), both together are refused, and
+    an empty class keeps its number."""
+    pngs = opt4torch.ImageFolder(image_root, extensions=".PNG", allow_empty=True)
+    assert pngs.classes == [".hidden", "ant", "moth", "zebra"]  # numbers as without the filter
+    assert [(os.path.relpath(p, image_root), c) for p, c in pngs.samples] == (
+        [(f"moth/m{k}.png", 2) for k in sorted(range(15), key=str)] + [("zebra/a.PNG", 3)])
+    with pytest.raises(FileNotFoundError, match=r"no valid file for the classes \.hidden, ant") as e:
+        opt4torch.ImageFolder(image_root, extensions=(".png",))
+    assert isinstance(e.value, ValueError)  # what pack raised, and still does
+    assert "'.hidden' starts with a dot" in str(e.value) and "allow_empty=True" in str(e.value)
+
+    seen: list[str] = []
+
+    def in_a_subfolder(path: str) -> bool:
+        seen.append(path)
+        return os.sep + "sub" + os.sep in path
+
+    sub = opt4torch.ImageFolder(image_root, is_valid_file=in_a_subfolder, allow_empty=True)
+    assert [(os.path.relpath(p, image_root), c) for p, c in sub.samples] == [("zebra/sub/c.jpeg", 3)]
+    with open(sub.samples[0][0], "rb") as f:
+        assert sub[0] == (f.read(), 3)
+    assert all(p.startswith(image_root + os.sep) for p in seen) and len(seen) == 42  # every file, notes.txt too
+    assert pickle.loads(pickle.dumps(sub)).samples == sub.samples  # the callable is not kept
+    with pytest.raises(ValueError, match="extensions or is_valid_file, not both"):
+        opt4torch.ImageFolder(image_root, extensions=".jpg", is_valid_file=in_a_subfolder)
+    with pytest.raises(TypeError, match="is_valid_file must be a callable"):
+        opt4torch.ImageFolder(image_root, is_valid_file=".jpg")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["transform", "target_transform", "loader"])
+def test_image_folder_says_where_a_transform_goes(image_root: str, name: str) -> None:
+    with pytest.raises(TypeError, match=rf"ImageFolder takes no {name}: .*opt4torch\.DataLoader\(ds, \.\.\., "
+                                        r"transform=f\)"):
+        opt4torch.ImageFolder(image_root, **{name: lambda x: x})
+    # torchvision's positional order: root, transform, target_transform, loader.
+    position = ["transform", "target_transform", "loader"].index(name)
+    args: list = [None, None, None]
+    args[position] = print
+    with pytest.raises(TypeError, match=f"takes no {name}"):
+        opt4torch.ImageFolder(image_root, *args)
+    assert len(opt4torch.ImageFolder(image_root, **{name: None})) == 41  # torchvision's default is fine
+
+
+# ---- shard names as WebDataset spells them ----
+
+
+@pytest.mark.parametrize(("pattern", "names"), [
+    # braceexpand's documented examples (the package WebDataset expands with)
+    ("item{1..3}", ["item1", "item2", "item3"]),
+    ("{a..c}", ["a", "b", "c"]),
+    ("index.html{,.backup}", ["index.html", "index.html.backup"]),
+    ("python{2.{5..7},3.{2,3}}", ["python2.5", "python2.6", "python2.7", "python3.2", "python3.3"]),
+    ("{07..10}", ["07", "08", "09", "10"]),
+    ("{a..g..2}", ["a", "c", "e", "g"]),
+    ("{4..1}", ["4", "3", "2", "1"]),
+    (r"{1\{2,3}", ["1{2", "3"]),
+    # WebDataset's own spelling, and what braceexpand keeps as written
+    ("shard-{000000..000003}.tar", [f"shard-{k:06d}.tar" for k in range(4)]),
+    ("s{0..10..5}-{x,y}", ["s0-x", "s0-y", "s5-x", "s5-y", "s10-x", "s10-y"]),
+    ("{9..11}", ["9", "10", "11"]),
+    ("a{b}c", ["a{b}c"]),
+    ("plain.tar", ["plain.tar"]),
+])
+def test_brace_expansion(pattern: str, names: list[str]) -> None:
+    assert expand_braces(pattern) == names
+
+
+@pytest.mark.parametrize("pattern", ["shard-{0..3.tar", "shard-0..3}.tar", "{1{2,3}"])
+def test_unbalanced_braces_are_refused(pattern: str) -> None:
+    with pytest.raises(ValueError, match=rf"unbalanced braces in the shard pattern {re.escape(repr(pattern))}"):
+        expand_braces(pattern)
+
+
+def test_brace_expansion_agrees_with_braceexpand() -> None:
+    """Against the package itself, on generated patterns, where it is
+    installed (it comes with webdataset; not a dependency of ours)."""
+    braceexpand = pytest.importorskip("braceexpand", reason="braceexpand (webdataset's) is not installed")
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    atom = st.one_of(
+        st.text(alphabet="ab.-/_", min_size=0, max_size=3),
+        st.builds(lambda a, b, w: "{" + f"{a:0{w}d}..{b:0{w}d}" + "}", st.integers(0, 12), st.integers(0, 12),
+                  st.integers(0, 3)),
+        st.builds(lambda a, b: "{" + f"{a}..{b}" + "}", st.sampled_from("abcxyz"), st.sampled_from("abcxyz")),
+        st.lists(st.text(alphabet="ab1", max_size=2), min_size=2, max_size=3).map(lambda xs: "{" + ",".join(xs) + "}"),
+    )
+    nested = st.lists(atom, min_size=1, max_size=2).map("".join)
+    pattern = st.lists(st.one_of(atom, nested.map(lambda s: "{" + s + ",z}")), min_size=1, max_size=3).map("".join)
+
+    @hypothesis.settings(max_examples=300)
+    @hypothesis.given(pattern)
+    def agree(p: str) -> None:
+        mine = expand_braces(p)
+        hypothesis.assume(len(mine) <= 2000)  # a few ranges multiply quickly; braceexpand is slow on such
+        assert mine == list(braceexpand.braceexpand(p)), p
+
+    agree()
+
+
+def _small_shards(folder, n: int = 4, per: int = 3) -> list[str]:
+    paths = []
+    for s in range(n):
+        path = os.fspath(folder / f"shard-{s:06d}.tar")
+        with tarfile.open(path, "w") as tf:
+            for k in range(per):
+                _add(tf, f"{s}/{k:03d}.jpg", _blob(s * per + k))
+                _add(tf, f"{s}/{k:03d}.cls", str(k).encode())
+        paths.append(path)
+    return paths
+
+
+def test_tar_shards_named_as_webdataset_names_them(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = _small_shards(tmp_path)
+    listed = opt4torch.TarShards(paths)
+    want = [listed[i] for i in range(len(listed))]
+    assert len(want) == 12
+    monkeypatch.chdir(tmp_path)
+    for spec in ["shard-{000000..000003}.tar", "shard-00000{0..3}.tar", "shard-*.tar", "shard-*",
+                 "shard-{000000,000001}.tar::shard-00000[23].tar", os.fspath(tmp_path / "shard-{000000..000003}.tar"),
+                 ["shard-{000000..000001}.tar", "shard-00000[23].tar"], tmp_path / "shard-*.tar"]:
+        ds = opt4torch.TarShards(spec)
+        assert [os.path.basename(p) for p in ds.paths] == [os.path.basename(p) for p in paths], spec
+        assert [ds[i] for i in range(len(ds))] == want, spec
+    assert os.path.exists(paths[0] + ".opt4idx.json")  # and "shard-*" did not take the index caches
+    assert opt4torch.TarShards("shard-{000002..000000}.tar").paths == ["shard-000002.tar", "shard-000001.tar",
+                                                                       "shard-000000.tar"]
+
+    # A name that exists as written is taken as written, braces and all.
+    odd = tmp_path / "odd{1,2}.tar"
+    os.link(paths[0], odd)
+    assert opt4torch.TarShards(str(odd)).paths == [str(odd)]
+
+    with pytest.raises(FileNotFoundError, match=r"the tar shard pattern 'shard-\{000000\.\.000005\}\.tar' expands "
+                                                r"to 6 names, and 2 of them are not there: 'shard-000004\.tar', "
+                                                r"'shard-000005\.tar'"):
+        opt4torch.TarShards("shard-{000000..000005}.tar")
+    with pytest.raises(FileNotFoundError, match=r"the tar shard pattern 'train-\{0\.\.3\}\.tar' matches nothing: "
+                                                r"it expands to 4 names, and none is there \('train-0\.tar'"):
+        opt4torch.TarShards("train-{0..3}.tar")
+    with pytest.raises(FileNotFoundError, match=r"the tar shard pattern 'val-\*\.tar' matches nothing"):
+        opt4torch.TarShards("val-*.tar")
+    with pytest.raises(FileNotFoundError, match=r"no tar shard at 'shard-9\.tar'"):
+        opt4torch.TarShards(["shard-000000.tar", "shard-9.tar"])
+    with pytest.raises(ValueError, match="unbalanced braces"):
+        opt4torch.TarShards("shard-{0..3.tar")
+    with pytest.raises(ValueError, match="at least one shard"):
+        opt4torch.TarShards([])
+
+
+def test_tar_shards_agree_with_webdataset(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shards written by webdataset's ShardWriter, named by its pattern, read
+    by WebDataset and by TarShards: the same shards, the same samples."""
+    wds = pytest.importorskip("webdataset", reason="webdataset is not installed (not a dependency of ours)")
+    monkeypatch.chdir(tmp_path)
+    with wds.ShardWriter("ws-%06d.tar", maxcount=5, verbose=0) as sink:
+        for k in range(17):
+            sink.write({"__key__": f"s{k:04d}", "jpg": _blob(k), "cls": str(k % 3).encode(), "seg.png": _blob(k + 99)})
+    spec = "ws-{000000..000003}.tar"
+    # WebDataset adds where a sample came from (__url__, __local_path__): not part of the sample.
+    theirs = [{k: v for k, v in s.items() if k == "__key__" or not k.startswith("__")}
+              for s in wds.WebDataset(spec, shardshuffle=False)]
+    ours = opt4torch.TarShards(spec)
+    assert len(theirs) == len(ours) == 17
+    assert [ours[i] for i in range(len(ours))] == theirs
+
+
+def test_compressed_shards_are_refused_saying_what_to_do(tmp_path) -> None:
+    """Known by their first bytes, not by their names."""
+    import bz2
+    import lzma
+
+    plain = _small_shards(tmp_path, n=1)[0]
+    with open(plain, "rb") as f:
+        data = f.read()
+    gz = os.fspath(tmp_path / "a.tar.gz")
+    with tarfile.open(gz, "w:gz") as tf:  # as users make them
+        _add(tf, "0/000.jpg", b"x")
+    for path, tool in [(gz, "gzip"), (tmp_path / "b.tar.bz2", "bzip2"), (tmp_path / "c.tar.xz", "xz"),
+                       (tmp_path / "named.tar", "gzip")]:
+        path = os.fspath(path)
+        if tool == "bzip2":
+            Path(path).write_bytes(bz2.compress(data))
+        elif tool == "xz":
+            Path(path).write_bytes(lzma.compress(data))
+        elif path.endswith("named.tar"):
+            Path(path).write_bytes(Path(gz).read_bytes())
+        out = path[:-4] + ".plain.tar" if path.endswith("named.tar") else path[:path.rindex(".tar") + 4]
+        with pytest.raises(ValueError, match=rf"tar shard {re.escape(path)} is an? {tool}-compressed file: "
+                                             rf"compressed shards are not read in place .* decompress it once, "
+                                             rf"`{tool} -dc {re.escape(path)} > {re.escape(out)}`"):
+            opt4torch.TarShards(path)
+        assert not os.path.exists(path + ".opt4idx.json")
+    # The command it gives works, and its output reads.
+    import subprocess
+
+    subprocess.run(f"gzip -dc {gz} > {tmp_path / 'a.tar'}", shell=True, check=True, timeout=60)
+    assert opt4torch.TarShards(os.fspath(tmp_path / "a.tar"))[0] == {"__key__": "0/000", "jpg": b"x"}
+    # A plain tar named .tar.gz is a tar.
+    os.link(plain, tmp_path / "really-plain.tar.gz")
+    assert len(opt4torch.TarShards(os.fspath(tmp_path / "really-plain.tar.gz"))) == 3
+    # Our own files, handed over as shards.
+    from opt4torch.records import write_records
+
+    rec = tmp_path / "x.rec"
+    write_records(rec, [b"a"])
+    with pytest.raises(ValueError, match=r"x\.rec is an opt4 record file, not a tar archive: read it with "
+                                         r"opt4torch\.RecordFile"):
+        opt4torch.TarShards(os.fspath(rec))

@@ -303,6 +303,14 @@ static PyObject *pool_set_floor(PoolObject *self, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+static PyObject *pool_floor(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (self->pool == NULL) return PyErr_Format(PyExc_ValueError, "operation on a closed pool");
+  uint64_t floor;
+  int rc = opt4_pool_floor_get(self->pool, &floor);
+  if (rc != 0) return opt4py_raise(rc, "floor");
+  return PyLong_FromUnsignedLongLong(floor);
+}
+
 static PyObject *pool_skip(PoolObject *self, PyObject *arg) {
   if (self->pool == NULL) return PyErr_Format(PyExc_ValueError, "operation on a closed pool");
   unsigned long long t = PyLong_AsUnsignedLongLong(arg);
@@ -882,6 +890,7 @@ static PyMethodDef pool_methods[] = {
      "info(), stats(), and head, floor, pages_ready, pages_failed: where the job is (O(pages))."},
     {"item", (PyCFunction)pool_item, METH_O, "item(t) -> (item id, plan kind)."},
     {"set_floor", (PyCFunction)pool_set_floor, METH_O, "set_floor(p): positions below p are done."},
+    {"floor", (PyCFunction)pool_floor, METH_NOARGS, "floor() -> the floor now (see set_floor)."},
     {"clock_next", (PyCFunction)pool_clock_next, METH_NOARGS, "The compatibility clock."},
     {"skip", (PyCFunction)pool_skip, METH_O, "skip(t): position t will not run as planned."},
     {"occurrence_next", (PyCFunction)pool_occurrence_next, METH_O,

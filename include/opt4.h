@@ -815,6 +815,11 @@ int opt4_pool_occurrence_next(opt4_pool *pool, uint32_t item, uint64_t *t);
  * broke out of an epoch): waits on them end at once. Only ever raised. */
 int opt4_pool_set_floor(opt4_pool *pool, uint64_t floor);
 
+/* The floor as it is now (0 until raised): a consumer handed positions all
+ * below it holds a batch that nobody will take (an epoch left early) and
+ * may drop it unserved. One atomic load; any thread, any process. */
+int opt4_pool_floor_get(const opt4_pool *pool, uint64_t *floor);
+
 /* The compatibility clock: a shared counter that hands out positions in
  * arrival order (the earlier design's global clock). */
 int opt4_pool_clock_next(opt4_pool *pool, uint64_t *t);

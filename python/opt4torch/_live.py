@@ -29,10 +29,11 @@ def rates(st: Mapping[str, int]) -> dict[str, Any]:
     a copy loaded earlier in the same batch); ``misses`` every other access.
     ``stall_rate`` is the share of accesses that waited for their data:
     loaded by the worker that needed it, or waiting for a prefetch still in
-    flight.
+    flight. ``unplanned`` (a DataLoader's samples past a re-plan's cut,
+    when given) are misses its workers loaded.
     """
     hits = st["hits"] + st["deferred"]
-    loaded_here = st["admits"] + st["bypasses"] + st["fallbacks"]
+    loaded_here = st["admits"] + st["bypasses"] + st["fallbacks"] + st.get("unplanned", 0)
     misses = loaded_here + st["prefetched"]
     served = hits + misses
     return {

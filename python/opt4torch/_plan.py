@@ -276,11 +276,18 @@ class Plan:
         stored before ``t`` that the plan reads from the cache again, which are
         exactly the ids whose next access at or after ``t`` is a HIT. This is
         what resuming at ``t`` warms a fresh pool with."""
+        return self.resident_reads_at(t)[0]
+
+    def resident_reads_at(self, t: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """:meth:`resident_at` and, for each id, the position of its next
+        read (a HIT at or after ``t``): where a pool that ran this plan up to
+        ``t`` can still be read for it (a re-plan keeps those items)."""
         t = int(t)
         if not 0 <= t <= self.accesses:
             raise InvalidInputError(f"position {t} is outside [0, {self.accesses}]")
         ids, first = np.unique(self.seq[t:], return_index=True)
-        return ids[self.kinds[t + first] == HIT].astype(np.int64)
+        hit = self.kinds[t + first] == HIT
+        return ids[hit].astype(np.int64), (t + first[hit]).astype(np.int64)
 
     # ---- derived plans and files ----
     def with_capacity(self, capacity: int, bypass: bool = True, *, progress: bool | None = None) -> Plan:

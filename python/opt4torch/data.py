@@ -188,6 +188,7 @@ class OPTCache:
         self._prefetch_box: list[Any] = [None, None]
         self._prefetch_spec: tuple[Any, ...] | None = None
         self._storage: Any = None
+        self._init_counts()
         _live_caches.add(self)
         _install_handlers()
         self._finalizer = weakref.finalize(self, OPTCache._finalize, self._pool, self._owner_pid,
@@ -208,8 +209,46 @@ class OPTCache:
         self._prefetch_box = [None, None]
         self._prefetch_spec = None
         self._storage = None
+        self._init_counts()
         self._finalizer = weakref.finalize(self, OPTCache._close_attached, self._pool, self._prefetch_box)
         return self
+
+    def _init_counts(self) -> None:
+        # What stats() adds to this pool's counters: those of the pools this
+        # one replaced (a DataLoader's re-plans) with their plans' figures
+        # over the positions that ran there, and the samples loaded past a
+        # plan's cut. The plan's first _prefix positions only warm the pool
+        # with what the pool before held: nobody reads them.
+        self._earlier: dict[str, int] = {}
+        self._served = self._unplanned = 0
+        self._prefix = 0
+
+    def count_served(self, samples: int, planned: bool = True) -> None:
+        """Samples a DataLoader handed to the loop; ``planned=False``: from
+        past what the plan covers (loaded, not cached: misses in stats())."""
+        self._served += int(samples)
+        if not planned:
+            self._unplanned += int(samples)
+
+    def hand_over(self, successor: OPTCache, ran_until: int, prefix: int) -> None:
+        """``successor`` replaces this cache (a re-plan) after positions up to
+        ``ran_until`` of this plan ran; its plan's first ``prefix`` positions
+        warm it. Its stats() go on from this one's: the counters summed, and
+        the plan figures of what ran here added to its own."""
+        with self._lock:
+            st = self._pool.stats()
+        done = dict(self._earlier)
+        for key, value in st.items():
+            done[key] = done.get(key, 0) + int(value)
+        ran = self.plan.kinds[self._prefix:max(int(ran_until), self._prefix)]
+        hits = int((ran == HIT).sum())
+        done["plan_hits"] = done.get("plan_hits", 0) + hits
+        done["plan_misses"] = done.get("plan_misses", 0) + ran.size - hits + self._unplanned
+        done["plan_accesses"] = done.get("plan_accesses", 0) + ran.size + self._unplanned
+        done["unplanned"] = done.get("unplanned", 0) + self._unplanned
+        done["served"] = done.get("served", 0) + self._served
+        successor._earlier = done
+        successor._prefix = int(prefix)
 
     @staticmethod
     def _close_attached(pool: Any, box: list[Any]) -> None:
@@ -341,10 +380,27 @@ class OPTCache:
         from a copy loaded earlier in the same batch (``deferred``); with all
         positions run it equals ``plan_hits``. ``fallbacks`` are planned hits
         that had to load (a timed-out wait, a failed store); never silent.
+
+        After a DataLoader's re-plans (epochs cut short) the counters are
+        the run's: every pool's, summed, and ``plan_*`` add up the plans'
+        figures over the positions that ran under each (the current plan's
+        in full). ``unplanned`` counts samples handed out past a plan's cut
+        (loaded, not cached): in ``misses``, ``plan_misses`` and
+        ``plan_accesses`` both. ``kept`` counts the items re-plans carried
+        from one pool to the next (``kept_loaded``: those the old pool no
+        longer held, loaded from the source to warm the new one). ``served`` counts the samples the loop
+        received (a DataLoader's; 0 for a cache used otherwise): with every
+        planned position run it equals ``plan_accesses``, and without workers
+        ``hits + misses`` too. Workers also count the batches they loaded
+        ahead that a ``break`` then dropped; one still unserved when the
+        loop leaves is dropped unloaded.
         """
         with self._lock:
             st = self._pool.stats()
             pf = self._prefetch_box[0]
+        earlier = self._earlier
+        st = {key: int(value) + earlier.get(key, 0) for key, value in st.items()}
+        st["unplanned"] = self._unplanned + earlier.get("unplanned", 0)
         r = _live.rates(st)
         extra: dict[str, Any] = {}
         if pf is not None:
@@ -378,9 +434,13 @@ class OPTCache:
             "stalls": st["stalls"],
             "stall_seconds": st["stall_ns"] / 1e9,
             "stall_rate": r["stall_rate"],
-            "plan_hits": self.plan.hits,
-            "plan_misses": self.plan.misses,
-            "plan_accesses": self.plan.accesses,
+            "served": self._served + earlier.get("served", 0),
+            "unplanned": st["unplanned"],
+            "kept": earlier.get("kept", 0),
+            "kept_loaded": earlier.get("kept_loaded", 0),
+            "plan_hits": self.plan.hits + earlier.get("plan_hits", 0),
+            "plan_misses": self.plan.misses - self._prefix + earlier.get("plan_misses", 0) + self._unplanned,
+            "plan_accesses": self.plan.accesses - self._prefix + earlier.get("plan_accesses", 0) + self._unplanned,
             "capacity_items": None if self.plan.sized else self.plan.capacity,
             "capacity_bytes": self.plan.capacity_bytes if self.plan.sized else self.plan.capacity * self.page_size,
             "page_size": self.page_size,
@@ -424,6 +484,12 @@ class PlannedDataset(tud.Dataset):
         self.items = int(items)
         self.transform = transform
         self.allow_pickle = allow_pickle
+        #: Whether a batch wholly below the pool's floor is dropped unloaded
+        #: (the DataLoader's own pool: then only a left epoch's batches lie
+        #: there). Off where other processes move the floor: ranks sharing a
+        #: pool, where one rank's next epoch starts while another still
+        #: serves its last batches.
+        self.drop_below_floor = False
         self._local = threading.local()
         self._warned_size = False
 
@@ -463,7 +529,9 @@ class PlannedDataset(tud.Dataset):
 
     def retarget(self, pool_name: str, accesses: int) -> None:
         """Serve another plan's pool (a re-plan, see DataLoader): workers
-        forked from now on attach it; this process's handle goes."""
+        started from now on attach it; this process's handle goes. Workers
+        already running (persistent ones) move on the first batch that names
+        it (:class:`_OnPool`)."""
         self.pool_name = pool_name
         self.accesses = int(accesses)
         self._local = threading.local()
@@ -474,7 +542,15 @@ class PlannedDataset(tud.Dataset):
             # than the cut the plan expected): item indices, loaded, not cached.
             out = self._load(list(positions))
             return [self.transform(x) for x in out] if self.transform is not None else out
+        moved = getattr(positions, "pool", None)
+        if moved is not None and moved[0] != self.pool_name:
+            self.retarget(*moved)
         pool = self._pool()
+        if self.drop_below_floor and positions and max(positions) < pool.floor():
+            # The loop left the epoch (a break) after this batch was handed
+            # out: nobody takes it. Not loaded, and not counted as served.
+            raise _Dropped(f"opt4torch: positions {min(positions)}-{max(positions)} lie below the floor "
+                           f"({pool.floor()}): their epoch was left early, so this batch is dropped unserved")
         out: list[Any] = []
         start = 0
         while start < len(positions):
@@ -543,11 +619,26 @@ class PlannedDataset(tud.Dataset):
 # ---- the sampler side (runs in the main process) ----
 
 
+class _Dropped(RuntimeError):
+    """A worker's answer to a batch that nobody will take (all its positions
+    below the floor: handed out before a ``break``). Torch drops it with the
+    rest of the left epoch's batches; it is never raised in the loop."""
+
+
 class _Unplanned(list):
     """A batch of item indices (not positions) past what the plan covers: an
     epoch that runs on past the cut a re-plan expected. Loaded, not cached.
     A type of its own, so that no position, in range or not, is ever taken
     for one; it pickles to spawned workers by name."""
+
+
+class _OnPool(list):
+    """A batch of positions of the pool named ``pool`` (name, accesses): a
+    re-plan's. Workers that outlive a re-plan (``persistent_workers``) keep
+    the dataset they were started with, so the batch tells them where its
+    positions are; they move there before serving it."""
+
+    pool: tuple[str, int]
 
 
 class PositionBatchSampler(tud.Sampler[list[int]]):
@@ -582,6 +673,8 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
         #: How the last epoch ended: (epoch, batches run) if the loop left it
         #: early, (epoch, None) if it ran to its end.
         self.observed: tuple[int, int | None] | None = None
+        #: The pool batches name (:class:`_OnPool`), once a re-plan made one.
+        self.pool: tuple[str, int] | None = None
 
     def __len__(self) -> int:
         e = min(self._next_epoch, len(self.batches) - 1)
@@ -686,10 +779,14 @@ class PositionBatchSampler(tud.Sampler[list[int]]):
             # A resume mid-batch (saved with another batch size) starts at
             # its sample: the first batch is short.
             start, n, cut = start + cut, n - cut, 0
-            if self.batched:
+            if not self.batched:
+                yield from range(start, start + n)
+            elif self.pool is None:
                 yield list(range(start, start + n))
             else:
-                yield from range(start, start + n)
+                batch = _OnPool(range(start, start + n))
+                batch.pool = self.pool
+                yield batch
         for items in self.tails[e][max(0, skip - planned):]:
             yield _Unplanned(items[cut:].tolist())  # re-plans happen only for batched loaders
             cut = 0
@@ -721,7 +818,15 @@ class _CountingIter:
             self._release()  # failed: a new iter() may start
             raise
         self._started = True
-        self._loader._batches_done += 1
+        loader = self._loader
+        pos, b, e = loader._positions, loader._batches_done, loader._positions.epoch
+        planned = len(pos.starts[e])
+        if b == loader._batches_at_iter:  # the first batch may start inside one (a resume)
+            n = pos.samples_after(e, loader._samples_at_iter, 1) - loader._samples_at_iter
+        else:
+            n = int(pos.batches[e][b]) if b < planned else len(pos.tails[e][b - planned])
+        loader.cache.count_served(n, planned=b < planned)
+        loader._batches_done = b + 1
         reporter = self._loader._reporter
         if reporter is not None:
             reporter.batch(self._loader)
@@ -1378,6 +1483,7 @@ class DataLoader(tud.DataLoader):
         self.resumed_at: int | None = None
         cached = PlannedDataset(dataset, self.cache.name, plan.accesses, n_items, transform=transform,
                                allow_pickle=allow_pickle)
+        cached.drop_below_floor = group is None
         self._positions = PositionBatchSampler(starts, own, floors, self.cache, batched=batched)
         if prefetch:
             # What the DataLoader hands out before the first batch comes back:
@@ -1402,14 +1508,16 @@ class DataLoader(tud.DataLoader):
         self._orig = (list(starts), list(own), list(floors), plan.accesses)
         self._layout = _layout_digest(starts, own, floors, shared=group is not None)
         # What a re-plan needs (epochs cut short, see _replan). Not for ranks
-        # sharing a pool (they would have to agree), persistent workers (they
-        # keep the pool they attached), or an unbatched loader.
+        # sharing a pool (they would have to agree), or an unbatched loader
+        # (its positions go to workers one by one, with nothing to say which
+        # pool they are in). ``seen``: how the epochs ended; ``said``: the
+        # one warning given.
         self._replan_from: dict[str, Any] | None = None
-        if group is None and batched and not (persistent_workers and num_workers > 0):
+        if group is None and batched:
             self._replan_from = dict(seq=seq, starts=list(starts), lengths=list(own), make_plan=make_plan,
                                      pool_page=pool_page, wait_timeout=wait_timeout,
                                      staging_slots=staging_slots, spare_pages=spare_pages,
-                                     spare_window=spare_window, cut=None,
+                                     spare_window=spare_window, cut=None, seen=[], said=False,
                                      prefetch=(dataset, prefetch_opts) if prefetch else None)
         #: Re-plans so far: (epoch, batches per epoch the new plan expects, or None for whole epochs).
         self.replans: list[tuple[int, int | None]] = []
@@ -1604,32 +1712,57 @@ class DataLoader(tud.DataLoader):
         """Before an epoch's workers start: if the last epoch ended otherwise
         than the plan expects (cut after k batches by a break or Lightning's
         limit_train_batches, or run whole where the plan expected a cut),
-        plan again what remains, expecting every later epoch to end the way
-        the last one did."""
+        plan again what remains, from what the pool holds (:meth:`_replan`).
+
+        What the new plan expects of the later epochs: whole epochs, unless
+        the last two epochs were both cut after the same k batches (a limit
+        on every epoch, not a one-off look at the data); then that cut. One
+        cut epoch proves nothing about the next, and a wrong guess costs
+        only another re-plan, which keeps the pool too."""
         ctx, pos = self._replan_from, self._positions
         if ctx is None or pos.observed is None or pos._resume is not None:
             return
-        _, k = pos.observed
+        epoch, k = pos.observed
         pos.observed = None
-        if k == ctx["cut"] or pos._next_epoch >= len(pos.batches):
+        seen = ctx["seen"]
+        seen.append(k)
+        if pos._next_epoch >= len(pos.batches):
             return
-        if k is not None and k >= max(len(x) for x in ctx["lengths"][pos._next_epoch:]):
-            k = None  # a cut no later epoch reaches is no cut
-            if ctx["cut"] is None:
-                return
-        self._replan(pos._next_epoch, k)
+        cut = k if k is not None and seen[-2:] == [k, k] else None
+        if cut is not None and cut >= max(len(x) for x in ctx["lengths"][pos._next_epoch:]):
+            cut = None  # a cut no later epoch reaches is no cut
+        if k == ctx["cut"] and cut == ctx["cut"]:
+            return  # as planned
+        # Where the run stopped in the current plan: the first batch not
+        # run, or the end of the epoch's planned positions.
+        if k is not None and k < len(pos.starts[epoch]):
+            stop = int(pos.starts[epoch][k])
+        else:
+            stop = pos.floors[epoch + 1] if epoch + 1 < len(pos.floors) else self.cache.plan.accesses
+        planned = len(pos.batches[epoch]) + len(pos.tails[epoch])
+        how = (f"epoch {epoch} ended after {k} of {planned} batches" if k is not None
+               else f"epoch {epoch} ran all {planned} batches where the plan expected {ctx['cut']}")
+        self._replan(pos._next_epoch, cut, stop, how)
 
-    def _replan(self, first_epoch: int, cut: int | None) -> None:
+    def _replan(self, first_epoch: int, cut: int | None, stop: int, how: str) -> None:
         """A new plan and pool for epochs ``first_epoch`` on, each cut to its
         first ``cut`` batches (None: whole). Batches past the cut, if an epoch
-        runs on, are loaded and not cached. The new pool starts empty; the old
-        one is removed. Runs in the main process while no worker is running."""
+        runs on, are loaded and not cached (counted in stats()' ``unplanned``).
+
+        No cold start: the items the old pool holds for reads after ``stop``
+        (where the run left the old plan) come first in the new sequence, as
+        a prefix nobody reads, so OPT decides which of them to keep as it
+        decides everything else; the new pool is warmed with those it keeps,
+        copied from the old pool, and the old one is removed. Runs in the
+        main process while no worker serves a batch."""
         ctx, pos = self._replan_from, self._positions
         assert ctx is not None
+        old = self.cache
+        held, reads = old.plan.resident_reads_at(min(max(stop, old._prefix), old.plan.accesses))
         seq, full_starts, full_lengths = ctx["seq"], ctx["starts"], ctx["lengths"]
-        pieces: list[np.ndarray] = []
+        pieces: list[np.ndarray] = [held.astype(seq.dtype)]
         starts, lengths, floors, tails = [], [], [], []
-        offset = 0
+        offset = prefix = int(held.size)
         for e in range(first_epoch, len(full_lengths)):
             lens = full_lengths[e]
             n = len(lens) if cut is None else min(cut, len(lens))
@@ -1643,25 +1776,68 @@ class DataLoader(tud.DataLoader):
             tails.append([seq[int(a):int(a) + int(b)] for a, b in zip(full_starts[e][n:], lens[n:])])
             offset += end - begin
         new_seq = np.concatenate(pieces)
-        old = self.cache
-        if new_seq.size:
+        kept = loaded = 0
+        if new_seq.size > prefix:
             plan = ctx["make_plan"](new_seq)
             cache = OPTCache(plan, ctx["pool_page"], wait_timeout=ctx["wait_timeout"],
                              staging_slots=ctx["staging_slots"],
                              spare_pages=(handover_spare(plan, ctx["spare_window"]) if ctx["spare_window"]
                                           else min(ctx["spare_pages"], max(int(plan._info["slots"]), 1024))))
             cache._storage = old._storage
+            old.stop_prefetch()
+            old.hand_over(cache, stop, prefix)
+            kept, loaded = self._keep(old, cache, stop, dict(zip(held.tolist(), reads.tolist())))
+            cache._earlier["kept"] = cache._earlier.get("kept", 0) + kept
+            cache._earlier["kept_loaded"] = cache._earlier.get("kept_loaded", 0) + loaded
             if ctx["prefetch"] is not None:
                 ds, opts = ctx["prefetch"]
                 cache.configure_prefetch(ds, **opts)
             self.cache = cache
             pos.cache = cache
+            pos.pool = (cache.name, plan.accesses)
             self.dataset.retarget(cache.name, plan.accesses)
             old.close()
         for i, e in enumerate(range(first_epoch, len(full_lengths))):
             pos.starts[e], pos.batches[e], pos.floors[e], pos.tails[e] = starts[i], lengths[i], floors[i], tails[i]
         ctx["cut"] = cut
         self.replans.append((first_epoch, cut))
+        if not ctx["said"]:  # once per loader: the main process plans, so never once per worker
+            ctx["said"] = True
+            expect = "whole epochs" if cut is None else f"epochs cut after {cut} batches"
+            warnings.warn(f"opt4torch: {how}, so the cache planned epochs {first_epoch}-{len(full_lengths) - 1} "
+                          f"again for {expect}, keeping the {kept + loaded} items of the pool that the new plan "
+                          "reads (said once; loader.replans lists every re-plan)", RuntimeWarning, stacklevel=4)
+
+    def _keep(self, old: OPTCache, new: OPTCache, stop: int, read_at: dict[int, int]) -> tuple[int, int]:
+        """Warm ``new`` with the items its plan keeps from the prefix: each
+        copied from ``old``, read at its next read there (``read_at``, at or
+        after ``stop``), as bytes; one the old pool no longer holds (a failed
+        store, pages a worker took after a ``break``) is loaded from the
+        source instead, so the new plan's hits stay exact. Returns how many
+        were copied, and how many loaded."""
+        # Nothing below stop runs in the old pool any more: a read of an item
+        # it never stored gives up at once instead of waiting.
+        old.set_floor(stop)
+        src, dst = _engine.pool_attach(old.name), _engine.pool_attach(new.name)
+        ds: PlannedDataset = self.dataset  # type: ignore[assignment]
+        copied = loaded = 0
+        try:
+            live = [g for g in dst.live_at(new._prefix) if g[0] < new._prefix]
+            for i in range(0, len(live), 256):
+                chunk = live[i:i + 256]
+                data, entries = src.read_batch([read_at[item] for _, item, _ in chunk])
+                with memoryview(data) as view:
+                    for j, (admit, item, before) in enumerate(chunk):
+                        status, _, a, b = entries[j] if j < len(entries) else (_engine.ENTRY_LOAD, 0, 0, 0)
+                        if status == _engine.ENTRY_HIT:
+                            copied += dst.warm(admit, [view[a:a + b]], before) == 1
+                        else:
+                            dst.warm(admit, encode(ds.dataset[item], ds.allow_pickle), before)
+                            loaded += 1
+        finally:
+            src.close()
+            dst.close()
+        return copied, loaded
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch`` (default: the next one)."""

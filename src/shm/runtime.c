@@ -855,6 +855,12 @@ int opt4_pool_set_floor(opt4_pool *pool, uint64_t floor) {
   return 0;
 }
 
+int opt4_pool_floor_get(const opt4_pool *pool, uint64_t *floor) {
+  if (pool == NULL || floor == NULL) return opt4__fail(OPT4_EINVAL, "pool or floor is NULL");
+  *floor = atomic_load_explicit(&pool->h->floor, memory_order_acquire);
+  return 0;
+}
+
 int opt4_pool_clock_next(opt4_pool *pool, uint64_t *t) {
   if (pool == NULL || t == NULL) return opt4__fail(OPT4_EINVAL, "pool or t is NULL");
   *t = atomic_fetch_add(&pool->h->clock, 1);

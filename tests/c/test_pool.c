@@ -183,10 +183,16 @@ static void test_floor(void) {
   ASSERT_OK(opt4_plan_info_get(plan, &in));
   opt4_pool *pool = make_pool(plan, 3000);
   follow_counts fc = {0, 0, 0, 0};
+  uint64_t floor = 1;
+  ASSERT_OK(opt4_pool_floor_get(pool, &floor));
+  ASSERT_U64_EQ(floor, 0);
   for (uint64_t t = 0; t < 1000; t++) follow_batch(pool, t, t + 1, &fc);
   /* Skip [1000, 2000): as if the epoch was cut short. */
   ASSERT_OK(opt4_pool_set_floor(pool, 2000));
   ASSERT_OK(opt4_pool_set_floor(pool, 1500)); /* never lowered */
+  ASSERT_OK(opt4_pool_floor_get(pool, &floor));
+  ASSERT_U64_EQ(floor, 2000);
+  ASSERT_ERR(opt4_pool_floor_get(NULL, &floor), OPT4_EINVAL);
   struct timespec a, b;
   clock_gettime(CLOCK_MONOTONIC, &a);
   for (uint64_t t = 2000; t < in.accesses; t++) follow_batch(pool, t, t + 1, &fc);

@@ -1207,6 +1207,10 @@ class DataLoader(tud.DataLoader):
                  on_stats: Callable[[dict[str, Any]], Any] | None = None, tensorboard: Any = None,
                  cluster: bool = False, cluster_window: int = 8, cluster_timeout: float = 60.0,
                  **kwargs: Any) -> None:
+        # The arguments as given: load_state_dict rebuilds the loader from
+        # them with the seed of a state saved under a drawn one.
+        self._init_args: dict[str, Any] = {
+            k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")} | kwargs
         if isinstance(dataset, tud.IterableDataset):
             raise TypeError("the OPT cache needs a map-style dataset (with __getitem__ and __len__): "
                             "an IterableDataset has no indices to plan over")
@@ -1254,7 +1258,7 @@ class DataLoader(tud.DataLoader):
 
         # 1. The index order, batch by batch, for every epoch.
         batched = batch_size is not None or batch_sampler is not None
-        per_epoch_idx, per_epoch_lengths, desc_sampler = self._capture(
+        per_epoch_idx, per_epoch_lengths, desc_sampler, used_seed = self._capture(
             dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, generator, epochs, seed,
             progress)
         group = None
@@ -1284,7 +1288,7 @@ class DataLoader(tud.DataLoader):
             # items: every item gets the largest one's space.
             item_bytes = int(sizes.max()) if sizes.size else 1
             sizes = None
-        desc = json.dumps({"sampler": desc_sampler, "epochs": epochs, "seed": seed,
+        desc = json.dumps({"sampler": desc_sampler, "epochs": epochs, "seed": used_seed,
                            "shared_ranks": share_across_ranks})
         if sizes is not None:
             if cache_bytes is None:
@@ -1389,6 +1393,11 @@ class DataLoader(tud.DataLoader):
         #: The plan's fingerprint as built here: a state_dict() names the run
         #: by it, whatever re-plans happened since.
         self._fingerprint = plan.fingerprint
+        # The seed that shuffled the order (given or drawn; None for a
+        # sampler's or a generator's order), and whether it was drawn here:
+        # then a state saved under another drawn seed rebuilds the loader.
+        self._seed = used_seed
+        self._seed_drawn = seed is None and used_seed is not None
         # Where a state_dict() is: the epoch iterated last (or next, once
         # iter() has been called), the samples of it done when that iteration
         # started, and the batches done then (this loader's batches).
@@ -1492,6 +1501,8 @@ class DataLoader(tud.DataLoader):
         self._positions = PositionBatchSampler(starts, own, floors, self.cache, batched=True)
         self._batches_done = 0
         self._fingerprint = plan.fingerprint
+        self._seed = None if sampler is not None else (0 if seed is None else int(seed))  # _cluster_setup's
+        self._seed_drawn = False
         self._iter_epoch = self._samples_at_iter = self._batches_at_iter = 0
         self._items = len(dataset)
         self._batch_size = batch_size
@@ -1509,7 +1520,11 @@ class DataLoader(tud.DataLoader):
     @staticmethod
     def _capture(dataset: Any, batch_size: int | None, shuffle: bool | None, sampler: Any,
                  batch_sampler: Any, drop_last: bool, generator: Any, epochs: int, seed: int | None,
-                 progress: bool | None) -> tuple[list[np.ndarray], list[np.ndarray], str]:
+                 progress: bool | None) -> tuple[list[np.ndarray], list[np.ndarray], str, int | None]:
+        """Every epoch's indices and batch lengths, the sampler's name, and
+        the seed that shuffled them: ``seed``, or the one drawn here for
+        ``shuffle=True`` without one (None when the order is a sampler's or
+        a generator's)."""
         if batch_sampler is not None:
             if batch_size not in (1, None) or shuffle or sampler is not None or drop_last:
                 raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
@@ -1527,17 +1542,19 @@ class DataLoader(tud.DataLoader):
                     batches = [list(map(_as_index, b)) for b in batch_sampler]
                     lengths.append(np.array([len(b) for b in batches], dtype=np.int64))
                     idx.append(np.array([i for b in batches for i in b], dtype=np.int64))
-            return idx, lengths, type(batch_sampler).__name__
+            return idx, lengths, type(batch_sampler).__name__, None
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
         if sampler is not None:
             _refuse_one_shot(sampler, "sampler")
+        used: int | None = None
         if sampler is None:
             if shuffle:
                 if generator is None:
                     if seed is None:
                         seed = int(torch.empty((), dtype=torch.int64).random_().item())
-                    generator = torch.Generator().manual_seed(int(seed))
+                    used = int(seed)
+                    generator = torch.Generator().manual_seed(used)
                 sampler = tud.RandomSampler(dataset, generator=generator)
             else:
                 sampler = tud.SequentialSampler(dataset)
@@ -1558,7 +1575,7 @@ class DataLoader(tud.DataLoader):
                 lens = np.full(full, batch_size, dtype=np.int64)
                 lengths.append(np.append(lens, rest) if rest else lens)
             idx.append(part)
-        return idx, lengths, type(sampler).__name__
+        return idx, lengths, type(sampler).__name__, used
 
     # ---- epochs and resuming ----
 
@@ -1667,6 +1684,14 @@ class DataLoader(tud.DataLoader):
         """Make the next iteration epoch ``epoch`` (default: the next one)."""
         self._positions.set_epoch(epoch)
 
+    @property
+    def seed(self) -> int | None:
+        """The seed that shuffled this loader's order: ``seed=`` as given,
+        or the one drawn for ``shuffle=True`` without it (None when the
+        order is a sampler's or a generator's). :meth:`state_dict` records
+        it; ``seed=loader.seed`` builds a loader over the same order."""
+        return self._seed
+
     def state_dict(self) -> dict[str, Any]:
         """Where the run is, by position in the sequence (not by batch):
 
@@ -1685,10 +1710,15 @@ class DataLoader(tud.DataLoader):
             what the state can only resume: the same sequence, split the same
             way into epochs (and ranks), over a dataset of as many items;
         ``batch_size``
-            the batch size that saved it, to explain a refusal.
+            the batch size that saved it, to explain a refusal;
+        ``seed``
+            the seed that shuffled the order (:attr:`seed`): a loader that
+            drew its own seed (``shuffle=True``, no ``seed=``) resumes a
+            state saved under another drawn one by planning again with it.
 
         A state resumes in a loader with another batch size: the next sample
-        is the same one.
+        is the same one; and in a loader planned for more epochs than the
+        state's (a run extended), whose first epochs are the state's.
         """
         e = self._iter_epoch
         samples = self._positions.samples_after(e, self._samples_at_iter,
@@ -1704,6 +1734,7 @@ class DataLoader(tud.DataLoader):
             "layout": self._layout,
             "rank": self._rank,
             "batch_size": self._batch_size,
+            "seed": self._seed,
         }
 
     def _orig_position(self, epoch: int, samples: int) -> int:
@@ -1736,6 +1767,9 @@ class DataLoader(tud.DataLoader):
             value = state[key]
             if not _is_int(value) and not (key == "batch_size" and value is None):
                 raise TypeError(f"state[{key!r}] must be an integer, got {value!r} ({type(value).__name__})")
+        seed = state.get("seed")  # absent in states of an earlier opt4torch
+        if seed is not None and not _is_int(seed):
+            raise TypeError(f"state['seed'] must be an integer or None, got {seed!r} ({type(seed).__name__})")
         pos = self._positions
         epochs = len(pos.batches)
         if not legacy and int(state["items"]) != self._items:
@@ -1743,13 +1777,19 @@ class DataLoader(tud.DataLoader):
                 f"state['items'] is {int(state['items'])}: the state was saved by a loader over a dataset "
                 f"of {int(state['items'])} items, and this loader's dataset has {self._items}. Resume with "
                 "the dataset the state was saved with")
-        if int(state["epochs"]) != epochs:
+        # A loader planned for more epochs resumes a state of fewer (a run
+        # extended): the state names the first ones, which must be the same.
+        saved_epochs = int(state["epochs"])
+        if not 1 <= saved_epochs <= epochs:
             raise ValueError(
-                f"state['epochs'] is {int(state['epochs'])} but this loader was planned for {epochs} "
-                f"epochs: build it with epochs={int(state['epochs'])} to resume this state")
-        if int(state["fingerprint"]) != self._fingerprint:
+                f"state['epochs'] is {saved_epochs} but this loader was planned for {epochs} "
+                f"epochs: build it with epochs={saved_epochs} (or more) to resume this state")
+        if int(state["fingerprint"]) != self._fingerprint_of(saved_epochs):
             why = ("sampler, seed, epochs or dataset differ"
                    + ("" if self.shared_across_ranks else ", or drop_last dropped another tail"))
+            if seed is not None and self._seed is not None and int(seed) != self._seed:
+                why = (f"state['seed'] is {int(seed)} and this loader's seed is {self._seed}: build it with "
+                       f"seed={int(seed)} (or without seed=, to plan again with the state's)")
             saved = None if legacy else state["batch_size"]
             if saved is not None and self._batch_size is not None and int(saved) != self._batch_size:
                 if self.shared_across_ranks:
@@ -1766,14 +1806,15 @@ class DataLoader(tud.DataLoader):
             if self.shared_across_ranks and int(state["rank"]) != self._rank:
                 raise ValueError(f"state['rank'] is {int(state['rank'])} but this is rank {self._rank} of "
                                  "the node's shared pool: each rank resumes the state it saved")
-            if int(state["layout"]) != self._layout:
+            if int(state["layout"]) != self._layout_of(saved_epochs):
                 raise ValueError(
                     "state['layout'] differs: the same sequence was split otherwise into epochs (or, with "
                     "share_across_ranks, into the ranks' batches), so the samples that come next are not "
                     "the same here; resume with the sampler and batching the state was saved with")
         epoch = int(state["epoch"])
-        if not 0 <= epoch < epochs:
-            raise ValueError(f"state['epoch'] is {epoch}: this loader's epochs are 0 to {epochs - 1}")
+        if not 0 <= epoch < saved_epochs:
+            whose = "this loader's" if saved_epochs == epochs else f"the state's (a run of {saved_epochs})"
+            raise ValueError(f"state['epoch'] is {epoch}: {whose} epochs are 0 to {saved_epochs - 1}")
         batches = int(state["batches_done"])
         if batches < 0:
             raise ValueError(f"state['batches_done'] is {batches}: a count of batches cannot be negative")
@@ -1801,6 +1842,60 @@ class DataLoader(tud.DataLoader):
                 "from two states)")
         return epoch, samples
 
+    def _fingerprint_of(self, epochs: int) -> int:
+        """The fingerprint of this loader's first ``epochs`` epochs, as
+        built (a state of a run planned for that many)."""
+        if epochs == len(self._orig[2]):
+            return self._fingerprint
+        from ._plan import fingerprint
+
+        # The sequence as built: re-plans cut the pool's; their context keeps it whole.
+        seq = self._replan_from["seq"] if self.replans and self._replan_from is not None else self.cache.plan.seq
+        return fingerprint(seq[:int(self._orig[2][epochs])], self._items)
+
+    def _layout_of(self, epochs: int) -> int:
+        """The layout digest of this loader's first ``epochs`` epochs."""
+        if epochs == len(self._orig[2]):
+            return self._layout
+        starts, lengths, floors, _ = self._orig
+        return _layout_digest(starts[:epochs], lengths[:epochs], floors[:epochs], shared=self._group is not None)
+
+    def _reseeded(self, state: Any) -> DataLoader | None:
+        """This loader built again with the seed of ``state``, when this
+        one drew its seed and the state was saved under another (a new
+        process draws a new one); None when the order stays."""
+        from collections.abc import Mapping
+
+        seed = state.get("seed") if isinstance(state, Mapping) else None
+        if not self._seed_drawn or not _is_int(seed) or int(seed) == self._seed:
+            return None
+        seed = int(seed)
+        if self._group is not None:
+            raise ValueError(f"state['seed'] is {seed} (drawn by the loader that saved it) and this loader drew "
+                             f"{self._seed}: ranks sharing a pool plan together only when built, so build this "
+                             f"loader with seed=state['seed'] ({seed}) to resume the state")
+        live = self._live() if self._live is not None else None
+        if live is not None or self._iterator is not None:
+            raise RuntimeError(f"state['seed'] is {seed} and this loader drew {self._seed}: resuming it means "
+                               "planning again with the state's seed, which cannot happen under an iterator "
+                               "or persistent workers that serve this plan. Call load_state_dict before "
+                               f"iterating, or build the loader with seed={seed}")
+        fresh = DataLoader.__new__(type(self))
+        DataLoader.__init__(fresh, **{**self._init_args, "seed": seed})
+        return fresh
+
+    def _adopt(self, fresh: DataLoader) -> None:
+        """Become ``fresh``, this loader built again with another seed: its
+        plan, pool, positions and torch's state over them. This loader's
+        pool goes. Its seed still counts as drawn (a later state may name
+        another)."""
+        old, reporter = self.cache, self._reporter
+        self.__dict__.update(fresh.__dict__)  # past torch's guard on dataset and batch_sampler
+        self._reporter = reporter
+        self._seed_drawn = True
+        self._init_args = {**self._init_args, "seed": None}
+        old.close()
+
     def load_state_dict(self, state: dict[str, Any], *, warm: bool = True) -> None:
         """Resume at the saved position: the next sample is the one that
         would have come next, whatever the batch size (a batch that the saved
@@ -1812,10 +1907,23 @@ class DataLoader(tud.DataLoader):
         (it is collective, like the constructor), with the state it saved at
         the same training step: the node resumes at its earliest next batch,
         and local rank 0 warms the one pool for all of them. A state one rank
-        refuses is refused on every rank (none waits for the others)."""
+        refuses is refused on every rank (none waits for the others).
+
+        A loader that drew its seed (``shuffle=True`` without ``seed=``)
+        resumes a state saved under another drawn seed (``state['seed']``)
+        by planning again with that one, before anything else: building
+        the loader with ``seed=state['seed']`` saves that second plan."""
         if getattr(self, "cluster_plan", None) is not None:
             raise RuntimeError("resuming a cluster=True loader from a state is not built yet: every node would "
                                "have to resume its transfers at the same window (docs/cluster.md)")
+        fresh = self._reseeded(state)
+        if fresh is not None:
+            try:
+                fresh._check_state(state)
+            except BaseException:
+                fresh.cache.close()
+                raise
+            self._adopt(fresh)
         if self._group is None:
             epoch, samples = self._check_state(state)
             start, batches = self._positions.resume(epoch, samples)

@@ -37,7 +37,7 @@ import torch.utils.data as tud
 
 from . import _engine, _live, _messages
 from ._codec import decode, decode_at, encode, encoded_size, make_arrays
-from ._plan import ADMIT, HIT, Plan, plan as build_plan
+from ._plan import ADMIT, HIT, Plan, choose_page, plan as build_plan
 from .capture import capture_epochs
 
 __all__ = [
@@ -879,14 +879,6 @@ def _item_sizes(dataset: Any, item_bytes: Any, n_items: int, progress: bool | No
     return sizes + np.uint64(CODEC_MARGIN)
 
 
-def _choose_page(sizes: np.ndarray) -> int:
-    """A page about a quarter of the median item: items take ~4 pages and
-    waste at most one, so ~10 % of the pool, and the per-page work stays small."""
-    median = float(np.median(sizes)) if sizes.size else 4096.0
-    page = 1 << max(6, int(np.log2(max(median / 4, 64))))
-    return int(min(page, 1 << 20))
-
-
 def _node_group() -> tuple[Any, int, int]:
     """The process group of this node's ranks (torchrun numbers them
     contiguously per node), this rank in it, and its size."""
@@ -1294,7 +1286,7 @@ class DataLoader(tud.DataLoader):
             if cache_bytes is None:
                 raise ValueError("per-item sizes need the cache size in bytes: give cache_bytes=")
             total = parse_bytes(cache_bytes)
-            page = int(page_size) if page_size else _choose_page(sizes[np.unique(seq)])
+            page = int(page_size) if page_size else choose_page(sizes[np.unique(seq)])
             def make_plan(s: np.ndarray) -> Plan:
                 return build_plan(s, items=n_items, capacity_bytes=total, item_sizes=sizes, page_size=page,
                                   bypass=bypass, progress=progress, description=desc)

@@ -34,8 +34,11 @@ BYPASS: int = _engine.OP_BYPASS
 
 _SLOT_MASK = 0x3FFFFFFF
 
-# Builds below this many accesses finish in well under a second: no bar.
-_PROGRESS_THRESHOLD = 50_000_000
+# Builds below this many accesses finish in a few seconds: no bar.
+_PROGRESS_THRESHOLD = 16_000_000
+# The engine's progress counter goes over the sequence this many times (the
+# next-use pass, the decisions, the slots: src/plan/belady.c).
+_PLAN_PASSES = 3
 
 
 def as_sequence(seq: Any, items: int | None = None) -> tuple[np.ndarray, int]:
@@ -84,7 +87,8 @@ def fingerprint(seq: Any, items: int | None = None) -> int:
 
 def _run_with_progress(fn: Any, total: int, desc: str, show: bool | None) -> Any:
     """Run ``fn(progress_buffer)`` (which releases the GIL) on a worker thread
-    while this thread draws a bar from the engine's progress counter."""
+    while this thread draws a bar of ``total`` accesses from the engine's
+    progress counter, which counts _PLAN_PASSES passes over them."""
     if show is None:
         show = total >= _PROGRESS_THRESHOLD
     if not show or total == 0:
@@ -104,7 +108,7 @@ def _run_with_progress(fn: Any, total: int, desc: str, show: bool | None) -> Any
         done = 0
         while thread.is_alive():
             thread.join(0.1)
-            now = int(counter[0])
+            now = int(counter[0]) // _PLAN_PASSES
             bar.update(now - done)
             done = now
         bar.update(total - done)
@@ -289,7 +293,7 @@ class Plan:
         capacity = _check_capacity(capacity)
         handle = _run_with_progress(
             lambda counter: _engine.replan(self._h, capacity, bypass, progress=counter),
-            3 * self.accesses, "planning", progress,
+            self.accesses, "planning", progress,
         )
         return Plan(handle)
 
@@ -405,7 +409,7 @@ def plan(
         handle = _run_with_progress(
             lambda counter: _engine.build_plan(arr, items, 0, bypass, progress=counter, item_sizes=sizes,
                                                capacity_bytes=cap_b, page_size=page),
-            3 * arr.size, "planning", progress,
+            arr.size, "planning", progress,
         )
         result = Plan(handle)
         if description is not None:
@@ -416,7 +420,7 @@ def plan(
     capacity = _check_capacity(capacity)
     handle = _run_with_progress(
         lambda counter: _engine.build_plan(arr, items, capacity, bypass, progress=counter),
-        3 * arr.size, "planning", progress,
+        arr.size, "planning", progress,
     )
     result = Plan(handle)
     if description is not None:

@@ -1059,16 +1059,45 @@ def _check_arguments(batch_size: Any, cache_bytes: Any, cache_items: Any, wait_t
                          f"got {lookahead!r}")
 
 
-#: Peak bytes per access to capture and plan a sequence (the captured int64s,
-#: next-use arrays, decisions, the plan itself), measured: 56-76 over 100 items.
-PLAN_BYTES_PER_ACCESS = 64
-#: Above this estimate, building a plan warns with its cost first.
+#: What building a loader's plan costs in memory, beyond what the process
+#: held before, measured by peak RSS (tests/python/test_memory.py checks
+#: these within 25 %). A plan in items: the captured int64s, the next-use
+#: arrays and decisions at the peak (54-56 bytes per access at 20 to 40 M
+#: accesses), of which the plan and the sequence a re-plan starts from stay
+#: (38-40). A plan in bytes (per-item sizes) keeps its page lists too:
+#: 106-108 bytes per access at 4 and 20 M accesses, all of it kept, plus
+#: about 140 bytes per item (the sizes).
+PLAN_PEAK_BYTES_PER_ACCESS = 56
+PLAN_KEPT_BYTES_PER_ACCESS = 40
+SIZED_PLAN_BYTES_PER_ACCESS = 110
+SIZED_PLAN_BYTES_PER_ITEM = 140
+#: Above this estimate of the peak, building a plan warns with its cost first.
 PLAN_WARN_BYTES = 1 << 30
 
 
-def _check_plan_cost(sampler: Any, batch_sampler: Any, epochs: int) -> None:
+def plan_cost(accesses: int, items: int, sized: bool) -> tuple[int, int]:
+    """Bytes of memory a loader's plan takes beyond what the process held
+    before building it: (at the peak of building it, kept while training)."""
+    if sized:
+        cost = accesses * SIZED_PLAN_BYTES_PER_ACCESS + items * SIZED_PLAN_BYTES_PER_ITEM
+        return cost, cost
+    return accesses * PLAN_PEAK_BYTES_PER_ACCESS, accesses * PLAN_KEPT_BYTES_PER_ACCESS
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory now (0 where /proc does not say)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _check_plan_cost(sampler: Any, batch_sampler: Any, epochs: int, items: int, sized: bool) -> None:
     """Say what a plan will cost before building a large one: a warning above
-    PLAN_WARN_BYTES, an error above the machine's memory."""
+    PLAN_WARN_BYTES, an error above the machine's memory. The figures are
+    the plan's own (:func:`plan_cost`) and, next to them, the process's
+    whole at the peak, which is what a memory monitor shows."""
     try:
         if batch_sampler is not None:
             inner = getattr(batch_sampler, "sampler", None)
@@ -1079,19 +1108,24 @@ def _check_plan_cost(sampler: Any, batch_sampler: Any, epochs: int) -> None:
     except TypeError:
         return  # no length: the capture finds out
     accesses = per_epoch * epochs
-    cost = accesses * PLAN_BYTES_PER_ACCESS
-    if cost <= PLAN_WARN_BYTES:
+    peak, kept = plan_cost(accesses, items, sized)
+    if peak <= PLAN_WARN_BYTES:
         return
+    now = _resident_bytes()
+    gib = float(1 << 30)
     what = (f"a plan of {accesses:,} accesses ({epochs:,} epochs of {per_epoch:,}) takes about "
-            f"{cost / (1 << 30):,.1f} GiB of memory to capture and build")
+            f"{peak / gib:,.1f} GiB of memory to capture and build"
+            + (f" on top of the {now / gib:,.1f} GiB this process holds ({(now + peak) / gib:,.1f} GiB "
+               f"at the peak)" if now else ""))
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         memory = 0
-    if memory and cost > memory:
-        raise ValueError(f"{what}, more than this machine's {memory / (1 << 30):,.1f} GiB: give fewer "
+    if memory and now + peak > memory:
+        raise ValueError(f"{what}, more than this machine's {memory / gib:,.1f} GiB: give fewer "
                          "epochs= (build a new loader for the next run of epochs)")
-    warnings.warn(f"{what}; give fewer epochs= if that is too much", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"{what}, and keeps {kept / gib:,.1f} GiB while training; give fewer epochs= if that is "
+                  "too much", RuntimeWarning, stacklevel=3)
 
 
 def _refuse_one_shot(sampler: Any, argument: str) -> None:
@@ -1233,7 +1267,11 @@ class DataLoader(tud.DataLoader):
         elif isinstance(staging_slots, bool) or not 0 <= int(staging_slots) <= 1 << 20:
             raise ValueError(f"staging_slots must be between 0 and 1048576, got {staging_slots!r}")
         n_items = len(dataset)
-        _check_plan_cost(dataset if sampler is None else sampler, batch_sampler, epochs)
+        # Planned in bytes when sizes per item come (given, or the dataset's
+        # opt4_item_bytes) and the cache is in bytes (see step 2 below).
+        per_item = item_bytes if item_bytes is not None else getattr(dataset, "opt4_item_bytes", None)
+        sized = cache_items is None and per_item is not None and not isinstance(per_item, (int, np.integer))
+        _check_plan_cost(dataset if sampler is None else sampler, batch_sampler, epochs, n_items, sized)
         if cluster:
             return self._init_cluster(
                 dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -89,8 +90,8 @@ def _run_with_progress(fn: Any, total: int, desc: str, show: bool | None) -> Any
     """Run ``fn(progress_buffer)`` (which releases the GIL) on a worker thread
     while this thread draws a bar of ``total`` accesses from the engine's
     progress counter, which counts _PLAN_PASSES passes over them."""
-    if show is None:
-        show = total >= _PROGRESS_THRESHOLD
+    if show is None:  # a long build, and someone to see it (not a log or a pipe)
+        show = total >= _PROGRESS_THRESHOLD and sys.stderr.isatty()
     if not show or total == 0:
         return fn(None)
     counter = np.zeros(1, dtype=np.uint64)  # 8-byte aligned

@@ -1167,6 +1167,12 @@ class DataLoader(tud.DataLoader):
         plan ``opt`` (True, default) or ``opt-nobypass``;
     ``wait_timeout``
         seconds any wait may take before loading from the source instead;
+    ``progress``
+        progress bars on standard error while the loader is built (capturing
+        the sampler, reading per-item sizes, planning): ``True`` always,
+        ``False`` never, ``None`` (default) only when standard error is a
+        terminal (and, for planning and sizes, the work is long: 16 M
+        accesses or more, more than 100,000 items);
     ``prefetch``
         load the plan's misses ahead of the workers (default: on for a
         :class:`opt4torch.records.RecordFile`, whose records C threads read

@@ -1149,7 +1149,9 @@ class DataLoader(tud.DataLoader):
     ``epochs``
         how many epochs the run will iterate (the plan covers exactly these);
     ``seed``
-        seeds ``shuffle=True`` (default: a drawn seed, recorded in the plan);
+        seeds ``shuffle=True`` (default: a drawn seed, recorded in the plan
+        and in :meth:`state_dict`, and read as :attr:`seed`; a state saved
+        under another drawn seed resumes, see :meth:`load_state_dict`);
     ``transform``
         applied to every sample after the cache (random augmentation belongs
         here, not in the dataset);

@@ -13,7 +13,9 @@ checksummed binary file (docs/plan-format.md), read into memory when loaded.
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -33,8 +35,11 @@ BYPASS: int = _engine.OP_BYPASS
 
 _SLOT_MASK = 0x3FFFFFFF
 
-# Builds below this many accesses finish in well under a second: no bar.
-_PROGRESS_THRESHOLD = 50_000_000
+# Builds below this many accesses finish in a few seconds: no bar.
+_PROGRESS_THRESHOLD = 16_000_000
+# The engine's progress counter goes over the sequence this many times (the
+# next-use pass, the decisions, the slots: src/plan/belady.c).
+_PLAN_PASSES = 3
 
 
 def as_sequence(seq: Any, items: int | None = None) -> tuple[np.ndarray, int]:
@@ -83,9 +88,10 @@ def fingerprint(seq: Any, items: int | None = None) -> int:
 
 def _run_with_progress(fn: Any, total: int, desc: str, show: bool | None) -> Any:
     """Run ``fn(progress_buffer)`` (which releases the GIL) on a worker thread
-    while this thread draws a bar from the engine's progress counter."""
-    if show is None:
-        show = total >= _PROGRESS_THRESHOLD
+    while this thread draws a bar of ``total`` accesses from the engine's
+    progress counter, which counts _PLAN_PASSES passes over them."""
+    if show is None:  # a long build, and someone to see it (not a log or a pipe)
+        show = total >= _PROGRESS_THRESHOLD and sys.stderr.isatty()
     if not show or total == 0:
         return fn(None)
     counter = np.zeros(1, dtype=np.uint64)  # 8-byte aligned
@@ -103,7 +109,7 @@ def _run_with_progress(fn: Any, total: int, desc: str, show: bool | None) -> Any
         done = 0
         while thread.is_alive():
             thread.join(0.1)
-            now = int(counter[0])
+            now = int(counter[0]) // _PLAN_PASSES
             bar.update(now - done)
             done = now
         bar.update(total - done)
@@ -295,7 +301,7 @@ class Plan:
         capacity = _check_capacity(capacity)
         handle = _run_with_progress(
             lambda counter: _engine.replan(self._h, capacity, bypass, progress=counter),
-            3 * self.accesses, "planning", progress,
+            self.accesses, "planning", progress,
         )
         return Plan(handle)
 
@@ -411,7 +417,7 @@ def plan(
         handle = _run_with_progress(
             lambda counter: _engine.build_plan(arr, items, 0, bypass, progress=counter, item_sizes=sizes,
                                                capacity_bytes=cap_b, page_size=page),
-            3 * arr.size, "planning", progress,
+            arr.size, "planning", progress,
         )
         result = Plan(handle)
         if description is not None:
@@ -422,12 +428,59 @@ def plan(
     capacity = _check_capacity(capacity)
     handle = _run_with_progress(
         lambda counter: _engine.build_plan(arr, items, capacity, bypass, progress=counter),
-        3 * arr.size, "planning", progress,
+        arr.size, "planning", progress,
     )
     result = Plan(handle)
     if description is not None:
         result.description = description
     return result
+
+
+#: Pages are multiples of this many bytes: every page starts as aligned as
+#: the widest scalar an array may hold (complex128).
+PAGE_ALIGN = 16
+#: The most pages the median item may take: the runtime's work per item
+#: grows with its pages, the waste per item shrinks with them.
+PAGE_SPLIT = 16
+#: Page sizes whose waste is within this share of the sizes' total of the
+#: least waste count as equal; the largest of them is taken (fewer pages).
+PAGE_SLACK = 0.01
+#: The largest page chosen.
+PAGE_MAX = 1 << 20
+
+
+def choose_page(sizes: Any) -> int:
+    """The page size for items of these sizes in bytes: the one that wastes
+    the least of the pool. An item takes ``ceil(size / page)`` pages (at
+    least one), so what its last page leaves empty is lost; a page a
+    quarter of the median, rounded down to a power of two as before, lost
+    up to a quarter of every item. Candidates are multiples of PAGE_ALIGN
+    that fit one quantile of the sizes in 1 to PAGE_SPLIT pages exactly
+    (all of them when the sizes are equal: no waste), and powers of two;
+    those that keep the median item within PAGE_SPLIT pages are measured
+    on (a sample of) the sizes, and of those within PAGE_SLACK of the
+    least waste the largest is taken."""
+    s = np.asarray(sizes, dtype=np.int64).reshape(-1)
+    if s.size == 0:
+        return 4096
+    if s.size > 65536:  # a sample spread over the sorted sizes keeps their shape
+        s = np.sort(s)[np.linspace(0, s.size - 1, 65536).astype(np.int64)]
+    values, counts = np.unique(s, return_counts=True)
+    median = float(np.median(s))
+    low = max(PAGE_ALIGN, -(-int(math.ceil(median / PAGE_SPLIT)) // PAGE_ALIGN) * PAGE_ALIGN)
+    high = max(low, min(PAGE_MAX, -(-int(values[-1]) // PAGE_ALIGN) * PAGE_ALIGN))
+    quantiles = np.quantile(s, [0.5, 0.75, 0.9, 0.95, 0.99, 1.0], method="higher")
+    candidates = {1 << k for k in range(3, 21)}
+    for q in quantiles.tolist():
+        for parts in range(1, PAGE_SPLIT + 1):
+            candidates.add(-(-int(math.ceil(q / parts)) // PAGE_ALIGN) * PAGE_ALIGN)
+    pages = np.array(sorted(c for c in candidates if low <= c <= high), dtype=np.int64)
+    if pages.size == 0:
+        return int(low)
+    taken = np.maximum(1, -(-values[None, :] // pages[:, None])) * pages[:, None]
+    waste = ((taken - values[None, :]) * counts[None, :]).sum(axis=1)
+    good = waste <= waste.min() + PAGE_SLACK * max(int((values * counts).sum()), 1)
+    return int(pages[good].max())
 
 
 def sequence_plan(seq: Any, *, items: int | None = None, description: str | None = None) -> Plan:

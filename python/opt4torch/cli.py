@@ -145,13 +145,23 @@ def _make_sampler(factory: Any, dataset_size: int, args: argparse.Namespace, see
     return sampler, recorded
 
 
+def _misses(p: Plan) -> str:
+    """The misses, split two ways, each into parts that add up to them:
+    why (an item's first read, which no cache avoids, or a later read of an
+    item the plan did not keep) and what the cache did (stored the item or
+    let it pass). A compulsory miss is admitted or bypassed like any other,
+    so the two splits overlap; within each, the parts do not."""
+    first = p.compulsory_misses
+    return (f"{p.misses:,} = {first:,} compulsory (an item's first read) + {p.misses - first:,} capacity "
+            f"(read before, not kept) = {p.admits:,} admitted (stored) + {p.bypasses:,} bypassed (not stored)")
+
+
 def _summary(p: Plan) -> str:
     if not p.has_decisions:
         return f"{p.accesses:,} accesses over {p.items:,} items (sequence only: no capacity given)"
     return (
         f"{p.accesses:,} accesses over {p.items:,} items, capacity {p.capacity:,} ({p.policy}): "
-        f"hits {p.hits:,} ({p.hit_rate:.2%}), misses {p.misses:,} "
-        f"({p.bypasses:,} bypassed, {p.compulsory_misses:,} compulsory)"
+        f"hits {p.hits:,} ({p.hit_rate:.2%}), misses {_misses(p)}"
     )
 
 
@@ -282,8 +292,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if p.has_decisions:
         print(f"cache       {p.capacity:,} items, policy {p.policy}")
         print(f"hits        {p.hits:,} ({p.hit_rate:.2%})")
-        print(f"misses      {p.misses:,}: {p.admits:,} admitted, {p.bypasses:,} bypassed, "
-              f"{p.compulsory_misses:,} compulsory")
+        print(f"misses      {_misses(p)}")
     else:
         print("cache       none (sequence only; plan it with a capacity to get decisions)")
         print(f"distinct    {p.compulsory_misses:,} items")

@@ -39,7 +39,7 @@ import numpy.typing as npt
 
 from . import _engine
 from ._engine import InvalidInputError
-from ._plan import Plan, as_sequence
+from ._plan import Plan, as_sequence, choose_page
 from ._plan import plan as build_plan
 
 __all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_ENV", "NODE_KEYS", "ClusterPlan", "NodePlan",
@@ -535,12 +535,6 @@ def _capacities(capacity_per_node: Any, n_nodes: int) -> np.ndarray:
     return caps.astype(np.uint64)
 
 
-def _choose_page(sizes: np.ndarray) -> int:
-    """A page about a quarter of the median item (the DataLoader's rule)."""
-    median = float(np.median(sizes)) if sizes.size else 4096.0
-    return int(min(1 << max(6, int(np.log2(max(median / 4, 64)))), 1 << 20))
-
-
 def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None, capacity_per_node: Any = None,
                  *, cache_bytes: Any = None, page_size: int | None = None, items: int | None = None,
                  batch_size: int = 1, item_bytes: int = 1, item_sizes: Any = None,
@@ -561,8 +555,8 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
 
     Or give ``cache_bytes`` (bytes a node, one number or one per node) with
     ``item_sizes`` instead of ``capacity_per_node``: the plan is then in
-    pages of ``page_size`` bytes (default: about a quarter of the median
-    item), the aggregate plan size-aware Belady (a heuristic with unequal
+    pages of ``page_size`` bytes (default: the one that wastes least on the
+    sizes, :func:`opt4torch._plan.choose_page`), the aggregate plan size-aware Belady (a heuristic with unequal
     sizes), and a generation needs its pages on one node; one that finds no
     such node is read from storage instead (:attr:`ClusterPlan.unplaced`).
 
@@ -619,7 +613,7 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
     else:
         if sizes is None:
             raise InvalidInputError("cache_bytes needs item_sizes (the bytes each item takes)")
-        page = int(page_size) if page_size is not None else _choose_page(sizes[np.unique(seq)])
+        page = int(page_size) if page_size is not None else choose_page(sizes[np.unique(seq)])
         if page < 1:
             raise InvalidInputError(f"page_size must be positive, got {page_size!r}")
         in_bytes = _capacities(cache_bytes, n_nodes)

@@ -37,7 +37,7 @@ import torch.utils.data as tud
 
 from . import _engine, _live, _messages
 from ._codec import decode, decode_at, encode, encoded_size, make_arrays
-from ._plan import ADMIT, HIT, Plan, plan as build_plan
+from ._plan import ADMIT, HIT, Plan, choose_page, plan as build_plan
 from .capture import capture_epochs
 
 __all__ = [
@@ -984,14 +984,6 @@ def _item_sizes(dataset: Any, item_bytes: Any, n_items: int, progress: bool | No
     return sizes + np.uint64(CODEC_MARGIN)
 
 
-def _choose_page(sizes: np.ndarray) -> int:
-    """A page about a quarter of the median item: items take ~4 pages and
-    waste at most one, so ~10 % of the pool, and the per-page work stays small."""
-    median = float(np.median(sizes)) if sizes.size else 4096.0
-    page = 1 << max(6, int(np.log2(max(median / 4, 64))))
-    return int(min(page, 1 << 20))
-
-
 def _node_group() -> tuple[Any, int, int]:
     """The process group of this node's ranks (torchrun numbers them
     contiguously per node), this rank in it, and its size."""
@@ -1172,16 +1164,45 @@ def _check_arguments(batch_size: Any, cache_bytes: Any, cache_items: Any, wait_t
                          f"got {lookahead!r}")
 
 
-#: Peak bytes per access to capture and plan a sequence (the captured int64s,
-#: next-use arrays, decisions, the plan itself), measured: 56-76 over 100 items.
-PLAN_BYTES_PER_ACCESS = 64
-#: Above this estimate, building a plan warns with its cost first.
+#: What building a loader's plan costs in memory, beyond what the process
+#: held before, measured by peak RSS (tests/python/test_memory.py checks
+#: these within 25 %). A plan in items: the captured int64s, the next-use
+#: arrays and decisions at the peak (54-56 bytes per access at 20 to 40 M
+#: accesses), of which the plan and the sequence a re-plan starts from stay
+#: (38-40). A plan in bytes (per-item sizes) keeps its page lists too:
+#: 106-108 bytes per access at 4 and 20 M accesses, all of it kept, plus
+#: about 140 bytes per item (the sizes).
+PLAN_PEAK_BYTES_PER_ACCESS = 56
+PLAN_KEPT_BYTES_PER_ACCESS = 40
+SIZED_PLAN_BYTES_PER_ACCESS = 110
+SIZED_PLAN_BYTES_PER_ITEM = 140
+#: Above this estimate of the peak, building a plan warns with its cost first.
 PLAN_WARN_BYTES = 1 << 30
 
 
-def _check_plan_cost(sampler: Any, batch_sampler: Any, epochs: int) -> None:
+def plan_cost(accesses: int, items: int, sized: bool) -> tuple[int, int]:
+    """Bytes of memory a loader's plan takes beyond what the process held
+    before building it: (at the peak of building it, kept while training)."""
+    if sized:
+        cost = accesses * SIZED_PLAN_BYTES_PER_ACCESS + items * SIZED_PLAN_BYTES_PER_ITEM
+        return cost, cost
+    return accesses * PLAN_PEAK_BYTES_PER_ACCESS, accesses * PLAN_KEPT_BYTES_PER_ACCESS
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory now (0 where /proc does not say)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _check_plan_cost(sampler: Any, batch_sampler: Any, epochs: int, items: int, sized: bool) -> None:
     """Say what a plan will cost before building a large one: a warning above
-    PLAN_WARN_BYTES, an error above the machine's memory."""
+    PLAN_WARN_BYTES, an error above the machine's memory. The figures are
+    the plan's own (:func:`plan_cost`) and, next to them, the process's
+    whole at the peak, which is what a memory monitor shows."""
     try:
         if batch_sampler is not None:
             inner = getattr(batch_sampler, "sampler", None)
@@ -1192,19 +1213,24 @@ def _check_plan_cost(sampler: Any, batch_sampler: Any, epochs: int) -> None:
     except TypeError:
         return  # no length: the capture finds out
     accesses = per_epoch * epochs
-    cost = accesses * PLAN_BYTES_PER_ACCESS
-    if cost <= PLAN_WARN_BYTES:
+    peak, kept = plan_cost(accesses, items, sized)
+    if peak <= PLAN_WARN_BYTES:
         return
+    now = _resident_bytes()
+    gib = float(1 << 30)
     what = (f"a plan of {accesses:,} accesses ({epochs:,} epochs of {per_epoch:,}) takes about "
-            f"{cost / (1 << 30):,.1f} GiB of memory to capture and build")
+            f"{peak / gib:,.1f} GiB of memory to capture and build"
+            + (f" on top of the {now / gib:,.1f} GiB this process holds ({(now + peak) / gib:,.1f} GiB "
+               f"at the peak)" if now else ""))
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         memory = 0
-    if memory and cost > memory:
-        raise ValueError(f"{what}, more than this machine's {memory / (1 << 30):,.1f} GiB: give fewer "
+    if memory and now + peak > memory:
+        raise ValueError(f"{what}, more than this machine's {memory / gib:,.1f} GiB: give fewer "
                          "epochs= (build a new loader for the next run of epochs)")
-    warnings.warn(f"{what}; give fewer epochs= if that is too much", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"{what}, and keeps {kept / gib:,.1f} GiB while training; give fewer epochs= if that is "
+                  "too much", RuntimeWarning, stacklevel=3)
 
 
 def _refuse_one_shot(sampler: Any, argument: str) -> None:
@@ -1228,7 +1254,9 @@ class DataLoader(tud.DataLoader):
     ``epochs``
         how many epochs the run will iterate (the plan covers exactly these);
     ``seed``
-        seeds ``shuffle=True`` (default: a drawn seed, recorded in the plan);
+        seeds ``shuffle=True`` (default: a drawn seed, recorded in the plan
+        and in :meth:`state_dict`, and read as :attr:`seed`; a state saved
+        under another drawn seed resumes, see :meth:`load_state_dict`);
     ``transform``
         applied to every sample after the cache (random augmentation belongs
         here, not in the dataset);
@@ -1246,6 +1274,12 @@ class DataLoader(tud.DataLoader):
         plan ``opt`` (True, default) or ``opt-nobypass``;
     ``wait_timeout``
         seconds any wait may take before loading from the source instead;
+    ``progress``
+        progress bars on standard error while the loader is built (capturing
+        the sampler, reading per-item sizes, planning): ``True`` always,
+        ``False`` never, ``None`` (default) only when standard error is a
+        terminal (and, for planning and sizes, the work is long: 16 M
+        accesses or more, more than 100,000 items);
     ``prefetch``
         load the plan's misses ahead of the workers (default: on for a
         :class:`opt4torch.records.RecordFile`, whose records C threads read
@@ -1312,6 +1346,10 @@ class DataLoader(tud.DataLoader):
                  on_stats: Callable[[dict[str, Any]], Any] | None = None, tensorboard: Any = None,
                  cluster: bool = False, cluster_window: int = 8, cluster_timeout: float = 60.0,
                  **kwargs: Any) -> None:
+        # The arguments as given: load_state_dict rebuilds the loader from
+        # them with the seed of a state saved under a drawn one.
+        self._init_args: dict[str, Any] = {
+            k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")} | kwargs
         if isinstance(dataset, tud.IterableDataset):
             raise TypeError("the OPT cache needs a map-style dataset (with __getitem__ and __len__): "
                             "an IterableDataset has no indices to plan over")
@@ -1342,7 +1380,11 @@ class DataLoader(tud.DataLoader):
         elif isinstance(staging_slots, bool) or not 0 <= int(staging_slots) <= 1 << 20:
             raise ValueError(f"staging_slots must be between 0 and 1048576, got {staging_slots!r}")
         n_items = len(dataset)
-        _check_plan_cost(dataset if sampler is None else sampler, batch_sampler, epochs)
+        # Planned in bytes when sizes per item come (given, or the dataset's
+        # opt4_item_bytes) and the cache is in bytes (see step 2 below).
+        per_item = item_bytes if item_bytes is not None else getattr(dataset, "opt4_item_bytes", None)
+        sized = cache_items is None and per_item is not None and not isinstance(per_item, (int, np.integer))
+        _check_plan_cost(dataset if sampler is None else sampler, batch_sampler, epochs, n_items, sized)
         if cluster:
             return self._init_cluster(
                 dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
@@ -1359,7 +1401,7 @@ class DataLoader(tud.DataLoader):
 
         # 1. The index order, batch by batch, for every epoch.
         batched = batch_size is not None or batch_sampler is not None
-        per_epoch_idx, per_epoch_lengths, desc_sampler = self._capture(
+        per_epoch_idx, per_epoch_lengths, desc_sampler, used_seed = self._capture(
             dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, generator, epochs, seed,
             progress)
         group = None
@@ -1389,13 +1431,13 @@ class DataLoader(tud.DataLoader):
             # items: every item gets the largest one's space.
             item_bytes = int(sizes.max()) if sizes.size else 1
             sizes = None
-        desc = json.dumps({"sampler": desc_sampler, "epochs": epochs, "seed": seed,
+        desc = json.dumps({"sampler": desc_sampler, "epochs": epochs, "seed": used_seed,
                            "shared_ranks": share_across_ranks})
         if sizes is not None:
             if cache_bytes is None:
                 raise ValueError("per-item sizes need the cache size in bytes: give cache_bytes=")
             total = parse_bytes(cache_bytes)
-            page = int(page_size) if page_size else _choose_page(sizes[np.unique(seq)])
+            page = int(page_size) if page_size else choose_page(sizes[np.unique(seq)])
             def make_plan(s: np.ndarray) -> Plan:
                 return build_plan(s, items=n_items, capacity_bytes=total, item_sizes=sizes, page_size=page,
                                   bypass=bypass, progress=progress, description=desc)
@@ -1495,6 +1537,11 @@ class DataLoader(tud.DataLoader):
         #: The plan's fingerprint as built here: a state_dict() names the run
         #: by it, whatever re-plans happened since.
         self._fingerprint = plan.fingerprint
+        # The seed that shuffled the order (given or drawn; None for a
+        # sampler's or a generator's order), and whether it was drawn here:
+        # then a state saved under another drawn seed rebuilds the loader.
+        self._seed = used_seed
+        self._seed_drawn = seed is None and used_seed is not None
         # Where a state_dict() is: the epoch iterated last (or next, once
         # iter() has been called), the samples of it done when that iteration
         # started, and the batches done then (this loader's batches).
@@ -1600,6 +1647,8 @@ class DataLoader(tud.DataLoader):
         self._positions = PositionBatchSampler(starts, own, floors, self.cache, batched=True)
         self._batches_done = 0
         self._fingerprint = plan.fingerprint
+        self._seed = None if sampler is not None else (0 if seed is None else int(seed))  # _cluster_setup's
+        self._seed_drawn = False
         self._iter_epoch = self._samples_at_iter = self._batches_at_iter = 0
         self._items = len(dataset)
         self._batch_size = batch_size
@@ -1617,7 +1666,11 @@ class DataLoader(tud.DataLoader):
     @staticmethod
     def _capture(dataset: Any, batch_size: int | None, shuffle: bool | None, sampler: Any,
                  batch_sampler: Any, drop_last: bool, generator: Any, epochs: int, seed: int | None,
-                 progress: bool | None) -> tuple[list[np.ndarray], list[np.ndarray], str]:
+                 progress: bool | None) -> tuple[list[np.ndarray], list[np.ndarray], str, int | None]:
+        """Every epoch's indices and batch lengths, the sampler's name, and
+        the seed that shuffled them: ``seed``, or the one drawn here for
+        ``shuffle=True`` without one (None when the order is a sampler's or
+        a generator's)."""
         if batch_sampler is not None:
             if batch_size not in (1, None) or shuffle or sampler is not None or drop_last:
                 raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
@@ -1635,17 +1688,19 @@ class DataLoader(tud.DataLoader):
                     batches = [list(map(_as_index, b)) for b in batch_sampler]
                     lengths.append(np.array([len(b) for b in batches], dtype=np.int64))
                     idx.append(np.array([i for b in batches for i in b], dtype=np.int64))
-            return idx, lengths, type(batch_sampler).__name__
+            return idx, lengths, type(batch_sampler).__name__, None
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
         if sampler is not None:
             _refuse_one_shot(sampler, "sampler")
+        used: int | None = None
         if sampler is None:
             if shuffle:
                 if generator is None:
                     if seed is None:
                         seed = int(torch.empty((), dtype=torch.int64).random_().item())
-                    generator = torch.Generator().manual_seed(int(seed))
+                    used = int(seed)
+                    generator = torch.Generator().manual_seed(used)
                 sampler = tud.RandomSampler(dataset, generator=generator)
             else:
                 sampler = tud.SequentialSampler(dataset)
@@ -1666,7 +1721,7 @@ class DataLoader(tud.DataLoader):
                 lens = np.full(full, batch_size, dtype=np.int64)
                 lengths.append(np.append(lens, rest) if rest else lens)
             idx.append(part)
-        return idx, lengths, type(sampler).__name__
+        return idx, lengths, type(sampler).__name__, used
 
     # ---- epochs and resuming ----
 
@@ -1843,6 +1898,14 @@ class DataLoader(tud.DataLoader):
         """Make the next iteration epoch ``epoch`` (default: the next one)."""
         self._positions.set_epoch(epoch)
 
+    @property
+    def seed(self) -> int | None:
+        """The seed that shuffled this loader's order: ``seed=`` as given,
+        or the one drawn for ``shuffle=True`` without it (None when the
+        order is a sampler's or a generator's). :meth:`state_dict` records
+        it; ``seed=loader.seed`` builds a loader over the same order."""
+        return self._seed
+
     def state_dict(self) -> dict[str, Any]:
         """Where the run is, by position in the sequence (not by batch):
 
@@ -1861,10 +1924,15 @@ class DataLoader(tud.DataLoader):
             what the state can only resume: the same sequence, split the same
             way into epochs (and ranks), over a dataset of as many items;
         ``batch_size``
-            the batch size that saved it, to explain a refusal.
+            the batch size that saved it, to explain a refusal;
+        ``seed``
+            the seed that shuffled the order (:attr:`seed`): a loader that
+            drew its own seed (``shuffle=True``, no ``seed=``) resumes a
+            state saved under another drawn one by planning again with it.
 
         A state resumes in a loader with another batch size: the next sample
-        is the same one.
+        is the same one; and in a loader planned for more epochs than the
+        state's (a run extended), whose first epochs are the state's.
         """
         e = self._iter_epoch
         samples = self._positions.samples_after(e, self._samples_at_iter,
@@ -1880,6 +1948,7 @@ class DataLoader(tud.DataLoader):
             "layout": self._layout,
             "rank": self._rank,
             "batch_size": self._batch_size,
+            "seed": self._seed,
         }
 
     def _orig_position(self, epoch: int, samples: int) -> int:
@@ -1912,6 +1981,9 @@ class DataLoader(tud.DataLoader):
             value = state[key]
             if not _is_int(value) and not (key == "batch_size" and value is None):
                 raise TypeError(f"state[{key!r}] must be an integer, got {value!r} ({type(value).__name__})")
+        seed = state.get("seed")  # absent in states of an earlier opt4torch
+        if seed is not None and not _is_int(seed):
+            raise TypeError(f"state['seed'] must be an integer or None, got {seed!r} ({type(seed).__name__})")
         pos = self._positions
         epochs = len(pos.batches)
         if not legacy and int(state["items"]) != self._items:
@@ -1919,13 +1991,19 @@ class DataLoader(tud.DataLoader):
                 f"state['items'] is {int(state['items'])}: the state was saved by a loader over a dataset "
                 f"of {int(state['items'])} items, and this loader's dataset has {self._items}. Resume with "
                 "the dataset the state was saved with")
-        if int(state["epochs"]) != epochs:
+        # A loader planned for more epochs resumes a state of fewer (a run
+        # extended): the state names the first ones, which must be the same.
+        saved_epochs = int(state["epochs"])
+        if not 1 <= saved_epochs <= epochs:
             raise ValueError(
-                f"state['epochs'] is {int(state['epochs'])} but this loader was planned for {epochs} "
-                f"epochs: build it with epochs={int(state['epochs'])} to resume this state")
-        if int(state["fingerprint"]) != self._fingerprint:
+                f"state['epochs'] is {saved_epochs} but this loader was planned for {epochs} "
+                f"epochs: build it with epochs={saved_epochs} (or more) to resume this state")
+        if int(state["fingerprint"]) != self._fingerprint_of(saved_epochs):
             why = ("sampler, seed, epochs or dataset differ"
                    + ("" if self.shared_across_ranks else ", or drop_last dropped another tail"))
+            if seed is not None and self._seed is not None and int(seed) != self._seed:
+                why = (f"state['seed'] is {int(seed)} and this loader's seed is {self._seed}: build it with "
+                       f"seed={int(seed)} (or without seed=, to plan again with the state's)")
             saved = None if legacy else state["batch_size"]
             if saved is not None and self._batch_size is not None and int(saved) != self._batch_size:
                 if self.shared_across_ranks:
@@ -1942,14 +2020,15 @@ class DataLoader(tud.DataLoader):
             if self.shared_across_ranks and int(state["rank"]) != self._rank:
                 raise ValueError(f"state['rank'] is {int(state['rank'])} but this is rank {self._rank} of "
                                  "the node's shared pool: each rank resumes the state it saved")
-            if int(state["layout"]) != self._layout:
+            if int(state["layout"]) != self._layout_of(saved_epochs):
                 raise ValueError(
                     "state['layout'] differs: the same sequence was split otherwise into epochs (or, with "
                     "share_across_ranks, into the ranks' batches), so the samples that come next are not "
                     "the same here; resume with the sampler and batching the state was saved with")
         epoch = int(state["epoch"])
-        if not 0 <= epoch < epochs:
-            raise ValueError(f"state['epoch'] is {epoch}: this loader's epochs are 0 to {epochs - 1}")
+        if not 0 <= epoch < saved_epochs:
+            whose = "this loader's" if saved_epochs == epochs else f"the state's (a run of {saved_epochs})"
+            raise ValueError(f"state['epoch'] is {epoch}: {whose} epochs are 0 to {saved_epochs - 1}")
         batches = int(state["batches_done"])
         if batches < 0:
             raise ValueError(f"state['batches_done'] is {batches}: a count of batches cannot be negative")
@@ -1977,6 +2056,60 @@ class DataLoader(tud.DataLoader):
                 "from two states)")
         return epoch, samples
 
+    def _fingerprint_of(self, epochs: int) -> int:
+        """The fingerprint of this loader's first ``epochs`` epochs, as
+        built (a state of a run planned for that many)."""
+        if epochs == len(self._orig[2]):
+            return self._fingerprint
+        from ._plan import fingerprint
+
+        # The sequence as built: re-plans cut the pool's; their context keeps it whole.
+        seq = self._replan_from["seq"] if self.replans and self._replan_from is not None else self.cache.plan.seq
+        return fingerprint(seq[:int(self._orig[2][epochs])], self._items)
+
+    def _layout_of(self, epochs: int) -> int:
+        """The layout digest of this loader's first ``epochs`` epochs."""
+        if epochs == len(self._orig[2]):
+            return self._layout
+        starts, lengths, floors, _ = self._orig
+        return _layout_digest(starts[:epochs], lengths[:epochs], floors[:epochs], shared=self._group is not None)
+
+    def _reseeded(self, state: Any) -> DataLoader | None:
+        """This loader built again with the seed of ``state``, when this
+        one drew its seed and the state was saved under another (a new
+        process draws a new one); None when the order stays."""
+        from collections.abc import Mapping
+
+        seed = state.get("seed") if isinstance(state, Mapping) else None
+        if not self._seed_drawn or not _is_int(seed) or int(seed) == self._seed:
+            return None
+        seed = int(seed)
+        if self._group is not None:
+            raise ValueError(f"state['seed'] is {seed} (drawn by the loader that saved it) and this loader drew "
+                             f"{self._seed}: ranks sharing a pool plan together only when built, so build this "
+                             f"loader with seed=state['seed'] ({seed}) to resume the state")
+        live = self._live() if self._live is not None else None
+        if live is not None or self._iterator is not None:
+            raise RuntimeError(f"state['seed'] is {seed} and this loader drew {self._seed}: resuming it means "
+                               "planning again with the state's seed, which cannot happen under an iterator "
+                               "or persistent workers that serve this plan. Call load_state_dict before "
+                               f"iterating, or build the loader with seed={seed}")
+        fresh = DataLoader.__new__(type(self))
+        DataLoader.__init__(fresh, **{**self._init_args, "seed": seed})
+        return fresh
+
+    def _adopt(self, fresh: DataLoader) -> None:
+        """Become ``fresh``, this loader built again with another seed: its
+        plan, pool, positions and torch's state over them. This loader's
+        pool goes. Its seed still counts as drawn (a later state may name
+        another)."""
+        old, reporter = self.cache, self._reporter
+        self.__dict__.update(fresh.__dict__)  # past torch's guard on dataset and batch_sampler
+        self._reporter = reporter
+        self._seed_drawn = True
+        self._init_args = {**self._init_args, "seed": None}
+        old.close()
+
     def load_state_dict(self, state: dict[str, Any], *, warm: bool = True) -> None:
         """Resume at the saved position: the next sample is the one that
         would have come next, whatever the batch size (a batch that the saved
@@ -1988,10 +2121,23 @@ class DataLoader(tud.DataLoader):
         (it is collective, like the constructor), with the state it saved at
         the same training step: the node resumes at its earliest next batch,
         and local rank 0 warms the one pool for all of them. A state one rank
-        refuses is refused on every rank (none waits for the others)."""
+        refuses is refused on every rank (none waits for the others).
+
+        A loader that drew its seed (``shuffle=True`` without ``seed=``)
+        resumes a state saved under another drawn seed (``state['seed']``)
+        by planning again with that one, before anything else: building
+        the loader with ``seed=state['seed']`` saves that second plan."""
         if getattr(self, "cluster_plan", None) is not None:
             raise RuntimeError("resuming a cluster=True loader from a state is not built yet: every node would "
                                "have to resume its transfers at the same window (docs/cluster.md)")
+        fresh = self._reseeded(state)
+        if fresh is not None:
+            try:
+                fresh._check_state(state)
+            except BaseException:
+                fresh.cache.close()
+                raise
+            self._adopt(fresh)
         if self._group is None:
             epoch, samples = self._check_state(state)
             start, batches = self._positions.resume(epoch, samples)

@@ -109,6 +109,14 @@ int opt4__sized_pages(const opt4_plan_opts *opts, uint64_t items, uint64_t *page
   return 0;
 }
 
+/* Publish how far the build is, every 65536 positions, on the scale of the
+ * public contract (0 to 3 * T, opt4.h): the backward pass is the first T,
+ * the decisions, which take most of the time, the other 2 * T. */
+static inline void report(const opt4_plan_opts *opts, uint64_t step, uint64_t at) {
+  if (OPT4__UNLIKELY((step & 0xFFFF) == 0) && opts->progress != NULL)
+    __atomic_store_n(opts->progress, at, __ATOMIC_RELAXED);
+}
+
 int opt4__belady_sized(const opt4_seq *seq, const opt4_plan_opts *opts, opt4_plan *plan) {
   const uint64_t T = seq->len, N = seq->items, page = opts->page_size;
   uint64_t P = 0;
@@ -136,6 +144,7 @@ int opt4__belady_sized(const opt4_seq *seq, const opt4_plan_opts *opts, opt4_pla
   /* Backward: next uses into ops, ids checked, and the largest item used. */
   memset(last, 0xFF, (size_t)N * 4);
   for (uint64_t t = T; t-- > 0;) {
+    report(opts, T - t, T - t);
     uint64_t x = opt4__seq_get(seq, t);
     if (x >= N) {
       rc = opt4__fail(OPT4_ERANGE, "id %lld at position %llu is outside [0, %llu)",
@@ -168,6 +177,7 @@ int opt4__belady_sized(const opt4_seq *seq, const opt4_plan_opts *opts, opt4_pla
   uint64_t max = NO_MAX;
 
   for (uint64_t t = 0; t < T; t++) {
+    report(opts, t, T + 2 * t);
     const uint32_t x = (uint32_t)opt4__seq_get(seq, t);
     const uint32_t nx = ops[t];
     if (opt4__ks_take(&ks, t)) {
@@ -258,6 +268,7 @@ int opt4__belady_sized(const opt4_seq *seq, const opt4_plan_opts *opts, opt4_pla
   plan->info.bypasses = bypasses;
   plan->info.misses = admits + bypasses;
   plan->info.compulsory = distinct;
+  if (opts->progress != NULL) __atomic_store_n(opts->progress, 3 * T, __ATOMIC_RELAXED);
   goto leave;
 nomem:
   rc = opt4__fail(OPT4_ENOMEM, "no memory for the plan's page lists");

@@ -100,7 +100,7 @@ int opt4__pool_check_header(const void *base, size_t size, const void *meta, siz
   end = h->slot_len_off + h->staging_slots * sizeof(slot_state);
   /* Then the payload pages and the staging slots, which end the segment. */
   if (!region_ok(h->payload_off, h->pages, h->page_size, 64, end, sz) ||
-      h->staging_off != h->payload_off + h->pages * h->page_size ||
+      h->staging_off != ((h->payload_off + h->pages * h->page_size + 63) & ~(uint64_t)63) ||
       !region_ok(h->staging_off, h->staging_slots, h->staging_slot_bytes, 64, h->staging_off, sz) ||
       h->staging_off + h->staging_slots * h->staging_slot_bytes != sz)
     return BAD_POOL("pool %s is inconsistent: payload and staging do not end the segment", name);

@@ -381,11 +381,13 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   uint64_t bclaim_off = align_up(gclaim_off + gens * 4, 64);
   uint64_t slot_len_off = align_up(bclaim_off + (staging_slots ? bypasses * 4 : 0), 64);
   uint64_t payload_off = align_up(slot_len_off + staging_slots * sizeof(slot_state), 4096);
-  if (pages > (UINT64_MAX - payload_off) / page_size ||
-      (staging_slots && staging_slots > (UINT64_MAX - payload_off - pages * page_size) / slot_bytes))
+  if (pages > (UINT64_MAX - payload_off - 64) / page_size ||
+      (staging_slots && staging_slots > (UINT64_MAX - payload_off - 64 - pages * page_size) / slot_bytes))
     return opt4__fail(OPT4_ETOOBIG, "%llu pages of %llu bytes do not fit in memory",
                       (unsigned long long)pages, (unsigned long long)page_size);
-  uint64_t staging_off = payload_off + pages * page_size;
+  /* A sized plan's pages may be of any size: the staging slots start on the
+   * next cache line after them (the layout check asks it of every region). */
+  uint64_t staging_off = align_up(payload_off + pages * page_size, 64);
   uint64_t size = staging_off + staging_slots * slot_bytes;
 
   opt4_pool *pool = opt4__calloc(1, sizeof *pool);

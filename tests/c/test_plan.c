@@ -426,6 +426,38 @@ static void test_sized_equal_sizes_is_belady(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* The progress word (opt4.h: from 0 to 3 * T) ends at 3 * T for both
+ * planners; the sized one used to leave it at 0, so its bar never moved. */
+static void test_progress_reaches_3T(void) {
+  const uint64_t T = 300000, N = 1000;
+  uint32_t *seq = malloc(T * sizeof *seq);
+  uint64_t *sizes = malloc(N * sizeof *sizes);
+  uint64_t rng = 5;
+  for (uint64_t t = 0; t < T; t++) seq[t] = (uint32_t)(test_rand(&rng) % N);
+  for (uint64_t i = 0; i < N; i++) sizes[i] = 50 + test_rand(&rng) % 300;
+  for (int sized = 0; sized <= 1; sized++) {
+    _Alignas(8) volatile uint64_t progress = 0;
+    opt4_seq s = {seq, OPT4_U32, T, N};
+    opt4_plan_opts o;
+    memset(&o, 0, sizeof o);
+    o.progress = &progress;
+    if (sized) {
+      o.item_sizes = sizes;
+      o.capacity_bytes = 64 * 1000;
+      o.page_size = 64;
+    } else {
+      o.capacity = 200;
+    }
+    opt4_plan *p = NULL;
+    ASSERT_OK(opt4_plan_build(&s, &o, &p));
+    ASSERT_U64_EQ(progress, 3 * T);
+    opt4_plan_close(p);
+  }
+  free(sizes);
+  free(seq);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 /* Unequal sizes: a hand-checked trace. Pool of 4 pages of 10 bytes; item 0
  * takes 3 pages, items 1 and 2 one each. */
 static void test_sized_golden(void) {
@@ -490,6 +522,7 @@ int main(void) {
   RUN(test_sized_unused_items);
   RUN(test_sized_equal_sizes_is_belady);
   RUN(test_sized_golden);
+  RUN(test_progress_reaches_3T);
   RUN(test_bypass_golden);
   RUN(test_against_naive);
   RUN(test_dtypes_agree);

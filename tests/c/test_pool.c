@@ -452,6 +452,32 @@ static void test_sized_pool(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* Pages of a size that is not a multiple of 64 (a sized plan's page may be
+ * any size), an odd number of them, and staging slots after them: the pool
+ * is consistent, so another handle attaches, and it follows the plan. */
+static void test_sized_pool_odd_page(void) {
+  opt4_plan *plan = random_sized_plan(20000, 300, 100 * 201, 100, 5);
+  opt4_plan_info in;
+  ASSERT_OK(opt4_plan_info_get(plan, &in));
+  ASSERT_U64_EQ(in.slots, 201);
+  opt4_pool_opts o = {.wait_timeout_ms = 2000, .staging_slots = 3};
+  opt4_pool *pool = NULL, *other = NULL;
+  ASSERT_OK(opt4_pool_create(plan, &o, &pool));
+  ASSERT_OK(opt4_pool_attach(opt4_pool_name(pool), &other));
+  opt4_pool_info info;
+  ASSERT_OK(opt4_pool_info_get(other, &info));
+  ASSERT_U64_EQ(info.page_size, 100);
+  follow_counts fc = {0, 0, 0, 0};
+  for (uint64_t t = 0; t < in.accesses; t += 16)
+    follow_batch(other, t, t + 16 < in.accesses ? t + 16 : in.accesses, &fc);
+  ASSERT_U64_EQ(fc.hits + fc.deferred, in.hits);
+  ASSERT_U64_EQ(fc.wrong, 0);
+  opt4_pool_close(other);
+  finish(pool);
+  opt4_plan_close(plan);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 /* The ADMITs of a pool whose pages were last read within `window`
  * positions before them (the handover distance, docs/prefetch.md), and the
  * smallest such distance; every previous generation's last read comes
@@ -655,6 +681,7 @@ int main(void) {
   RUN(test_resume_warm);
   RUN(test_occurrences_and_skip);
   RUN(test_sized_pool);
+  RUN(test_sized_pool_odd_page);
   RUN(test_clock);
   RUN(test_finished_writer_is_not_dead);
   RUN(test_view_and_peek);

@@ -38,6 +38,13 @@ def test_precompute_from_trace_and_inspect(tmp_path) -> None:
     assert (info["hits"], info["misses"], info["bypasses"]) == (12, 8, 2)
     r = run("inspect", str(out))
     assert "hits        12 (60.00%)" in r.stdout
+    # The misses split two ways, each into parts that add up to them (6 of
+    # the 8 are first reads of the 6 items; 2 of them were bypassed).
+    split = ("8 = 6 compulsory (an item's first read) + 2 capacity (read before, not kept) "
+             "= 6 admitted (stored) + 2 bypassed (not stored)")
+    assert f"misses      {split}" in r.stdout, r.stdout
+    r = run("precompute", "--trace", str(trace), "--capacity", "3", "--output", str(out))
+    assert f"misses {split}" in r.stdout, r.stdout
 
 
 def test_precompute_from_npy_nobypass(tmp_path) -> None:

@@ -468,8 +468,67 @@ def test_opt_decorator_with_workers_says_what_to_use(tmp_path, ctx: str) -> None
                         sampler=RandomSampler(range(100), num_samples=400, generator=torch.Generator().manual_seed(0)))
     assert sum(len(b) for b in loader) == 400  # it runs, with each worker's own copy
     said = log.read_text()
-    assert said.count("OPTCacheDecorator keeps its cache and its position in one process") == 2, said
+    # Once for both workers (it was once per worker), as a DivergenceWarning
+    # that says what diverged: the workers' copies, not the sampler.
+    assert said.count("OPTCacheDecorator keeps its cache and its position in one process") == 1, said
+    assert said.count("\n") == 1 and "DivergenceWarning" in said, said
+    assert "not a forgotten set_epoch" in said and "each of the DataLoader's 2 workers" in said, said
     assert "use SharedOPTCacheDecorator('" in said and "p.safetensors', maxsize=20, dataset_size=100)" in said
+
+
+def test_earlier_readme_with_four_workers_says_why_once(tmp_path) -> None:
+    """The earlier README: OPTCacheDecorator (one process's cache) in a
+    DataLoader of 4 workers. Each worker's copy sees every 4th batch, so
+    its calls never match the plan's positions: one warning for all four
+    workers says that, not "a forgotten set_epoch" (it was said 8 times:
+    a RuntimeWarning and a DivergenceWarning blaming set_epoch per worker).
+    Every item is still the right one."""
+    from test_cachelib import CustomDataset, readme_sampler
+
+    source = [torch.full((4,), float(i)) for i in range(400)]
+    with pytest.warns(DeprecationWarning, match="prediction_window"):
+        ds = CustomDataset(source, cache_size=120, precomputed_path=str(tmp_path / "opt_cache.pkl"))
+    log = tmp_path / "worker-warnings.txt"
+    loader = DataLoader(ds, batch_size=32, sampler=readme_sampler(400), num_workers=4,
+                        multiprocessing_context="fork", worker_init_fn=functools.partial(log_warnings, str(log)))
+    got = [row for batch in loader for row in batch]
+    assert all(torch.equal(row, source[i]) for row, i in zip(got, readme_sampler(400)))
+    assert len(got) == 1200
+    said = log.read_text().splitlines()
+    assert len(said) == 1, said
+    assert said[0].split(" ", 2)[1] == "DivergenceWarning:", said
+    assert "not a forgotten set_epoch" in said[0] and "each of the DataLoader's 4 workers" in said[0], said
+    assert "forgotten set_epoch, " not in said[0]  # no list of guesses
+
+
+def test_clock_with_four_workers_names_the_clock_once(tmp_path) -> None:
+    """position='clock' with 4 workers: the workers take positions from one
+    counter in the order they run, so every worker falls back to LRU. What
+    diverged is the clock, not the sampler (the planned one is used), and
+    it is said once."""
+    from OPT4TorchDataSet import generate_precomputed_file, get_opt_cache
+
+    log = tmp_path / "worker-warnings.txt"
+
+    path = tmp_path / "clock.safetensors"
+    generate_precomputed_file(dataset_size=300, total_iterations=1200, persist_path=path, random_seed=5, maxsize=60)
+    cache = get_opt_cache(mode="cpp", precomputed_path=path, maxsize=60, dataset_size=300, item_shape=(3, 8, 8),
+                          num_workers=4, position="clock")
+    dataset = HeavyDataset(300, cache_obj=cache)
+    sampler = RandomSampler(list(range(300)), replacement=True, num_samples=1200,
+                            generator=torch.Generator().manual_seed(5))
+    loader = DataLoader(dataset, batch_size=16, num_workers=4, sampler=sampler, multiprocessing_context="fork",
+                        worker_init_fn=functools.partial(log_warnings, str(log)))
+    rows = [row for batch in loader for row in batch]
+    assert all(torch.equal(row, dataset.data[i]) for row, i in zip(rows, their_sequence(300, 1200, 5)))
+    said = log.read_text().splitlines() if log.exists() else []
+    try:
+        assert cache.stats()["off_plan"] > 0  # they did leave the plan
+        assert len(said) == 1, said
+        assert "DivergenceWarning" in said[0] and "position='clock'" in said[0] and "shared by the 4 workers" in said[0]
+        assert "the sampler is fine" in said[0] and "forgotten set_epoch" not in said[0], said
+    finally:
+        cache.close()
 
 
 def log_warnings(path: str, worker_id: int) -> None:

@@ -194,6 +194,9 @@ def test_progress_counter_reaches_the_end(capsys) -> None:
     seq = np.arange(200_000) % 1000
     p = opt4torch.plan(seq, 100, progress=True)
     assert p.hits == opt4torch.plan(seq, 100, progress=False).hits
+    # The bar counts accesses (200k), not the engine's three passes (600k).
+    err = capsys.readouterr().err
+    assert "planning" in err and "/200k" in err and "600k" not in err, err
 
 
 def test_import_needs_no_torch() -> None:

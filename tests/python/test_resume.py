@@ -235,10 +235,13 @@ def test_state_of_another_dataset_length_is_refused() -> None:
 
 
 def test_state_of_other_epochs_is_refused(saved) -> None:
+    """A 2-epoch state in a loader planned for 1 epoch. (One planned for 3,
+    a run extended, resumes it: see test_a_state_of_fewer_epochs_resumes.)"""
     state, _ = saved
-    c = opt4torch.DataLoader(Checked(N), batch_size=8, shuffle=True, seed=SEED, cache_items=CAPACITY, epochs=3)
+    c = opt4torch.DataLoader(Checked(N), batch_size=8, shuffle=True, seed=SEED, cache_items=CAPACITY, epochs=1)
     try:
-        refused(c, state, ValueError, r"state\['epochs'\] is 2 but this loader was planned for 3 epochs")
+        refused(c, state, ValueError, r"state\['epochs'\] is 2 but this loader was planned for 1 epochs: "
+                                      r"build it with epochs=2 \(or more\)")
     finally:
         c.cache.close()
 
@@ -314,3 +317,108 @@ def test_state_without_positions_resumes_by_batch_with_a_warning(saved) -> None:
     assert b.resumed_at == N + 40
     with pytest.raises(ValueError, match=r"state\['batches_done'\] is 26, past the end of epoch 1 \(25 batches\)"):
         b.load_state_dict({**old, "batches_done": 26})
+
+
+# ---- a drawn seed, and a run extended: each step in a process of its own ----
+
+
+def run_step(tmp_path, *args: str) -> dict:
+    """resume_run.py in a new process (fork workers of its own)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = tmp_path / f"{args[0]}-{len(list(tmp_path.iterdir()))}.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, os.path.join(here, "resume_run.py"), args[0], str(tmp_path / "state.pt"),
+                        str(out), *args[1:]], capture_output=True, text=True, timeout=150, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("epochs", [3, 4], ids=["same run", "extended by an epoch"])
+def test_a_drawn_seed_resumes_in_a_new_process(tmp_path, epochs: int) -> None:
+    """shuffle=True without seed=: the saving process draws one seed, the
+    resuming process another. The state names the first; the new loader
+    plans again with it and reads on from the saved sample, in the order
+    the saved run would have read (checked against a loader built here
+    with that seed). Built for 4 epochs, it resumes the 3-epoch state and
+    reads the extra epoch too. Its hits are the plan's from the resume on."""
+    n, batch = 120, 8
+    saved = run_step(tmp_path, "save", "3", "5")
+    state = saved["state"]
+    assert _is_seed(saved["seed"]) and state["seed"] == saved["seed"] == saved["seed_built"]
+    assert state["epochs"] == 3 and state["epoch"] == 1 and state["samples_done"] == 5 * batch
+    resumed = run_step(tmp_path, "resume", str(epochs))
+    assert resumed["seed_built"] != saved["seed"]  # the new process drew another seed...
+    assert resumed["seed"] == saved["seed"]  # ...and planned again with the state's
+    assert resumed["resumed_at"] == n + 5 * batch
+    # Saved then resumed: the run's order exactly, each sample once per epoch.
+    assert saved["seq"] == resumed["seq"][:3 * n]
+    assert saved["got"] + resumed["got"] == resumed["seq"]
+    assert len(resumed["seq"]) == epochs * n
+    assert all(sorted(resumed["seq"][e * n:(e + 1) * n]) == list(range(n)) for e in range(epochs))
+    reference = opt4torch.DataLoader(Checked(n), batch_size=batch, shuffle=True, seed=saved["seed"], cache_items=40,
+                                     epochs=epochs)
+    try:
+        assert np.asarray(reference.cache.plan.seq).tolist() == resumed["seq"]
+    finally:
+        reference.cache.close()
+    st = resumed["stats"]
+    kinds = np.asarray(resumed["kinds"])
+    assert st["fallbacks"] == 0 and st["timeouts"] == 0, st
+    assert st["hits"] == int(np.count_nonzero(kinds[n + 5 * batch:] == opt4torch.HIT)), st
+    assert st["hits"] + st["misses"] == epochs * n - (n + 5 * batch)
+
+
+def _is_seed(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def test_a_state_of_fewer_epochs_resumes(saved) -> None:
+    """A run extended: a loader of 3 epochs resumes the 2-epoch state (its
+    first 2 epochs are the state's) and reads on into the third."""
+    state, _ = saved
+    longer = opt4torch.DataLoader(Checked(N), batch_size=8, shuffle=True, seed=SEED, cache_items=CAPACITY, epochs=3)
+    try:
+        longer.load_state_dict(state)
+        assert longer.resumed_at == N + 40
+        seq = np.asarray(longer.cache.plan.seq).tolist()
+        assert [i for x in take(longer) for i in x] == seq[N + 40:2 * N]
+        assert [i for x in take(longer) for i in x] == seq[2 * N:]
+        st = longer.cache.stats()
+        assert st["hits"] == plan_hits(longer, N + 40, 3 * N) and st["fallbacks"] == 0, st
+        assert longer.state_dict()["epochs"] == 3
+    finally:
+        longer.cache.close()
+
+
+def test_a_given_seed_that_differs_is_named(saved) -> None:
+    """seed= given (not drawn): the loader keeps it and says which to use."""
+    state, _ = saved
+    other = opt4torch.DataLoader(Checked(N), batch_size=8, shuffle=True, seed=SEED + 1, cache_items=CAPACITY,
+                                 epochs=EPOCHS)
+    try:
+        assert other.seed == SEED + 1 and state["seed"] == SEED
+        refused(other, state, ValueError, rf"state\['seed'\] is {SEED} and this loader's seed is {SEED + 1}: build "
+                                          rf"it with seed={SEED}")
+    finally:
+        other.cache.close()
+
+
+def test_a_drawn_seed_refused_after_replanning_leaves_the_loader_as_it_was(saved) -> None:
+    """A state with another drawn seed but a key at fault: refused, and the
+    loader keeps its own seed and pool."""
+    state, _ = saved
+    drawn = opt4torch.DataLoader(Checked(N), batch_size=8, shuffle=True, cache_items=CAPACITY, epochs=EPOCHS)
+    try:
+        seed, name = drawn.seed, drawn.cache.name
+        assert _is_seed(seed) and seed != SEED
+        refused(drawn, {**state, "position": state["position"] + 1}, ValueError, r"state\['position'\] is")
+        assert drawn.seed == seed and drawn.cache.name == name
+        drawn.load_state_dict(state)  # the state itself resumes: planned again with its seed
+        assert drawn.seed == SEED and drawn.cache.name != name and drawn.resumed_at == N + 40
+    finally:
+        drawn.cache.close()

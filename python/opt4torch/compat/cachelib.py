@@ -37,8 +37,9 @@ counter shared by all processes: exact in one process, but with several
 workers the arrival order is not the sampler's order and it loses most hits
 (docs/runtime.md has both, measured). A call whose index is not the one the
 plan expects is never served from the cache; when such mismatches pass
-``divergence_limit`` (a forgotten ``set_epoch``, an unseeded sampler), the
-cache falls back to an online LRU with a warning.
+``divergence_limit`` (a forgotten ``set_epoch``, an unseeded sampler, the
+clock with several workers), the cache falls back to an online LRU with a
+warning that names the cause it sees, said once over all processes.
 """
 
 from __future__ import annotations
@@ -352,6 +353,69 @@ class DivergenceWarning(RuntimeWarning):
     """The accesses do not follow the plan; the cache fell back to LRU."""
 
 
+class _Once:
+    """Each kind of warning said once for a cache, over every process that
+    holds a copy of it: DataLoader workers each get one (forked or
+    pickled), and each would otherwise say the same thing. The first
+    process to create the kind's marker file says it. Markers are named
+    after the process that built the cache and go when it drops the cache
+    (or exits); they are only made when a warning is due."""
+
+    def __init__(self) -> None:
+        self.prefix = os.path.join(tempfile.gettempdir(),
+                                   f"opt4-{os.getuid()}-{os.getpid()}-{secrets.token_hex(8)}.said-")
+        self._said: set[str] = set()
+        import weakref
+
+        weakref.finalize(self, _Once._remove, self.prefix, os.getpid())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"prefix": self.prefix, "_said": set(self._said)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # no finalizer: the markers are the builder's to remove
+
+    def first(self, kind: str) -> bool:
+        """True in the one process that is the first to ask for ``kind``."""
+        if kind in self._said:
+            return False
+        self._said.add(kind)
+        try:
+            fd = os.open(self.prefix + kind, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            return False
+        except OSError:
+            return True  # cannot tell: better said twice than never
+        os.close(fd)
+        return True
+
+    def rearm(self) -> None:
+        """Say each kind again (a reset between runs; the builder only)."""
+        self._said.clear()
+        _Once._remove(self.prefix, os.getpid())
+
+    @staticmethod
+    def _remove(prefix: str, owner: int) -> None:
+        if os.getpid() != owner:
+            return
+        import glob
+
+        for path in glob.glob(glob.escape(prefix) + "*"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _worker_count() -> int:
+    """How many DataLoader workers share the calls (0: not in a worker)."""
+    import torch.utils.data as tud
+
+    info = tud.get_worker_info()
+    return 0 if info is None else int(info.num_workers)
+
+
 def _index_of(args: tuple[Any, ...]) -> int:
     """The dataset index of a call: the first positional argument that is not
     ``self``, so ``fn(index)`` and ``fn(obj, index)`` both work."""
@@ -428,6 +492,7 @@ class _Follower:
         self.beyond = 0
         self.lru: _LRU | None = None
         self._lock = threading.Lock()
+        self._once = _Once()
 
     def __getstate__(self) -> dict[str, Any]:
         # Picklable, so that spawn workers receive it (a lock and the
@@ -450,12 +515,24 @@ class _Follower:
             return True
         return False
 
-    def _fall_back(self, what: str) -> None:
-        """Leave the plan for an online LRU, with the warning (lock held)."""
-        warnings.warn(
-            f"{what} (a forgotten set_epoch, an unseeded sampler, or a different sampler?): falling "
-            f"back to an online LRU cache of {self._lru_size()} items", DivergenceWarning, stacklevel=5)
+    def _fall_back(self, what: str, why: str | None = None) -> None:
+        """Leave the plan for an online LRU (lock held), saying so once over
+        every process: ``what`` was seen, ``why`` it happens (by default
+        :meth:`_divergence_cause`)."""
+        if self._once.first("divergence"):
+            warnings.warn(f"{what}: {why or self._divergence_cause()}. Falling back to an online LRU cache "
+                          f"of {self._lru_size()} items{self._where()}", DivergenceWarning, stacklevel=5)
         self.lru = _LRU(self._lru_size())
+
+    def _divergence_cause(self) -> str:
+        """Why the calls left the plan, as far as this process can tell."""
+        return ("the calls do not come in the planned order: the sampler is not the one planned (another "
+                "seed, an unseeded sampler, a forgotten set_epoch, or another sampler)")
+
+    @staticmethod
+    def _where() -> str:
+        n = _worker_count()
+        return f" (in each of the DataLoader's {n} workers; said once)" if n > 1 else ""
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Decorate ``fn(index)`` or ``fn(obj, index)``; ``wrapped.cache`` is
@@ -561,15 +638,41 @@ class OPTCacheDecorator(_Follower):
             return fn
         return super().__call__(fn)
 
+    def _shared_call(self) -> str:
+        return (f"SharedOPTCacheDecorator({self.precomputed_path!r}, maxsize={self.maxsize}, "
+                f"dataset_size={self._plan_items}) (or get_opt_cache(num_workers=..., ...) with the same "
+                "arguments): one pool for all workers, with the plan's hits")
+
     def _warn_in_worker(self) -> None:
+        """In another process (lock held). In one of several DataLoader
+        workers the plan cannot be followed at all: each worker's copy sees
+        only its own batches, so its call count is not the position. Straight
+        to an LRU then, said once for all workers."""
         self._warned_worker = True
-        warnings.warn(
-            "OPTCacheDecorator keeps its cache and its position in one process: in a DataLoader "
-            "worker it sees only some of the calls and cannot follow the plan. With num_workers > 0 "
-            f"use SharedOPTCacheDecorator({self.precomputed_path!r}, maxsize={self.maxsize}, "
-            f"dataset_size={self._plan_items}) "
-            "(or get_opt_cache(num_workers=..., ...) with the same arguments): one pool for all "
-            "workers, with the plan's hits", RuntimeWarning, stacklevel=4)
+        n = _worker_count()
+        if n > 1:
+            self.lru = _LRU(self._lru_size())
+            if self._once.first("divergence"):
+                warnings.warn(
+                    f"OPTCacheDecorator keeps its cache and its position in one process: each of the "
+                    f"DataLoader's {n} workers has a copy that sees only that worker's batches, so its "
+                    "count of calls is not the plan's position (not a forgotten set_epoch: the sampler "
+                    f"is fine). Each worker caches in an online LRU of {self._lru_size()} items instead "
+                    f"(said once for all workers). With num_workers > 0 use {self._shared_call()}",
+                    DivergenceWarning, stacklevel=4)
+        elif n == 0 and self._once.first("worker"):
+            warnings.warn(
+                "OPTCacheDecorator keeps its cache and its position in one process: in another process "
+                f"it sees only some of the calls and cannot follow the plan. Use {self._shared_call()}",
+                RuntimeWarning, stacklevel=4)
+
+    def _divergence_cause(self) -> str:
+        if _worker_count() == 1:
+            return ("the DataLoader's one worker holds a copy of the cache made when the worker started, "
+                    "so a worker that is not persistent starts each epoch from the position the main "
+                    "process had (persistent_workers=True keeps one copy for the run), or the sampler is "
+                    "not the one planned (another seed, an unseeded sampler, a forgotten set_epoch)")
+        return super()._divergence_cause()
 
     def _access(self, load: Callable[[], Any], index: int) -> Any:
         with self._lock:
@@ -635,6 +738,8 @@ class OPTCacheDecorator(_Follower):
             self.lru = None
             self._store.clear()
             self._warned_worker = False
+            if os.getpid() == self._pid:
+                self._once.rearm()
 
 
 # The rendezvous file: the pool's name, then counters that every process adds
@@ -940,7 +1045,11 @@ class SharedOPTCacheDecorator(_Follower):
             self._timeouts_here += 1
             if self.lru is None and self._timeouts_here >= 2:
                 self._fall_back(f"{self._timeouts_here} waits of this process for the plan's earlier "
-                                f"positions ran out (wait_timeout={self.wait_timeout} s)")
+                                f"positions ran out (wait_timeout={self.wait_timeout} s)",
+                                "the positions waited for were not reached in time: the calls come in "
+                                "another order than the plan's (on a small dataset the workers cannot "
+                                "tell from the positions alone: another seed, an unseeded sampler, a "
+                                "forgotten set_epoch), or a process stalled for longer than wait_timeout")
 
     def _next_position(self, pool: Any, index: int) -> int | None:
         accesses, items = self._local.shape
@@ -977,6 +1086,14 @@ class SharedOPTCacheDecorator(_Follower):
         if tud.get_worker_info() is None:
             return t != clock
         return abs(t - clock) > self.divergence_window
+
+    def _divergence_cause(self) -> str:
+        n = _worker_count()
+        if self.position == "clock" and n > 1:
+            return (f"with position='clock' every call takes the next value of one counter shared by the "
+                    f"{n} workers, in the order the workers run, which is not the sampler's order (the "
+                    "sampler is fine). position='occurrence' (the default) follows the plan with workers")
+        return super()._divergence_cause()
 
     def _mismatch(self, pool: Any, t: int) -> bool:
         pool.skip(t)
@@ -1036,6 +1153,7 @@ class SharedOPTCacheDecorator(_Follower):
             self.calls = self.hits = self.mismatches = self.beyond = self._timeouts_here = 0
             self._timeouts_seen = 0
             self.lru = None
+            self._once.rearm()
         with self._open_rendezvous() as f:
             name = os.pread(f.fileno(), _NAME_BYTES, 0).rstrip(b"\0").decode()
             os.pwrite(f.fileno(), bytes(_NAME_BYTES + 8 * _N_COUNTERS), 0)

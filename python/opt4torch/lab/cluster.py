@@ -34,7 +34,8 @@ import numpy as np
 
 from .. import _engine
 from .._progress import progress_bar
-from ..cluster import ClusterPlan, _choose_page, cluster_plan, global_timeline
+from .._plan import choose_page
+from ..cluster import ClusterPlan, cluster_plan, global_timeline
 from . import traces
 
 __all__ = ["ClusterSetup", "FIELDS", "expected", "item_sizes", "link_load", "per_node_capacity", "plot_cluster",
@@ -159,7 +160,7 @@ def simulate_cluster(setup: ClusterSetup, capacity: str | int = "25%") -> list[d
     D, B = setup.items, setup.item_bytes
     whole = D if sizes is None else int(sizes.sum())  # the dataset, in the capacity's unit
     cap, label = per_node_capacity(capacity, whole, setup.nodes, "items" if sizes is None else "bytes")
-    page = 0 if sizes is None else _choose_page(sizes)
+    page = 0 if sizes is None else choose_page(sizes)
     orders = rank_orders(setup)
     node_of_rank = np.arange(setup.world) // setup.ranks_per_node
     tl = global_timeline(orders, setup.batch_size)

@@ -468,7 +468,8 @@ class ClusterRuntime:
         sends = set(self._sends.pop(k + 1, []))
         for i in sorted([*forwards, *incoming, *sends]):
             if i in sends:
-                self._read_send(i)
+                if not self._ending():  # read for a collective an ending loader never runs
+                    self._read_send(i)
             elif i in forwards:
                 self.handed_over["forward"] += self._hand_over(i, forwards[i])
             elif i in self._receive:

@@ -22,6 +22,7 @@ took, the loader's closing note) just before it ends."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
 import os
@@ -64,7 +65,7 @@ def main() -> None:
     dist.barrier()
     ds = opt4torch.RecordFile(args.records)
     loader = opt4torch.DataLoader(
-        ds, cluster=True, cluster_window=args.window, cluster_timeout=args.timeout, shuffle=True, seed=5,
+        ds, cluster=True, cluster_window=args.window, cluster_timeout=args.timeout, wait_timeout=args.timeout, shuffle=True, seed=5,
         epochs=args.epochs, batch_size=args.batch, cache_bytes=sum(size_of(x) for x in range(len(ds))) // 4,
         num_workers=args.workers, persistent_workers=args.persistent and args.workers > 0,
         multiprocessing_context=args.context if args.workers > 0 else None, collate_fn=list)
@@ -81,6 +82,7 @@ def main() -> None:
             break
     state = loader.state_dict()
     t0 = time.monotonic()
+    thread_ended = None
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         if args.end == "close+destroy":
@@ -88,6 +90,14 @@ def main() -> None:
             dist.destroy_process_group()
         elif args.end == "destroy":
             dist.destroy_process_group()
+            # The loader notices: its transfer thread (the node's) ends by itself,
+            # once out of a store or read it was in (bounded by wait_timeout).
+            rt = loader.cache._prefetch_box[1]
+            while not rt.done and time.monotonic() - t0 < 2 * args.timeout + 10:
+                time.sleep(0.05)
+            thread_ended = rt.done
+            if not thread_ended:  # where it is, for the test's failure message
+                faulthandler.dump_traceback(all_threads=True)
         elif args.end == "drop":
             del loader
             gc.collect()
@@ -96,6 +106,7 @@ def main() -> None:
         with open(f"{args.out}.{rank}.json", "w") as f:
             json.dump({"rank": rank, "batches": batches, "per_epoch": per_epoch, "state": state,
                        "end_seconds": time.monotonic() - t0,
+                       "thread_ended": thread_ended,
                        "warnings": [str(w.message) for w in said]}, f)
 
 

@@ -38,6 +38,10 @@ from .cluster import ADMIT, FROM_PEER, FROM_STORAGE, PEER_HIT, RECEIVE, SEND, WO
 
 __all__ = ["ClusterFollower", "ClusterRuntime", "Exchange", "plan_keys", "record_of"]
 
+#: A wait_head() timeout that only looks: a timeout of 0 waits for good (the
+#: futex's), which a check of the workers' progress must never do.
+_NOW = 1e-9
+
 
 def record_of(obj: Any, allow_pickle: bool = False) -> bytes:
     """``obj`` as the pool stores it (the codec's record)."""
@@ -104,6 +108,15 @@ class Exchange:
         self.inbox: dict[int, Any] = {}
         self.errors: list[tuple[int, BaseException]] = []
         self.bytes_sent = self.bytes_received = self.items_sent = self.items_received = 0
+        self.closed = False
+
+    def close(self) -> None:
+        """No more collectives: the group is let go (it is the user's to
+        destroy, with destroy_process_group; a reference kept here would
+        keep gloo's threads alive into the interpreter's finalization,
+        docs/testing.md)."""
+        self.closed = True
+        self.group = None
 
     def keep_forward(self, node_index: int, record: bytes) -> None:
         """The item at this node-plan position was read from storage for
@@ -125,6 +138,8 @@ class Exchange:
 
         if k not in self._windows:
             return True
+        if self.closed:
+            return False
         parts: list[list[bytes]] = [[] for _ in range(self.world)]
         for d, t, kd in self._out.get(k, []):
             assert kd in (PEER_HIT, ADMIT)
@@ -206,6 +221,7 @@ class ClusterRuntime:
         receive = p.role == RECEIVE
         # The thread's own handle: the claims belong to it.
         self._pool = _engine.pool_attach(pool_name)
+        self._pool_name = pool_name
         self._claims: set[int] = set()
         for i in np.flatnonzero(peer | forward | receive).tolist():
             if self._pool.prefetch_claim_at(i)[0] == _engine.PREFETCH_CLAIMED:
@@ -232,10 +248,13 @@ class ClusterRuntime:
         for k in self._turns:
             j = int(np.searchsorted(p.window[reads], k - 1)) if reads.size else 0
             self._pace[k] = (int(reads[min(j, reads.size - 1)]) // 32 * 32) if reads.size else 0
+        # The pace of the last read: the workers got there unless the run was cut.
+        self._end = int(reads[-1]) // 32 * 32 if reads.size else 0
         #: Threads reading forwards from storage at once.
         self.readers = 8
         # Reads of its own positions (RECEIVEs, SENDs), as a worker reads.
         self._view = PlannedDataset(dataset, pool_name, len(p), len(dataset), allow_pickle=allow_pickle)
+        self._view_pool: Any = None
         self.timeout = float(timeout)  # a collective's, at most
         # Workers that are not persistent are forked every epoch while the
         # thread runs. Its calls of the dataset (which may take the user's
@@ -247,7 +266,13 @@ class ClusterRuntime:
         # so a fork never waits for the workers it is about to make.
         self._gate = ForkGate()
         self._stop = threading.Event()
+        # Set by finish(): no turn the workers have not reached yet.
+        self._closing = threading.Event()
         self._thread: threading.Thread | None = None
+        self._in_window: int | None = None  # the turn whose collective is under way
+        #: Windows whose collective failed while the loader was ending.
+        self.abandoned: list[int] = []
+        self._abandon_said = False
         self._pid = os.getpid()  # a forked worker's copy never acts
         self.error: BaseException | None = None
         self.handed_over = {"peer": 0, "forward": 0, "receive": 0}
@@ -265,23 +290,38 @@ class ClusterRuntime:
         self._thread.start()
 
     def finish(self, timeout: float | None = None) -> None:
-        """Let the thread run its last windows (the other nodes' threads
-        take part in the same collectives, so it must not leave them
-        waiting), at most ``timeout`` seconds (default: twice a collective's
-        timeout), then :meth:`stop`. How a loader ends: closed, collected,
-        or at exit."""
+        """How a loader ends (closed, collected, at exit; docs/cluster.md,
+        "Ending a run"): the thread runs the turns the workers have reached
+        (the other nodes' threads may be in their collectives already), and
+        none after: an epoch cut short never reaches the rest. It stops at
+        the first collective that fails then (the other nodes have stopped),
+        and is joined, so no collective of the loader's group is in flight
+        when this returns, nor a thread that a later
+        ``destroy_process_group()`` or the interpreter's exit would find in
+        one. Bounded by ``timeout`` (default: a collective's timeout, plus
+        5 s): a thread still in a collective then is abandoned, and a
+        warning says which window."""
         if os.getpid() != self._pid:
             return
-        if self._thread is not None:
-            self._thread.join(2 * self.timeout + 5 if timeout is None else timeout)
-        self.stop(timeout=0)
+        self._closing.set()
+        if self._thread is not None and self._thread.is_alive() and not self._reached_end():
+            # An epoch cut short: the workers will read no further, so a store
+            # waiting for their reads (a page, a staging slot) would wait out
+            # the pool's timeout. Every wait on the thread's handles ends now.
+            self._pool.interrupt()
+            if self._view_pool is not None:
+                self._view_pool.interrupt()
+        self.stop(self.timeout + 5 if timeout is None else timeout)
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop after the window under way (a collective ends by its
         timeout) and give back the claims left; in the process that made it
         only. The other nodes' collectives after it then fail, and their
-        readers load from storage."""
+        readers load from storage. Waits ``timeout`` seconds at most (None:
+        for good) for the thread to end, and warns, once, when it has not:
+        a thread abandoned in a collective."""
         import threading
+        import warnings
 
         if os.getpid() != self._pid:
             return
@@ -290,6 +330,31 @@ class ClusterRuntime:
             self._thread.join(timeout)
         if self._thread is None or not self._thread.is_alive():
             self._release(list(self._claims))
+            self.exchange.close()
+        elif timeout != 0 and not self._abandon_said:
+            self._abandon_said = True
+            where = f"window {self._in_window}'s collective" if self._in_window is not None else "a wait"
+            warnings.warn(f"opt4torch cluster loader: the transfer thread was still in {where} after {timeout:g} s "
+                          "(cluster_timeout); abandoned it", RuntimeWarning, stacklevel=2)
+        if self.abandoned and not self._abandon_said:
+            self._abandon_said = True
+            warnings.warn(f"opt4torch cluster loader: closed with the epoch cut; window {self.abandoned[0]}'s "
+                          "collective found the other nodes gone and was abandoned (their readers load from "
+                          "storage)", RuntimeWarning, stacklevel=2)
+
+    def _reached_end(self) -> bool:
+        """Whether the workers asked for the node's last reads (a handle of
+        the caller's own: the thread's is the thread's alone)."""
+        from . import _engine
+
+        try:
+            watch = _engine.pool_attach(self._pool_name)
+        except Exception:  # noqa: BLE001 - the pool is gone: nobody reads any more
+            return False
+        try:
+            return bool(watch.wait_head(self._end, _NOW))
+        finally:
+            watch.close()
 
     @property
     def done(self) -> bool:
@@ -299,26 +364,63 @@ class ClusterRuntime:
         from concurrent.futures import ThreadPoolExecutor
 
         try:
+            # The handle its reads of its own positions take (one a thread),
+            # for finish() to interrupt.
+            self._view_pool = self._view._pool()
             with ThreadPoolExecutor(max_workers=self.readers, thread_name_prefix="opt4-cluster-read") as readers:
                 for k in self._turns:
-                    while not self._stop.is_set() and not self._pool.wait_head(self._pace[k], 0.5):
-                        pass  # asleep on the workers' progress; awake twice a second for stop()
-                    if self._stop.is_set():
+                    if not self._await_turn(k):
                         break
                     # Window k + 1's forwards, read from storage while window k's exchange runs.
                     forwards = self._forwards.get(k + 1, [])
                     loading = [readers.submit(self._load, i) for i in forwards]
                     for i in self._sends.pop(k, []):  # the first turn's (no delivery before it)
                         self._read_send(i)
+                    self._in_window = k
                     ok = self.exchange.run(k, self._send_record)
+                    self._in_window = None
                     records = {i: f.result() for i, f in zip(forwards, loading)}
+                    if not ok and self._ending():
+                        # The other nodes have stopped: nobody comes to the next collective either.
+                        self.abandoned.append(k)
+                        break
                     for i, record in records.items():
                         self.exchange.keep_forward(i, record)
                     self._deliver(k, ok, records)
         except BaseException as e:  # noqa: BLE001 - kept for stats(); the readers load instead
             self.error = e.with_traceback(None)  # no cycle through this frame (see Exchange.run)
         finally:
+            self._in_window = None
             self._release(list(self._claims))
+
+    def _ending(self) -> bool:
+        """The loader is ending: closed (finish()), or the user destroyed
+        the default process group, which takes the loader's group with it
+        (torch.distributed.destroy_process_group destroys every group)."""
+        import torch.distributed as dist
+
+        if self._closing.is_set() or self._stop.is_set():
+            return True
+        if not dist.is_initialized():
+            self._closing.set()
+            return True
+        return False
+
+    def _await_turn(self, k: int) -> bool:
+        """Sleep on the workers' progress until turn k's pace; False when
+        the thread is to stop instead: stop() was called, the default group
+        was destroyed, or the loader is ending and its workers never got
+        there (an epoch cut short)."""
+        import torch.distributed as dist
+
+        while not self._stop.is_set() and dist.is_initialized():
+            if self._pool.wait_head(self._pace[k], _NOW):
+                return True
+            if self._ending():
+                return False
+            self._pool.wait_head(self._pace[k], 0.5)  # awake twice a second to look
+        self._closing.set()
+        return False
 
     def _load(self, i: int) -> bytes:
         self.storage_reads += 1
@@ -335,13 +437,14 @@ class ClusterRuntime:
             return False
         near = max(0, i - 32)
         while True:
-            if self._pool.wait_head(near, 0.0):
+            ending = self._ending()  # an ending loader's workers may read no further: no waiting on them
+            if not ending and self._pool.wait_head(near, _NOW):
                 r = self._pool.prefetch_store(i, [record])
                 break
             r = self._pool.prefetch_store(i, [record], True)
             if r != _engine.STORE_NOT_YET:
                 break
-            if self._stop.is_set():
+            if self._stop.is_set() or ending:
                 self._release([i])
                 return False
             self._pool.wait_head(near, 0.5)
@@ -365,13 +468,15 @@ class ClusterRuntime:
         sends = set(self._sends.pop(k + 1, []))
         for i in sorted([*forwards, *incoming, *sends]):
             if i in sends:
-                self._read_send(i)
+                if not self._ending():  # read for a collective an ending loader never runs
+                    self._read_send(i)
             elif i in forwards:
                 self.handed_over["forward"] += self._hand_over(i, forwards[i])
             elif i in self._receive:
                 record = incoming[i] if incoming[i] is not None else self._load(i)
                 self.handed_over["receive"] += self._hand_over(i, record)
-                self._view[i]  # its read, as a worker's: the generation owes it
+                if not self._ending():  # an ending loader's reads are over
+                    self._view[i]  # its read, as a worker's: the generation owes it
             elif incoming[i] is not None:
                 self.handed_over["peer"] += self._hand_over(i, incoming[i])
             else:

@@ -82,7 +82,7 @@ def main() -> None:
             break
     state = loader.state_dict()
     t0 = time.monotonic()
-    thread_ended = None
+    thread_ended = destroyed = None
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         if args.end == "close+destroy":
@@ -90,10 +90,13 @@ def main() -> None:
             dist.destroy_process_group()
         elif args.end == "destroy":
             dist.destroy_process_group()
+            destroyed = time.monotonic() - t0
             # The loader notices: its transfer thread (the node's) ends by itself,
-            # once out of a store or read it was in (bounded by wait_timeout).
+            # once out of the store or read it was in (its waits for the workers'
+            # reads, each bounded by wait_timeout: the loader is not closed, so
+            # the workers may still read, and nothing interrupts them).
             rt = loader.cache._prefetch_box[1]
-            while not rt.done and time.monotonic() - t0 < 2 * args.timeout + 10:
+            while not rt.done and time.monotonic() - t0 < 3 * args.timeout + 10:
                 time.sleep(0.05)
             thread_ended = rt.done
             if not thread_ended:  # where it is, for the test's failure message
@@ -106,7 +109,7 @@ def main() -> None:
         with open(f"{args.out}.{rank}.json", "w") as f:
             json.dump({"rank": rank, "batches": batches, "per_epoch": per_epoch, "state": state,
                        "end_seconds": time.monotonic() - t0,
-                       "thread_ended": thread_ended,
+                       "thread_ended": thread_ended, "destroy_seconds": destroyed,
                        "warnings": [str(w.message) for w in said]}, f)
 
 

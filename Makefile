@@ -1,10 +1,14 @@
 # OPT4TorchDataset developer entry points. Everything runs from a fresh clone:
 # the first target that needs it creates .venv with the pinned dependencies.
+# A plain `make` prints this list and does nothing else (make help).
 #
+#   make install build the package (C engine + extension) into .venv
 #   make demo    capture a seeded sampler, plan, compare OPT with LRU/FIFO; then train a
 #                small CNN end to end against no cache, LRU and in memory (tables, plots in out/)
-#   make test    every test: C (plain, ASan+UBSan, TSan), the binding under ASan+UBSan, fuzz smoke, Python;
-#                every stage runs, then one summary table (scripts/test_stages.py)
+#   make test    every test: C (plain, ASan+UBSan, TSan), the binding under ASan+UBSan, fuzzing
+#                (corpus replay, then FUZZ_SECONDS=10 a target), Python; every stage runs, then
+#                one summary table (scripts/test_stages.py); budgets per stage in docs/testing.md
+#   make fuzz-long  each fuzz target for 10 minutes, what it finds merged into tests/fuzz/corpus/
 #   make bench   the benchmarks (writes bench/results/*.json)
 #   make bench-e2e  a real training loop on an emulated slow store, every cache side by side
 #   make bench-env  .venv-bench: torch 2.14.1 + torchvision, MosaicML Streaming, LitData, this package
@@ -17,14 +21,21 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.deps-installed
 JOBS   ?= 2
-# Seconds of libFuzzer per target in `make test` (0 skips the fuzzing run;
-# the checked-in corpus is replayed either way).
-FUZZ_SECONDS ?= 60
+# Seconds of libFuzzer per target in `make test`: the corpus replay, then
+# new inputs for what is left of them (0 skips the fuzzing run; the
+# checked-in corpus is replayed by ctest either way). The long runs are
+# `make fuzz-long`.
+FUZZ_SECONDS ?= 10
 
-.PHONY: all demo install test test-c test-asan test-asan-binding test-tsan test-fuzz test-python bench bench-e2e clean \
-	fuzz-long test-kill-long bench-env bench-e2e-full bench-e2e-s3
+.PHONY: all help demo install test test-c test-asan test-asan-binding test-tsan test-fuzz test-python bench bench-e2e \
+	clean fuzz-long test-kill-long bench-env bench-e2e-full bench-e2e-s3
 
-all: test
+# The default goal: the list of targets (this file's header), nothing built
+# or run. `make all` builds and installs the package, as `make install`.
+help:
+	@sed -n '1,/^$$/s/^# \{0,1\}//p' $(firstword $(MAKEFILE_LIST))
+
+all: install
 
 $(STAMP): requirements-dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -110,14 +121,15 @@ test-tsan: $(STAMP)
 	$(call ctest_build,tsan,-DCMAKE_BUILD_TYPE=Debug -DOPT4_SANITIZE=thread,-L concurrent --no-tests=ignore)
 
 test-fuzz: $(STAMP)
-	FUZZ_SECONDS=$(FUZZ_SECONDS) CMAKE=$(abspath $(VENV)/bin/cmake) NINJA=$(abspath $(VENV)/bin/ninja) \
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=$(JOBS) CMAKE=$(abspath $(VENV)/bin/cmake) NINJA=$(abspath $(VENV)/bin/ninja) \
 	    scripts/fuzz.sh
 
-# Each libFuzzer target for FUZZ_LONG_SECONDS (10 minutes by default), one
+# Each libFuzzer target for FUZZ_LONG_SECONDS (10 minutes by default), JOBS
 # at a time, merging what it finds into tests/fuzz/corpus/ (docs/reliability.md).
+# Not part of `make test`; CI may run it when it has the time.
 FUZZ_LONG_SECONDS ?= 600
 fuzz-long: $(STAMP)
-	FUZZ_SECONDS=$(FUZZ_LONG_SECONDS) FUZZ_MERGE=1 CMAKE=$(abspath $(VENV)/bin/cmake) \
+	FUZZ_SECONDS=$(FUZZ_LONG_SECONDS) FUZZ_JOBS=$(JOBS) FUZZ_MERGE=1 CMAKE=$(abspath $(VENV)/bin/cmake) \
 	    NINJA=$(abspath $(VENV)/bin/ninja) nice -n 10 scripts/fuzz.sh
 
 # The kill test at scale: KILL_READS reads checked while workers are killed

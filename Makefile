@@ -109,7 +109,7 @@ test-asan-binding: $(STAMP)
 	@rm -f $(ASAN_BINDING).log
 	LD_PRELOAD="$(ASAN_PRELOAD)" \
 	    ASAN_OPTIONS=detect_leaks=0 PYTHONPATH=$(ASAN_BINDING)/site \
-	    $(PY) -m pytest -q -p no:cacheprovider tests/python/test_codec.py tests/python/test_dataloader.py \
+	    $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_XDIST) tests/python/test_codec.py tests/python/test_dataloader.py \
 	    tests/python/test_cachelib.py tests/python/test_sized.py tests/python/test_prefetch.py \
 	    tests/python/test_bad_input.py tests/python/test_worker_kill.py tests/python/test_fork_safety.py \
 	    tests/python/test_sources.py tests/python/test_cluster.py tests/python/test_cluster_pools.py \
@@ -141,9 +141,15 @@ test-kill-long: $(STAMP)
 	$(VENV)/bin/cmake --build build/ctest -j $(JOBS) --target test_pool_kill
 	build/ctest/test_pool_kill $(KILL_READS)
 
-# Every Python test, the slow ones included (a bare pytest deselects them).
+# Every Python test, the slow ones included (a bare pytest deselects them),
+# on PYTEST_PROCS processes (pytest-xdist), a test file each at a time: many
+# tests wait (on spawned workers, torchrun jobs, a server that never answers)
+# more than they compute. Each process makes its pools in a namespace of its
+# own (tests/python/conftest.py). PYTEST_PROCS=0 runs them in one process.
+PYTEST_PROCS ?= 2
+PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_PROCS)),-n $(PYTEST_PROCS) --dist loadfile,)
 test-python: install
-	$(PY) -m pytest -q -m "slow or not slow" tests/python
+	$(PY) -m pytest -q $(PYTEST_XDIST) -m "slow or not slow" tests/python
 
 # The benchmarks (each prints a markdown table and writes bench/results/*.json;
 # bench/RESULTS.md records the medians with the machine and the command).

@@ -145,8 +145,10 @@ test-kill-long: $(STAMP)
 # on PYTEST_PROCS processes (pytest-xdist), a test file each at a time: many
 # tests wait (on spawned workers, torchrun jobs, a server that never answers)
 # more than they compute. Each process makes its pools in a namespace of its
-# own (tests/python/conftest.py). PYTEST_PROCS=0 runs them in one process.
-PYTEST_PROCS ?= 2
+# own (tests/python/conftest.py). Off by default (PYTEST_PROCS=0, one
+# process) until the hang of test_e2e_over_the_s3_server seen once under
+# -n 2 is understood (docs/testing.md); PYTEST_PROCS=2 turns it on.
+PYTEST_PROCS ?= 0
 PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_PROCS)),-n $(PYTEST_PROCS) --dist loadfile,)
 test-python: install
 	$(PY) -m pytest -q $(PYTEST_XDIST) -m "slow or not slow" tests/python

@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
-# Fuzz smoke for `make test`: build the libFuzzer targets with clang and run
-# each for FUZZ_SECONDS, one after the other, starting from the checked-in
-# corpus (which the plain ctest run also replays). Installs clang from
-# Debian's packages when it is missing and we are root; otherwise says so and
-# skips.
+# Fuzzing for `make test` and `make fuzz-long`: build the libFuzzer targets
+# with clang, then run each from the checked-in corpus: libFuzzer first runs
+# every corpus input (the replay, under ASan+UBSan), then explores new
+# inputs until FUZZ_SECONDS have passed since the target started. Up to
+# FUZZ_JOBS targets run at once (2 by default: each is one process on one
+# core). Installs clang from Debian's packages when it is missing and we are
+# root; otherwise says so and skips.
+#
+# `make test` gives each target FUZZ_SECONDS=10: the replay takes well under
+# a second for most targets (each line below says how many inputs it replayed
+# and how many new ones it ran after), so this is a brief exploration on top
+# of the replay, which plain ctest also does with any compiler. The long runs
+# are `make fuzz-long`: each target for 10 minutes (FUZZ_SECONDS=600) with
+# FUZZ_MERGE=1, so that what the run found is merged (-merge=1, so only inputs
+# that add coverage) into tests/fuzz/corpus/<target>/, to be committed.
 #
 # Targets (tests/fuzz/): fuzz_plan_load (the plan-file loader),
 # fuzz_plan_kinds (plans of given decisions, opt4_plan_from_kinds),
@@ -13,14 +23,11 @@
 # (the record file's header and index), fuzz_tar_index (the tar indexer, on
 # whole shards in memory), fuzz_decode (the binding's record decoder, in an
 # embedded CPython; built only where Python's development files are).
-#
-# `make fuzz-long` runs each for 10 minutes (FUZZ_SECONDS=600) with
-# FUZZ_MERGE=1: what the run found is merged (-merge=1, so only inputs that
-# add coverage) into tests/fuzz/corpus/<target>/, to be committed. FUZZ_TARGETS
-# limits the run to some targets ("fuzz_pool_ops fuzz_pool_header").
+# FUZZ_TARGETS limits the run to some targets ("fuzz_pool_ops fuzz_pool_header").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=${FUZZ_SECONDS:-60}
+seconds=${FUZZ_SECONDS:-10}
+jobs=${FUZZ_JOBS:-2}
 cmake=${CMAKE:-cmake}
 ninja=${NINJA:-ninja}
 if [ "$seconds" = "0" ]; then
@@ -50,26 +57,55 @@ if [ ! -x build/fuzz/fuzz_decode ]; then
 fi
 merge=${FUZZ_MERGE:-0}
 only=${FUZZ_TARGETS:-}
-failed=0
+
+# One target: its corpus copied into a work directory, then libFuzzer.
+# -timeout: one input that runs 25 s is a finding (libFuzzer prints its
+# stack); the outer timeout bounds the whole run even if libFuzzer hangs.
+run_target() {
+  local target=$1 name work
+  name=$(basename "$target")
+  work=build/fuzz/corpus-$name
+  mkdir -p "$work"
+  cp tests/fuzz/corpus/"$name"/* "$work"/
+  timeout --signal=ABRT --kill-after=30 $((seconds + 120)) \
+    "$target" "$work" -max_total_time="$seconds" -timeout=25 -max_len=4096 -rss_limit_mb=2048 \
+    -artifact_prefix=build/fuzz/"$name"- -print_final_stats=1 2> "build/fuzz/$name.log"
+}
+
+names=()
+pids=()
 for target in build/fuzz/fuzz_*; do
   [ -x "$target" ] || continue
   name=$(basename "$target")
   if [ -n "$only" ] && [[ " $only " != *" $name "* ]]; then continue; fi
-  work=build/fuzz/corpus-$name
-  mkdir -p "$work"
-  cp tests/fuzz/corpus/"$name"/* "$work"/
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
   echo "fuzz: $name for ${seconds}s"
-  # -timeout: one input that runs 25 s is a finding (libFuzzer prints its
-  # stack); the outer timeout bounds the whole run even if libFuzzer hangs.
-  timeout --signal=ABRT --kill-after=30 $((seconds + 120)) \
-    "$target" "$work" -max_total_time="$seconds" -timeout=25 -max_len=4096 -rss_limit_mb=2048 \
-    -artifact_prefix=build/fuzz/ -print_final_stats=1 2> "build/fuzz/$name.log" \
-    || { tail -50 "build/fuzz/$name.log"; echo "fuzz: $name FAILED (see build/fuzz/$name.log; the input is build/fuzz/crash-* or timeout-*)"; failed=1; continue; }
-  grep -E "stat::number_of_executed_units|stat::new_units_added" "build/fuzz/$name.log" | sed 's/^/  /'
+  run_target "$target" &
+  names+=("$name")
+  pids+=($!)
+done
+
+failed=0
+for k in "${!names[@]}"; do
+  name=${names[$k]}
+  log=build/fuzz/$name.log
+  if ! wait "${pids[$k]}"; then
+    tail -50 "$log"
+    echo "fuzz: $name FAILED (see $log; the input is build/fuzz/$name-crash-* or $name-timeout-*)"
+    failed=1
+    continue
+  fi
+  # libFuzzer's "#N INITED" line: N inputs run by then, the corpus replay.
+  replayed=$(sed -n 's/^#\([0-9]*\)[[:space:]]*INITED.*/\1/p' "$log" | head -1)
+  total=$(sed -n 's/^stat::number_of_executed_units:[[:space:]]*//p' "$log")
+  added=$(sed -n 's/^stat::new_units_added:[[:space:]]*//p' "$log")
+  echo "  $name: corpus replayed (${replayed:-?} runs), then $(( ${total:-0} - ${replayed:-0} )) new inputs" \
+       "run, ${added:-?} of them new coverage"
   echo "fuzz: $name ok"
   if [ "$merge" = "1" ]; then
     before=$(ls tests/fuzz/corpus/"$name" | wc -l)
-    "$target" -merge=1 -max_len=4096 tests/fuzz/corpus/"$name" "$work" 2> "build/fuzz/$name.merge.log"
+    "build/fuzz/$name" -merge=1 -max_len=4096 tests/fuzz/corpus/"$name" "build/fuzz/corpus-$name" \
+      2> "build/fuzz/$name.merge.log"
     echo "  corpus: $before -> $(ls tests/fuzz/corpus/"$name" | wc -l) inputs in tests/fuzz/corpus/$name"
   fi
 done

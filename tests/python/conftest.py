@@ -12,10 +12,24 @@ from hypothesis import HealthCheck, settings
 
 from opt4torch.lab.launch import free_port, torchrun  # noqa: F401 - the tests' launcher
 
-# This run's pools live in a namespace of their own (inherited by workers,
-# subprocesses and torchrun ranks): another test run on the same machine
-# never sweeps this run's deliberately stale pools, nor this run theirs.
-os.environ.setdefault("OPT4TORCH_POOL_NAMESPACE", f"py{os.getpid()}")
+
+def _own_pool_namespace() -> None:
+    """This run's pools live in a namespace of their own (inherited by
+    workers, subprocesses and torchrun ranks): another test run on the same
+    machine never sweeps this run's deliberately stale pools, nor this run
+    theirs. Under pytest-xdist (make test runs `-n 2`) each xdist worker is
+    a run of its own: it does not keep the namespace its controller set
+    (which it inherited), but its own processes (DataLoader workers that
+    import this file, subprocesses) keep the worker's."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        os.environ.setdefault("OPT4TORCH_POOL_NAMESPACE", f"py{os.getpid()}")
+    elif os.environ.get("OPT4TORCH_TEST_NAMESPACE_OF") != worker:
+        os.environ["OPT4TORCH_POOL_NAMESPACE"] = f"py{os.getpid()}"
+        os.environ["OPT4TORCH_TEST_NAMESPACE_OF"] = worker
+
+
+_own_pool_namespace()
 
 
 def _sweep_dead_test_runs() -> None:

@@ -546,7 +546,7 @@ class PlannedDataset(tud.Dataset):
         if moved is not None and moved[0] != self.pool_name:
             self.retarget(*moved)
         pool = self._pool()
-        if self.drop_below_floor and positions and max(positions) < pool.floor():
+        if self.drop_below_floor and positions and self._below_floor(pool, positions):
             # The loop left the epoch (a break) after this batch was handed
             # out: nobody takes it. Not loaded, and not counted as served.
             raise _Dropped(f"opt4torch: positions {min(positions)}-{max(positions)} lie below the floor "
@@ -579,6 +579,17 @@ class PlannedDataset(tud.Dataset):
         if self.transform is not None:
             out = [self.transform(x) for x in out]
         return out
+
+    @staticmethod
+    def _below_floor(pool: Any, positions: Sequence[int]) -> bool:
+        """Whether every position is a real one below the floor. A position
+        out of range (negative, or not an int) is never dropped: the read
+        below refuses it with the message that says what was wrong."""
+        try:
+            lo, hi = int(min(positions)), int(max(positions))
+        except (TypeError, ValueError):
+            return False
+        return 0 <= lo and hi < pool.floor()
 
     def _finish_batch(self, pool: Any, positions: Sequence[int], out: list[Any], data: bytearray,
                       rest: list[tuple[int, int, int, int, int]]) -> None:

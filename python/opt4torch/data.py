@@ -1790,6 +1790,9 @@ class DataLoader(tud.DataLoader):
             return
         epoch, k = pos.observed
         pos.observed = None
+        planned = len(pos.batches[epoch]) + len(pos.tails[epoch])
+        if k is not None and k >= planned:
+            k = None  # every batch was taken, only the iterator was dropped before its end: a whole epoch
         seen = ctx["seen"]
         seen.append(k)
         if pos._next_epoch >= len(pos.batches):
@@ -1805,7 +1808,6 @@ class DataLoader(tud.DataLoader):
             stop = int(pos.starts[epoch][k])
         else:
             stop = pos.floors[epoch + 1] if epoch + 1 < len(pos.floors) else self.cache.plan.accesses
-        planned = len(pos.batches[epoch]) + len(pos.tails[epoch])
         how = (f"epoch {epoch} ended after {k} of {planned} batches" if k is not None
                else f"epoch {epoch} ran all {planned} batches where the plan expected {ctx['cut']}")
         self._replan(pos._next_epoch, cut, stop, how)

@@ -246,6 +246,9 @@ def test_state_dict_resumes_exactly_and_warms() -> None:
             next(it)
         state = b.state_dict()
         assert state["epoch"] == 1 and state["batches_done"] == 4
+        # Every batch of epoch 0 was taken (the iterator was only dropped
+        # before its StopIteration): a whole epoch, no re-plan.
+        assert b.replans == []
     finally:
         b.cache.close()
     c = make()

@@ -988,7 +988,9 @@ def judge(values: list[float], goal: float, *, at_least: bool, min_runs: int = M
         return Judged(med, lo, hi, n, True)
     if not any(ok):
         return Judged(med, lo, hi, n, False)
-    return Judged(med, lo, hi, n, None, f"{sum(ok)} of {n} runs meet it, {n - sum(ok)} do not")
+    missed = n - sum(ok)
+    return Judged(med, lo, hi, n, None,
+                  f"{sum(ok)} of {n} runs meet it, {missed} {'does' if missed == 1 else 'do'} not")
 
 
 def _timed(runs: dict[str, list[dict[str, Any]]]) -> tuple[list[str], int]:

@@ -17,8 +17,11 @@ from ._engine import (
     Opt4MemoryError,
     PlanFileError,
 )
-from ._plan import ADMIT, BYPASS, HIT, Plan, fingerprint, load_plan, plan, sequence_plan
-from .capture import CaptureWarning, capture, capture_ranks
+from ._moved import install as _install_moved
+from .planning.capture import CaptureWarning, capture, capture_ranks
+from .planning.plan import ADMIT, BYPASS, HIT, Plan, fingerprint, load_plan, plan, sequence_plan
+
+_install_moved()
 
 __version__ = "2.0.0"
 
@@ -26,11 +29,11 @@ __version__ = "2.0.0"
 # needs only numpy; so are the research side (opt4torch.lab) and the earlier
 # design's API (opt4torch.compat), which a training job does not need.
 _LAZY = {
-    "DataLoader": "opt4torch.data",
-    "PlannedDataset": "opt4torch.data",
-    "PositionBatchSampler": "opt4torch.data",
-    "OPTCache": "opt4torch.data",
-    "remove_stale_pools": "opt4torch.data",
+    "DataLoader": "opt4torch.loader.dataloader",
+    "PlannedDataset": "opt4torch.loader.dataloader",
+    "PositionBatchSampler": "opt4torch.loader.dataloader",
+    "OPTCache": "opt4torch.loader.dataloader",
+    "remove_stale_pools": "opt4torch.loader.dataloader",
     "POLICIES": "opt4torch.lab.sim",
     "simulate": "opt4torch.lab.sim",
     "OPTCacheDecorator": "opt4torch.compat.cachelib",
@@ -39,16 +42,16 @@ _LAZY = {
     "get_opt_cache": "opt4torch.compat.cachelib",
     "CachedDataset": "opt4torch.compat.preload",
     "AsyncPrefetchDataset": "opt4torch.compat.preload",
-    "DevicePrefetcher": "opt4torch.device",
-    "RecordFile": "opt4torch.records",
-    "write_records": "opt4torch.records",
-    "image_folder_to_records": "opt4torch.records",
-    "ImageFolder": "opt4torch.sources",
-    "TarShards": "opt4torch.sources",
-    "ClusterPlan": "opt4torch.cluster",
-    "cluster_plan": "opt4torch.cluster",
-    "S3ImageFolder": "opt4torch.objstore",
-    "S3TarShards": "opt4torch.objstore",
+    "DevicePrefetcher": "opt4torch.loader.device",
+    "RecordFile": "opt4torch.sources.records",
+    "write_records": "opt4torch.sources.records",
+    "image_folder_to_records": "opt4torch.sources.records",
+    "ImageFolder": "opt4torch.sources.local",
+    "TarShards": "opt4torch.sources.local",
+    "ClusterPlan": "opt4torch.planning.cluster",
+    "cluster_plan": "opt4torch.planning.cluster",
+    "S3ImageFolder": "opt4torch.sources.s3",
+    "S3TarShards": "opt4torch.sources.s3",
 }
 
 

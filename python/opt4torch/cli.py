@@ -28,8 +28,8 @@ import numpy as np
 
 from . import __version__
 from ._engine import Opt4Error
-from ._files import abort_on_sigterm, atomic_write, check_output
-from ._plan import Plan, load_plan, plan as build_plan, sequence_plan
+from .io.files import abort_on_sigterm, atomic_write, check_output
+from .planning.plan import Plan, load_plan, plan as build_plan, sequence_plan
 from .lab.traces import load_trace
 
 __all__ = ["main", "precompute_main"]
@@ -214,7 +214,7 @@ def _cmd_precompute(args: argparse.Namespace) -> int:
         if args.total_iter is not None and args.total_iter < 1:
             raise UsageError(f"--total-iter must be at least 1, got {args.total_iter}")
         from .compat.cachelib import sampler_description
-        from .capture import capture
+        from .planning.capture import capture
 
         seed = args.seed if args.seed is not None else secrets.randbits(31)
         factory = _load_callable(args.sampler)
@@ -253,7 +253,7 @@ _INSPECTS = "inspect describes a plan file (.opt4), a record file (opt4torch pac
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from ._formats import decompress_command, sniff
+    from .sources.formats import decompress_command, sniff
 
     path = args.plan
     if os.path.isdir(path):
@@ -261,7 +261,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if os.path.exists(path):
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            from .records import _file_kind
+            from .sources.records import _file_kind
 
             raise UsageError(f"{path!r} is {_file_kind(st.st_mode)}, not a regular file; {_INSPECTS}")
         fmt = sniff(path)
@@ -303,7 +303,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _inspect_records(path: str, as_json: bool) -> int:
     """A record file (docs/records.md): what it holds, and its sidecar."""
-    from .records import RecordFile
+    from .sources.records import RecordFile
 
     rf = RecordFile(path, with_labels=False)  # validates the header, the index and the sidecar
     try:
@@ -344,7 +344,7 @@ def _inspect_records(path: str, as_json: bool) -> int:
 def _inspect_tar(path: str, as_json: bool) -> int:
     """A WebDataset tar shard: its samples as opt4torch.TarShards indexes
     them (the cached index when current; nothing is written)."""
-    from .sources import shard_index
+    from .sources.local import shard_index
 
     samples = shard_index(path, write=False)
     fields: dict[str, int] = {}
@@ -385,7 +385,7 @@ def _inspect_tar(path: str, as_json: bool) -> int:
 def _inspect_image_folder(path: str, as_json: bool) -> int:
     """An image folder as opt4torch.ImageFolder (and pack) number it, empty
     classes shown rather than refused."""
-    from .sources import ImageFolder, LayoutError
+    from .sources.local import ImageFolder, LayoutError
 
     try:
         ds = ImageFolder(path, allow_empty=True)
@@ -816,7 +816,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     import torch
     from torch.utils.data import RandomSampler
 
-    from .capture import capture
+    from .planning.capture import capture
     from .lab.sim import simulate
 
     n, epochs, seed = args.items, args.epochs, args.seed
@@ -927,7 +927,7 @@ def _have_matplotlib() -> bool:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from .records import image_folder_to_records
+    from .sources.records import image_folder_to_records
 
     rf = image_folder_to_records(args.root, args.output, progress=None if not args.quiet else False,
                                  follow_links=args.follow_links, allow_empty=args.allow_empty)
@@ -1007,7 +1007,7 @@ def _top_table(figs: list[dict[str, Any]]) -> str:
 
 def _cmd_top(args: argparse.Namespace) -> int:
     from . import _engine
-    from ._live import figures
+    from .pool.live import figures
 
     if not args.interval > 0:
         raise UsageError(f"--interval must be a positive number of seconds, got {args.interval}")

@@ -62,9 +62,9 @@ from typing import Any
 import numpy as np
 
 from .. import _engine
-from .._codec import decode, encode
-from .._plan import ADMIT, HIT, Plan, load_plan, plan as build_plan, sequence_plan
-from ..capture import capture
+from ..pool.codec import decode, encode
+from ..planning.plan import ADMIT, HIT, Plan, load_plan, plan as build_plan, sequence_plan
+from ..planning.capture import capture
 
 __all__ = [
     "generate_precomputed_file",

@@ -35,9 +35,9 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from .._forksafe import ForkGate
-from .._plan import Plan, as_sequence
-from ..device import map_tensors
+from ..io.forksafe import ForkGate
+from ..planning.plan import Plan, as_sequence
+from ..loader.device import map_tensors
 
 __all__ = ["CachedDataset", "AsyncPrefetchDataset", "freq_ranking", "item_nbytes"]
 

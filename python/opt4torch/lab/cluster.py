@@ -34,8 +34,8 @@ import numpy as np
 
 from .. import _engine
 from .._progress import progress_bar
-from .._plan import choose_page
-from ..cluster import ClusterPlan, cluster_plan, global_timeline
+from ..planning.plan import choose_page
+from ..planning.cluster import ClusterPlan, cluster_plan, global_timeline
 from . import traces
 
 __all__ = ["ClusterSetup", "FIELDS", "expected", "item_sizes", "link_load", "per_node_capacity", "plot_cluster",

@@ -178,7 +178,7 @@ def make_image_folder(root: str, n: int, classes: int, size: int, seed: int, siz
 def prepare_data(data_dir: str, setup: Setup, log: Callable[[str], None] = print) -> str:
     """The record file for ``setup`` in ``data_dir`` (made once: reused when
     its description matches)."""
-    from ..records import image_folder_to_records
+    from ..sources.records import image_folder_to_records
 
     os.makedirs(data_dir, exist_ok=True)
     desc = {"images": setup.images, "classes": setup.classes, "image_size": setup.image_size,
@@ -249,7 +249,7 @@ def upload_s3(path: str, setup: Setup, prepared: dict[str, dict[str, Any]],
     a peer's shards went."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..records import RecordFile
+    from ..sources.records import RecordFile
 
     t0 = time.perf_counter()
     client = _s3_client(setup)
@@ -297,8 +297,8 @@ class _S3Images:
     checked against the record file (the same items, sizes and labels)."""
 
     def __init__(self, path: str, setup: Setup) -> None:
-        from ..objstore import S3ImageFolder
-        from ..records import RecordFile
+        from ..sources.s3 import S3ImageFolder
+        from ..sources.records import RecordFile
 
         self.dataset = S3ImageFolder(f"s3://{S3_BUCKET}/images/", endpoint_url=setup.s3_endpoint)
         self._by_client = {"auto": self.dataset}
@@ -317,7 +317,7 @@ class _S3Images:
     def dataset_for(self, client: str) -> Any:
         """The images through another client (``client=`` of S3ImageFolder)."""
         if client not in self._by_client:
-            from ..objstore import S3ImageFolder
+            from ..sources.s3 import S3ImageFolder
 
             self._by_client[client] = S3ImageFolder(f"s3://{S3_BUCKET}/images/", endpoint_url=self.endpoint,
                                                     client=client)
@@ -612,7 +612,7 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
     import torch.nn.functional as F
     from torch.utils.data import DataLoader as TorchLoader
 
-    from ..records import RecordFile
+    from ..sources.records import RecordFile
 
     torch.set_num_threads(1)
     cpu0 = _cpu_seconds()
@@ -658,7 +658,7 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
 
         seq = None
         if name not in peers.SHARDED:  # a plan for the sampler's order: captured, as OPT's is
-            from ..capture import capture
+            from ..planning.capture import capture
 
             seq = capture(make_sampler(sampler_kind, labels, setup.seed), setup.epochs)
         budget = int(round(setup.capacity * float(sizes.sum())))
@@ -667,7 +667,7 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
                                          (prepared or {}).get(name, {}), budget)
         out["cache_bytes"] = budget
     elif name in OPT_CONFIGS:
-        from ..data import DataLoader
+        from ..loader.dataloader import DataLoader
 
         prefetch = name != "OPT"
         source = rf.dataset_for("s3torchconnector" if name in S3_ONLY else "auto") if s3 else rf
@@ -688,7 +688,7 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
             manager.start()
             ds = _SharedLRU(rf, manager.LRUStore(c), transform)
         elif name == "static":
-            from ..capture import capture
+            from ..planning.capture import capture
 
             seq = capture(make_sampler(sampler_kind, labels, setup.seed), setup.epochs)
             _, first = np.unique(seq, return_index=True)
@@ -825,7 +825,9 @@ def _import_once() -> None:
     import torch.nn.functional  # noqa: F401
     from PIL import Image  # noqa: F401
 
-    from .. import _prefetch, data, records  # noqa: F401
+    from ..io import prefetch  # noqa: F401
+    from ..loader import dataloader  # noqa: F401
+    from ..sources import records  # noqa: F401
 
     torch.optim.SGD(make_model(2).parameters(), lr=0.1)
     try:

@@ -171,7 +171,7 @@ def shard_bytes(setup: Any, total_bytes: int) -> int:
 
 
 def _records(path: str) -> tuple[list[bytes], np.ndarray]:
-    from ..records import RecordFile
+    from ..sources.records import RecordFile
 
     rf = RecordFile(path)
     try:
@@ -218,7 +218,7 @@ class _RecordItem:
 
     def __call__(self, i: int) -> dict[str, Any]:
         if self._rf is None:
-            from ..records import RecordFile
+            from ..sources.records import RecordFile
 
             self._rf = RecordFile(self.path)
         data, label = self._rf[i]
@@ -228,7 +228,7 @@ class _RecordItem:
 def _convert_litdata(path: str, out: str, chunk_bytes: int) -> None:
     import litdata
 
-    from ..records import RecordFile
+    from ..sources.records import RecordFile
 
     rf = RecordFile(path)
     n = len(rf)
@@ -255,7 +255,7 @@ def prepare(name: str, path: str, setup: Any, data_dir: str,
     """Convert the record file at ``path`` to ``name``'s format (or build
     v1.1.0's extension), once per data set; the time it took, reported apart
     from training."""
-    from ..records import RecordFile
+    from ..sources.records import RecordFile
 
     rf = RecordFile(path)
     total = int(rf.item_sizes().sum())

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import reference, theory
-from .._plan import plan as build_plan
+from ..planning.plan import plan as build_plan
 from .sim import POLICIES as C_POLICIES
 from .sim import simulate as c_simulate
 from .traces import epoch_shuffle, markov, uniform
@@ -689,7 +689,7 @@ def _captured_replacement_sequence(n: int, total: int, seed: int) -> npt.NDArray
         import torch
         from torch.utils.data import RandomSampler
 
-        from ..capture import capture
+        from ..planning.capture import capture
 
         sampler = RandomSampler(range(n), replacement=True, num_samples=total,
                                 generator=torch.Generator().manual_seed(seed))

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import _engine
-from .._plan import _check_capacity, as_sequence
+from ..planning.plan import _check_capacity, as_sequence
 
 __all__ = ["CLAIRVOYANT", "POLICIES", "Comparison", "SimJob", "compare", "simulate", "simulate_many", "sweep"]
 

@@ -270,7 +270,7 @@ def distributed(items: int, epochs: int, world: int = 2, rank: int = 0, seed: in
 def captured(sampler: Any, epochs: int = 1, progress: bool | None = None) -> np.ndarray:
     """Any sampler, run for ``epochs`` epochs (``set_epoch`` before each):
     :func:`opt4torch.capture` under the generators' name."""
-    from ..capture import capture
+    from ..planning.capture import capture
 
     return capture(sampler, epochs, progress=progress)
 

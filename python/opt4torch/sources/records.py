@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _engine
-from ._files import abort_on_sigterm, check_output
-from .sources import IMG_EXTENSIONS, LayoutError, checked_index, find_classes, make_dataset
+from .. import _engine
+from ..io.files import abort_on_sigterm, check_output
+from .local import IMG_EXTENSIONS, LayoutError, checked_index, find_classes, make_dataset
 
 __all__ = ["RecordFile", "write_records", "image_folder_to_records", "IMAGE_EXTENSIONS"]
 
@@ -236,7 +236,7 @@ def write_records(path: str | os.PathLike[str], items: Iterable[Any], *,
 def _write_records(path: str | os.PathLike[str], items: Iterable[Any], *, labels: Sequence[int] | None,
                    classes: Sequence[str] | None, progress: bool | None, total: int | None,
                    extra: dict[str, Any] | None = None) -> RecordFile:
-    from ._progress import progress_bar
+    from .._progress import progress_bar
 
     out = _check_output(path)
     label_list = None if labels is None else _check_labels(labels)

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from ._forksafe import ForkGate
+from ..io.forksafe import ForkGate
 
 __all__ = ["DevicePrefetcher", "map_tensors"]
 

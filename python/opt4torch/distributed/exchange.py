@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _engine
-from ._codec import encode
-from ._forksafe import ForkGate
-from .cluster import ADMIT, FROM_PEER, FROM_STORAGE, PEER_HIT, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
+from .. import _engine
+from ..pool.codec import encode
+from ..io.forksafe import ForkGate
+from ..planning.cluster import ADMIT, FROM_PEER, FROM_STORAGE, PEER_HIT, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
 
 __all__ = ["ClusterFollower", "ClusterRuntime", "Exchange", "plan_keys", "record_of"]
 
@@ -207,7 +207,7 @@ class ClusterRuntime:
 
         import torch.distributed as dist
 
-        from .data import PlannedDataset
+        from ..loader.dataloader import PlannedDataset
 
         self.cp, self.plan, self.dataset, self.allow_pickle = cp, node_plan, dataset, allow_pickle
         self.plan_keys = plan_keys(cp, node_plan, storage_sizes)
@@ -345,7 +345,7 @@ class ClusterRuntime:
     def _reached_end(self) -> bool:
         """Whether the workers asked for the node's last reads (a handle of
         the caller's own: the thread's is the thread's alone)."""
-        from . import _engine
+        from .. import _engine
 
         try:
             watch = _engine.pool_attach(self._pool_name)

@@ -91,7 +91,7 @@ def _before_fork() -> None:
     # into Python (a dataset's __getitem__) needs the GIL to finish its call
     # and reach a safe point, and os.fork holds it across fork()
     # (binding/pysource.c).
-    from . import _engine
+    from .. import _engine
 
     _engine.prefetchers_park()
     for gate in list(_gates):
@@ -100,7 +100,7 @@ def _before_fork() -> None:
 
 def _after_fork_in_parent() -> None:
     # Also after a fork that failed (the C parent handler did not run then).
-    from . import _engine
+    from .. import _engine
 
     _engine.prefetchers_resume()
     for gate in list(_gates):

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _engine
+from .. import _engine
 
 __all__ = ["encode", "decode", "decode_at", "encoded_size", "make_arrays", "CodecError"]
 

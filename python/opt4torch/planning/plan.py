@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import _engine
-from ._engine import InvalidInputError, PlanFileError
-from ._progress import progress_bar
+from .. import _engine
+from .._engine import InvalidInputError, PlanFileError
+from .._progress import progress_bar
 
 __all__ = ["HIT", "ADMIT", "BYPASS", "Plan", "plan", "load_plan", "fingerprint", "as_sequence"]
 

@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _engine
-from ._files import atomic_write
-from ._formats import decompress_command, decompressed_name, sniff
-from ._shardnames import expand_shards
+from .. import _engine
+from ..io.files import atomic_write
+from .formats import decompress_command, decompressed_name, sniff
+from .shardnames import expand_shards
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolder", "LayoutError", "TarShards", "find_classes", "make_dataset", "shard_index"]
 

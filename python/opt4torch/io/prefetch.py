@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _engine
-from . import _forksafe  # noqa: F401  (parks the threads around os.fork)
-from ._codec import encode
+from .. import _engine
+from . import forksafe as _forksafe  # noqa: F401  (parks the threads around os.fork)
+from ..pool.codec import encode
 
 __all__ = ["CallbackPrefetcher", "RecordPrefetcher"]
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ._progress import progress_bar
+from .._progress import progress_bar
 
 __all__ = ["capture", "capture_epochs", "capture_ranks", "CaptureWarning"]
 

@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import _engine
-from ._engine import InvalidInputError
-from ._plan import Plan, as_sequence, choose_page
-from ._plan import plan as build_plan
+from .. import _engine
+from .._engine import InvalidInputError
+from .plan import Plan, as_sequence, choose_page
+from .plan import plan as build_plan
 
 __all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_ENV", "NODE_KEYS", "ClusterPlan", "NodePlan",
            "Timeline", "WORKER", "RECEIVE", "SEND", "FROM_POOL", "FROM_STORAGE", "FROM_PEER",

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Iterator
 from typing import IO, Any
 
-from . import _engine
+from .. import _engine
 
 __all__ = ["check_output", "atomic_write", "abort_on_sigterm"]
 

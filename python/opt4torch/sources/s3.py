@@ -52,8 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from ._shardnames import expand_shards, has_glob
-from .sources import IMG_EXTENSIONS, _read_index, _record_size, _write_index, check_tar, checked_index
+from .shardnames import expand_shards, has_glob
+from .local import IMG_EXTENSIONS, _read_index, _record_size, _write_index, check_tar, checked_index
 
 __all__ = ["S3ImageFolder", "S3TarShards", "ObjectStoreError"]
 
@@ -88,7 +88,7 @@ def _client_module() -> Any:
             # may still be inside a GET. This hook, registered after it, runs
             # before it and parks those threads first (each finishes the call
             # it is in); opt4torch's own hook then finds them parked.
-            from . import _engine
+            from .. import _engine
 
             os.register_at_fork(before=_engine.prefetchers_park, after_in_parent=_engine.prefetchers_resume)
             _fork_hook_installed = True
@@ -212,7 +212,7 @@ class _ObjectDataset:
 
     def _why_not_c(self) -> str:
         """Why the items' GETs cannot be the engine's here ('' when they can)."""
-        from . import _engine
+        from .. import _engine
 
         if not getattr(_engine, "HAVE_S3", 0):
             return ("this build of the engine has no S3 reader (it needs libcurl and libcrypto when it is built: "
@@ -237,7 +237,7 @@ class _ObjectDataset:
 
     def _new_reader(self) -> Any:
         """A C reader of every item, signed with the credentials found now."""
-        from . import _engine
+        from .. import _engine
 
         keys, rows = self._objects()
         creds = None if self.unsigned else _static_credentials(self.profile)
@@ -605,7 +605,7 @@ class S3TarShards(_ObjectDataset):
     def _shard_index(self, key: str, size: int, etag: str) -> list[Any]:
         """The shard's samples from its cached index when that is current,
         else from the C indexer over the shard fetched once (then cached)."""
-        from . import _engine
+        from .. import _engine
 
         url = f"s3://{self.bucket}/{key}"
         ident = {"url": url, "endpoint": self.endpoint_url or "", "size": size, "etag": etag}

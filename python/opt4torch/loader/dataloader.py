@@ -35,10 +35,11 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from . import _engine, _live, _messages
-from ._codec import decode, decode_at, encode, encoded_size, make_arrays
-from ._plan import ADMIT, HIT, Plan, choose_page, plan as build_plan
-from .capture import capture_epochs
+from .. import _engine, _messages
+from ..pool import live as _live
+from ..pool.codec import decode, decode_at, encode, encoded_size, make_arrays
+from ..planning.plan import ADMIT, HIT, Plan, choose_page, plan as build_plan
+from ..planning.capture import capture_epochs
 
 __all__ = [
     "DataLoader",
@@ -305,7 +306,7 @@ class OPTCache:
             return
         if os.getpid() != self._owner_pid and self._owner_pid != -1:
             return
-        from ._prefetch import CallbackPrefetcher, RecordPrefetcher
+        from ..io.prefetch import CallbackPrefetcher, RecordPrefetcher
 
         dataset, depth, allow_pickle = self._prefetch_spec
         if depth["max_threads"] == depth["threads"]:
@@ -978,7 +979,7 @@ def _item_sizes(dataset: Any, item_bytes: Any, n_items: int, progress: bool | No
     if isinstance(item_bytes, (int, np.integer)) and not isinstance(item_bytes, bool):
         return None
     if callable(item_bytes):
-        from ._progress import progress_bar
+        from .._progress import progress_bar
 
         sizes = np.empty(n_items, dtype=np.uint64)
         with progress_bar(total=n_items, desc="item sizes", unit="item",
@@ -1020,7 +1021,7 @@ def _interleave_ranks(per_epoch_idx: list[np.ndarray], per_epoch_lengths: list[n
     positions), the epochs' first positions, and this rank's batch lengths."""
     import torch.distributed as dist
 
-    from .cluster import interleave
+    from ..planning.cluster import interleave
 
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, (per_epoch_idx, per_epoch_lengths), group=group)
@@ -1040,7 +1041,7 @@ def _cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sampl
     import torch.distributed as dist
     from torch.utils.data.distributed import DistributedSampler
 
-    from .cluster import job_plan
+    from ..planning.cluster import job_plan
 
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("cluster=True runs under torch.distributed (torchrun): call "
@@ -1607,7 +1608,7 @@ class DataLoader(tud.DataLoader):
         on a gloo group of its own with ``cluster_timeout`` seconds a
         collective. The node's ranks share its pool: its first rank makes
         it and runs the transfers, the others attach."""
-        from ._exchange import ClusterFollower, ClusterRuntime
+        from ..distributed.exchange import ClusterFollower, ClusterRuntime
 
         if share_across_ranks:
             raise ValueError("cluster=True plans every node's pool itself: leave share_across_ranks off")
@@ -1686,7 +1687,7 @@ class DataLoader(tud.DataLoader):
             if batch_size not in (1, None) or shuffle or sampler is not None or drop_last:
                 raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
                                  "shuffle, sampler, and drop_last")
-            from .capture import _as_index, _preserved
+            from ..planning.capture import _as_index, _preserved
 
             _refuse_one_shot(batch_sampler, "batch_sampler")
             idx, lengths = [], []
@@ -2074,7 +2075,7 @@ class DataLoader(tud.DataLoader):
         built (a state of a run planned for that many)."""
         if epochs == len(self._orig[2]):
             return self._fingerprint
-        from ._plan import fingerprint
+        from ..planning.plan import fingerprint
 
         # The sequence as built: re-plans cut the pool's; their context keeps it whole.
         seq = self._replan_from["seq"] if self.replans and self._replan_from is not None else self.cache.plan.seq

@@ -267,7 +267,13 @@ PyMODINIT_FUNC PyInit__engine(void) {
       PyModule_AddIntConstant(m, "PREFETCH_END", OPT4_PREFETCH_END) < 0 ||
       PyModule_AddIntConstant(m, "STORE_GIVEN_UP", OPT4_STORE_GIVEN_UP) < 0 ||
       PyModule_AddIntConstant(m, "STORE_DONE", OPT4_STORE_DONE) < 0 ||
-      PyModule_AddIntConstant(m, "STORE_NOT_YET", OPT4_STORE_NOT_YET) < 0)
+      PyModule_AddIntConstant(m, "STORE_NOT_YET", OPT4_STORE_NOT_YET) < 0 ||
+      /* the engine's defaults and limits (include/opt4.h): Python reads them here */
+      PyModule_AddIntConstant(m, "DEFAULT_WAIT_TIMEOUT_MS", OPT4_DEFAULT_WAIT_TIMEOUT_MS) < 0 ||
+      PyModule_AddIntConstant(m, "DEFAULT_MAX_PROCS", OPT4_DEFAULT_MAX_PROCS) < 0 ||
+      PyModule_AddIntConstant(m, "DEFAULT_PREFETCH_THREADS", OPT4_DEFAULT_PREFETCH_THREADS) < 0 ||
+      PyModule_AddIntConstant(m, "MAX_PREFETCH_THREADS", OPT4_MAX_PREFETCH_THREADS) < 0 ||
+      PyModule_AddIntConstant(m, "DEFAULT_LOOKAHEAD", OPT4_DEFAULT_LOOKAHEAD) < 0)
     goto fail;
   return m;
 fail:

@@ -32,7 +32,7 @@ PyObject *opt4py_raise(int rc, const char *context);
 /* The same for record files: the message is the context and the detail. */
 PyObject *opt4py_raise_records(int rc, const char *context);
 
-/* The codec's record format (python/opt4torch/_codec.py FORMAT): the C
+/* The codec's record format (python/opt4torch/pool/codec.py FORMAT): the C
  * decoder of the batch path reads it and the prefetcher frames records in
  * it. */
 #define OPT4PY_CODEC_FORMAT 2

@@ -1,6 +1,6 @@
 /* cluster.c - cluster_place: where the generations of an aggregate plan
  * live across nodes (opt4_cluster_place in opt4.h). The caller (the Python
- * layer, python/opt4torch/cluster.py) owns every array: it passes the
+ * layer, python/opt4torch/planning/cluster.py) owns every array: it passes the
  * readers' nodes and the capacities in, and the kinds and nodes to fill. */
 #define PY_SSIZE_T_CLEAN
 #include "binding.h"

@@ -1,4 +1,4 @@
-/* decode.c - the C side of python/opt4torch/_codec.py: records made into
+/* decode.c - the C side of python/opt4torch/pool/codec.py: records made into
  * Python objects on the batch path (decode.h says what and why). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

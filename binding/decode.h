@@ -1,5 +1,5 @@
 /* decode.h - the binding's record decoder (decode.c): records in the
- * codec's format (python/opt4torch/_codec.py) made into Python objects on the
+ * codec's format (python/opt4torch/pool/codec.py) made into Python objects on the
  * batch path. Shared by _engine.c (get_batch, decode_records) and the fuzz
  * target tests/fuzz/fuzz_decode.c.
  *

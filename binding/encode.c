@@ -1,5 +1,5 @@
 /* encode.c - the codec's encoder for plain values, in C: encode_plain(obj)
- * returns the parts python/opt4torch/_codec.py's encode(obj) returns, for
+ * returns the parts python/opt4torch/pool/codec.py's encode(obj) returns, for
  * an object made only of None, bool, int (64-bit), float, str, bytes,
  * bytearray and exact tuples, lists and dicts of them, and None for any
  * other object, which the Python codec then encodes (it owns the rest of

@@ -760,7 +760,8 @@ leave:
   return out;
 }
 
-/* warm(admit, parts, reads_before) -> 1 stored, 0 not, -1 too large. */
+/* warm(admit, parts, reads_before) -> STORE_STORED, STORE_NOT_STORED or
+ * STORE_TOO_LARGE, as store_batch's results. */
 static PyObject *pool_warm(PoolObject *self, PyObject *args) {
   unsigned long long admit;
   unsigned int before;
@@ -774,11 +775,11 @@ static PyObject *pool_warm(PoolObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS rc = opt4_pool_warm(self->pool, admit, g.iov, (size_t)g.n, before, &stored);
     Py_END_ALLOW_THREADS gathered_release(&g);
     if (rc == OPT4_EITEMSIZE)
-      out = PyLong_FromLong(-1);
+      out = PyLong_FromLong(STORE_TOO_LARGE);
     else if (rc != 0)
       opt4py_raise(rc, "warm");
     else
-      out = PyLong_FromLong(stored);
+      out = PyLong_FromLong(stored ? STORE_STORED : STORE_NOT_STORED);
   }
   pool_leave(self);
   return out;

@@ -13,7 +13,7 @@
 /* ---- Prefetcher ---- */
 
 /* How the prefetcher frames a record in the pool: as the codec stores what
- * the Python dataset returns (python/opt4torch/_codec.py), so the consumer's
+ * the Python dataset returns (python/opt4torch/pool/codec.py), so the consumer's
  * decoder gives the same object: `bytes`, or `(bytes, label)`. */
 enum { FRAME_RAW, FRAME_BYTES, FRAME_BYTES_LABEL };
 

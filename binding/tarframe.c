@@ -13,7 +13,7 @@
  * range. One copy of the sample's bytes, against a read that takes
  * milliseconds.
  *
- * The record is byte for byte what python/opt4torch/_codec.py writes for
+ * The record is byte for byte what python/opt4torch/pool/codec.py writes for
  * the dict (tests compare them): "O4", the format byte, T_DICT and a u32
  * count, then key and value nodes in the dict's order ("__key__" first, the
  * fields in member order). A str node is T_STR, a u64 length and its UTF-8

@@ -573,6 +573,15 @@ const char *const *opt4_policy_names(void);
 
 typedef struct opt4_pool opt4_pool;
 
+/* The engine's defaults and limits: what 0 in an options struct gives, and
+ * the largest count a field takes. One place for each; the binding exports
+ * them (opt4torch._engine.DEFAULT_*), so Python never repeats them. */
+#define OPT4_DEFAULT_WAIT_TIMEOUT_MS 10000u /* opt4_pool_opts.wait_timeout_ms */
+#define OPT4_DEFAULT_MAX_PROCS 256u         /* opt4_pool_opts.max_procs */
+#define OPT4_DEFAULT_PREFETCH_THREADS 8u    /* opt4_prefetcher_opts.threads */
+#define OPT4_MAX_PREFETCH_THREADS 256u      /* opt4_prefetcher_opts.threads, max_threads */
+#define OPT4_DEFAULT_LOOKAHEAD 4096u        /* opt4_prefetcher_opts.lookahead */
+
 typedef struct opt4_pool_opts {
   /* Bytes per page. Item-capacity plans give each item one page, so this is
    * the largest stored item (serialized) the pool accepts. Required. */

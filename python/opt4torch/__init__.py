@@ -30,10 +30,10 @@ __version__ = "2.0.0"
 # design's API (opt4torch.compat), which a training job does not need.
 _LAZY = {
     "DataLoader": "opt4torch.loader.dataloader",
-    "PlannedDataset": "opt4torch.loader.dataloader",
-    "PositionBatchSampler": "opt4torch.loader.dataloader",
-    "OPTCache": "opt4torch.loader.dataloader",
-    "remove_stale_pools": "opt4torch.loader.dataloader",
+    "PlannedDataset": "opt4torch.loader.worker",
+    "PositionBatchSampler": "opt4torch.loader.sampler",
+    "OPTCache": "opt4torch.pool.cache",
+    "remove_stale_pools": "opt4torch.pool.cleanup",
     "POLICIES": "opt4torch.lab.sim",
     "simulate": "opt4torch.lab.sim",
     "OPTCacheDecorator": "opt4torch.compat.cachelib",

@@ -30,6 +30,12 @@ PREFETCH_END: int
 STORE_GIVEN_UP: int
 STORE_DONE: int
 STORE_NOT_YET: int
+# the engine's defaults and limits (include/opt4.h): what 0 in its options gives
+DEFAULT_WAIT_TIMEOUT_MS: int
+DEFAULT_MAX_PROCS: int
+DEFAULT_PREFETCH_THREADS: int
+MAX_PREFETCH_THREADS: int
+DEFAULT_LOOKAHEAD: int
 # a cluster plan's kinds (cluster_place), and the node of a BYPASS
 CLUSTER_LOCAL_HIT: int
 CLUSTER_PEER_HIT: int

@@ -25,7 +25,7 @@ MOVED = {
     "opt4torch.cluster": "opt4torch.planning.cluster",
     "opt4torch._codec": "opt4torch.pool.codec",
     "opt4torch._live": "opt4torch.pool.live",
-    "opt4torch._prefetch": "opt4torch.io.prefetch",
+    "opt4torch._prefetch": "opt4torch.pool.prefetch",
     "opt4torch._forksafe": "opt4torch.io.forksafe",
     "opt4torch._files": "opt4torch.io.files",
     "opt4torch.records": "opt4torch.sources.records",
@@ -34,7 +34,6 @@ MOVED = {
     "opt4torch._formats": "opt4torch.sources.formats",
     "opt4torch._exchange": "opt4torch.distributed.exchange",
     "opt4torch.device": "opt4torch.loader.device",
-    "opt4torch.data": "opt4torch.loader.dataloader",
 }
 
 #: Old names whose module opt4torch itself imports: registered at once, so

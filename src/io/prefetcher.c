@@ -104,9 +104,6 @@
 #include <sys/prctl.h>
 #include <time.h>
 
-#define DEFAULT_THREADS 8u
-#define MAX_THREADS 256u
-#define DEFAULT_LOOKAHEAD 4096u
 /* Loaded items the threads may hold while they wait for their place, in
  * all: 4 MiB, 1 to 32 items a thread (bench/RESULTS.md, memory). */
 #define DEFAULT_PENDING_BYTES ((uint64_t)4 << 20)
@@ -712,16 +709,16 @@ int opt4_prefetcher_start_source(const char *pool_name, opt4_source *src, const 
   opt4_prefetcher_opts o;
   memset(&o, 0, sizeof o);
   if (opts != NULL) o = *opts;
-  if (o.threads == 0) o.threads = DEFAULT_THREADS;
-  if (o.threads > MAX_THREADS)
-    return opt4__fail(OPT4_EINVAL, "%u prefetch threads is too many (at most %u)", o.threads, MAX_THREADS);
+  if (o.threads == 0) o.threads = OPT4_DEFAULT_PREFETCH_THREADS;
+  if (o.threads > OPT4_MAX_PREFETCH_THREADS)
+    return opt4__fail(OPT4_EINVAL, "%u prefetch threads is too many (at most %u)", o.threads, OPT4_MAX_PREFETCH_THREADS);
   if (o.max_threads == 0) o.max_threads = o.threads;
-  if (o.max_threads > MAX_THREADS)
-    return opt4__fail(OPT4_EINVAL, "max_threads %u is too many (at most %u)", o.max_threads, MAX_THREADS);
+  if (o.max_threads > OPT4_MAX_PREFETCH_THREADS)
+    return opt4__fail(OPT4_EINVAL, "max_threads %u is too many (at most %u)", o.max_threads, OPT4_MAX_PREFETCH_THREADS);
   if (o.max_threads < o.threads)
     return opt4__fail(OPT4_EINVAL, "max_threads %u is below threads %u: the depth starts at threads and stays at most max_threads",
                       o.max_threads, o.threads);
-  if (o.lookahead == 0) o.lookahead = DEFAULT_LOOKAHEAD;
+  if (o.lookahead == 0) o.lookahead = OPT4_DEFAULT_LOOKAHEAD;
   uint64_t max_len = 0;
   int rc = opt4__source_max_size(src, &max_len);
   if (rc != 0) return rc > 0 ? OPT4_EIO : rc;

@@ -43,8 +43,6 @@
 #include <unistd.h>
 
 #define SHM_DIR "/dev/shm"
-#define DEFAULT_TIMEOUT_MS 10000u
-#define DEFAULT_PROCS 256u
 
 /* ---- fork: a child keeps neither its parent's record nor its lock ---- */
 
@@ -341,7 +339,7 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   if (rc != 0) return rc;
   const char *ns;
   if ((rc = pool_namespace(&ns)) != 0) return rc;
-  uint32_t max_procs = opts->max_procs ? opts->max_procs : DEFAULT_PROCS;
+  uint32_t max_procs = opts->max_procs ? opts->max_procs : OPT4_DEFAULT_MAX_PROCS;
   if (opts->spare_pages > 1024 && opts->spare_pages > plan->info.slots)
     return opt4__fail(OPT4_EINVAL, "%llu spare pages for a plan of %llu pages: at most as many "
                       "as the plan's (or 1024)", (unsigned long long)opts->spare_pages,
@@ -476,7 +474,7 @@ int opt4_pool_create(const opt4_plan *plan, const opt4_pool_opts *opts, opt4_poo
   h->generations = gens;
   h->page_size = page_size;
   h->pages = pages;
-  h->wait_timeout_ns = (opts->wait_timeout_ms ? opts->wait_timeout_ms : DEFAULT_TIMEOUT_MS) * 1000000u;
+  h->wait_timeout_ns = (opts->wait_timeout_ms ? opts->wait_timeout_ms : OPT4_DEFAULT_WAIT_TIMEOUT_MS) * 1000000u;
   h->max_procs = max_procs;
   h->procs_off = procs_off;
   h->states_off = states_off;

@@ -98,7 +98,7 @@ def test_lazy_exports() -> None:
     # dataset; the DataLoader's position-mapped one is PlannedDataset.
     assert opt4torch.CachedDataset is CachedDataset
     assert opt4torch.CachedDataset.__module__ == "opt4torch.compat.preload"
-    assert opt4torch.PlannedDataset.__module__ == "opt4torch.data"
+    assert opt4torch.PlannedDataset.__module__ == "opt4torch.loader.worker"
     assert opt4torch.PlannedDataset is not CachedDataset
 
 

@@ -200,14 +200,12 @@ class ClusterRuntime:
     it still holds when it stops, it releases.
     """
 
-    def __init__(self, cp: ClusterPlan, node_plan: NodePlan, pool_name: str, dataset: Any, *,
+    def __init__(self, cp: ClusterPlan, node_plan: NodePlan, pool_name: str, dataset: Any, *, reader: Any,
                  allow_pickle: bool = False, group: Any = None, peers: list[int] | None = None,
                  storage_sizes: np.ndarray | None = None, timeout: float = 60.0) -> None:
         import threading
 
         import torch.distributed as dist
-
-        from ..loader.dataloader import PlannedDataset
 
         self.cp, self.plan, self.dataset, self.allow_pickle = cp, node_plan, dataset, allow_pickle
         self.plan_keys = plan_keys(cp, node_plan, storage_sizes)
@@ -253,7 +251,9 @@ class ClusterRuntime:
         #: Threads reading forwards from storage at once.
         self.readers = 8
         # Reads of its own positions (RECEIVEs, SENDs), as a worker reads.
-        self._view = PlannedDataset(dataset, pool_name, len(p), len(dataset), allow_pickle=allow_pickle)
+        # The node's pool as a worker reads it (the loader's PlannedDataset):
+        # a RECEIVE is read here as a worker would.
+        self._view = reader
         self._view_pool: Any = None
         self.timeout = float(timeout)  # a collective's, at most
         # Workers that are not persistent are forked every epoch while the

@@ -825,7 +825,7 @@ def _import_once() -> None:
     import torch.nn.functional  # noqa: F401
     from PIL import Image  # noqa: F401
 
-    from ..io import prefetch  # noqa: F401
+    from ..pool import prefetch  # noqa: F401
     from ..loader import dataloader  # noqa: F401
     from ..sources import records  # noqa: F401
 

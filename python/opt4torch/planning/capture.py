@@ -50,7 +50,7 @@ def _torch() -> Any:
 
 
 @contextlib.contextmanager
-def _preserved(sampler: Any) -> Iterator[None]:
+def preserved(sampler: Any) -> Iterator[None]:
     """Restore the sampler's generator, the global torch RNG and its epoch."""
     torch = _torch()
     gen = getattr(sampler, "generator", None)
@@ -68,7 +68,7 @@ def _preserved(sampler: Any) -> Iterator[None]:
             sampler.epoch = epoch
 
 
-def _as_index(value: Any) -> int:
+def as_index(value: Any) -> int:
     """An index the sampler yielded, as an int; a float (2.7) or anything
     else that is not an integer is refused, never truncated."""
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
@@ -83,11 +83,11 @@ def _as_index(value: Any) -> int:
 def _flatten(batches: Iterable[Any]) -> Iterator[int]:
     for item in batches:
         if isinstance(item, (list, tuple)):
-            yield from (_as_index(i) for i in item)
+            yield from (as_index(i) for i in item)
         elif hasattr(item, "tolist") and getattr(item, "ndim", 0) > 0:
-            yield from (_as_index(i) for i in item.tolist())
+            yield from (as_index(i) for i in item.tolist())
         else:
-            yield _as_index(item)
+            yield as_index(item)
 
 
 def _iterate(sampler: Any, bar: Any) -> np.ndarray:
@@ -175,11 +175,11 @@ def _fast_path(sampler: Any) -> Any:
 def _fast_path_agrees(sampler: Any, fast: Any, epoch: int | None) -> bool:
     """Compare the fast path's first indices with the real sampler's, from the
     same RNG state, leaving every state as it was."""
-    with _preserved(sampler):
+    with preserved(sampler):
         if epoch is not None:
             sampler.set_epoch(epoch)
         expect = np.fromiter(itertools.islice(_flatten(iter(sampler)), _CHECK), dtype=np.int64)
-    with _preserved(sampler):
+    with preserved(sampler):
         if epoch is not None:
             sampler.set_epoch(epoch)
         got = fast(sampler)[:_CHECK]
@@ -254,7 +254,7 @@ def capture_epochs(
         total = None
 
     parts = []
-    with _preserved(sampler), progress_bar(total=total, desc="capturing sampler", unit="idx", show=progress) as bar:
+    with preserved(sampler), progress_bar(total=total, desc="capturing sampler", unit="idx", show=progress) as bar:
         for e in range(epochs):
             if has_epoch:
                 sampler.set_epoch(start_epoch + e)

@@ -182,6 +182,12 @@ class Plan:
         return int(self._info["capacity_bytes"])
 
     @property
+    def pool_slots(self) -> int:
+        """Pages (a sized plan) or items (an item plan) the pool keeps for the
+        plan's decisions: its size in the pool's units."""
+        return int(self._info["slots"])
+
+    @property
     def page_size(self) -> int:
         """Sized plans: bytes per page (0 otherwise)."""
         return int(self._info["page_size"])

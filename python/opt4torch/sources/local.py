@@ -40,33 +40,18 @@ import numpy as np
 
 from .. import _engine
 from ..io.files import atomic_write
+from .base import IMG_EXTENSIONS, EngineSource, checked_index
 from .formats import decompress_command, decompressed_name, sniff
 from .shardnames import expand_shards
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolder", "LayoutError", "TarShards", "find_classes", "make_dataset", "shard_index"]
 
-#: torchvision.datasets.folder.IMG_EXTENSIONS.
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-
-
-def checked_index(index: int, n: int) -> int:
-    """``index`` as a map-style dataset takes it (negative from the end), or
-    IndexError: the one check every dataset here makes."""
-    i = int(index)
-    if i < 0:
-        i += n
-    if not 0 <= i < n:
-        raise IndexError(f"index {index} is out of range for {n} items")
-    return i
-
 
 class _RangeDataset:
     """What both datasets share: the engine's reader over (file, offset,
     length) rows, reopened after pickling (a spawned worker), the counters
-    and the latency."""
-
-    #: opt4torch.DataLoader reports info()["reads"] and ["bytes_read"] as storage reads.
-    _counts_storage = True
+    and the latency. A :class:`~opt4torch.sources.base.Source`: the engine
+    reads it, and counts its reads."""
 
     def _open_ranges(self) -> None:
         self._r = _engine.Ranges(self._files, self._rows, direct=self.direct)
@@ -171,10 +156,10 @@ class ImageFolder(_RangeDataset):
         i = self._index(index)
         return self._r.read(i), int(self._labels[i])
 
-    def _prefetch_source(self) -> dict[str, Any]:
+    def engine_source(self) -> EngineSource:
         """What the C prefetcher needs to store items exactly as ``self[i]``
-        returns them (``_engine.Prefetcher``'s arguments)."""
-        return {"records": self._r, "frame": "bytes", "labels": self._labels}
+        returns them: ``(bytes, label)``."""
+        return EngineSource(self._r, frame="bytes", labels=self._labels)
 
     def __repr__(self) -> str:
         return f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, direct={self.direct})"
@@ -348,21 +333,21 @@ class TarShards(_RangeDataset):
         codec stores the dict ``self[index]`` (the key and field names, and
         the fields' bytes, without the tar headers between them)."""
         i = self._index(index)
-        return _record_size(self.keys[i], self._members[i])
+        return record_size(self.keys[i], self._members[i])
 
-    def _prefetch_source(self) -> dict[str, Any]:
+    def engine_source(self) -> EngineSource:
         """The C prefetcher lays each sample out as the codec stores the
         dict ``self[i]`` (frame ``"tar"``: binding/tarframe.c), from one
         read of its range."""
-        return {"records": self._r, "frame": "tar", "samples": (self.keys, self._members)}
+        return EngineSource(self._r, frame="tar", samples=(self.keys, self._members))
 
     def __repr__(self) -> str:
         return f"TarShards({len(self.paths)} shards, {len(self)} samples, direct={self.direct})"
 
 
-def _record_size(key: str, members: Sequence[tuple[str, int, int]]) -> int:
+def record_size(key: str, members: Sequence[tuple[str, int, int]]) -> int:
     """The length of the codec's record of the dict ``TarShards`` returns,
-    {"__key__": key, field: bytes, ...} (python/opt4torch/_codec.py): magic,
+    {"__key__": key, field: bytes, ...} (python/opt4torch/pool/codec.py): magic,
     format and dict header, then per entry a str node for its name (tag, u64
     length, UTF-8) and its value: a str node for the key, a bytes node (tag,
     u64 length, u64 pad, pad, payload at a multiple of 16) for a field. A

@@ -29,12 +29,10 @@ import numpy as np
 
 from .. import _engine
 from ..io.files import abort_on_sigterm, check_output
-from .local import IMG_EXTENSIONS, LayoutError, checked_index, find_classes, make_dataset
+from .base import IMAGE_EXTENSIONS, EngineSource, checked_index
+from .local import LayoutError, find_classes, make_dataset
 
 __all__ = ["RecordFile", "write_records", "image_folder_to_records", "IMAGE_EXTENSIONS"]
-
-#: File extensions image_folder_to_records takes by default (opt4torch.sources.IMG_EXTENSIONS, torchvision's).
-IMAGE_EXTENSIONS = IMG_EXTENSIONS
 
 
 def _sidecar(path: str | os.PathLike[str]) -> Path:
@@ -136,11 +134,11 @@ class RecordFile:
         self.latency = float(seconds)
         self._r.set_latency(self.latency)
 
-    def _prefetch_source(self) -> dict[str, Any]:
+    def engine_source(self) -> EngineSource:
         """What the C prefetcher needs to store records exactly as
         ``self[i]`` returns them: the engine's reader, the frame and the
-        labels (``_engine.Prefetcher``'s arguments)."""
-        return {"records": self._r, "frame": "bytes", "labels": self.labels if self.with_labels else None}
+        labels."""
+        return EngineSource(self._r, frame="bytes", labels=self.labels if self.with_labels else None)
 
     def close(self) -> None:
         self._r.close()

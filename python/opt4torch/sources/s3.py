@@ -53,7 +53,8 @@ from typing import Any
 import numpy as np
 
 from .shardnames import expand_shards, has_glob
-from .local import IMG_EXTENSIONS, _read_index, _record_size, _write_index, check_tar, checked_index
+from .base import IMG_EXTENSIONS, EngineSource, checked_index
+from .local import _read_index, _write_index, check_tar, record_size
 
 __all__ = ["S3ImageFolder", "S3TarShards", "ObjectStoreError"]
 
@@ -172,10 +173,8 @@ class _ObjectDataset:
     per process, the shared counters, errors that name the request, ranged
     GETs, pickling to worker processes."""
 
-    #: opt4torch.DataLoader reports info()["reads"] and ["bytes_read"] as storage reads.
-    _counts_storage = True
-    #: opt4torch.DataLoader prefetches it by default (through the callback source).
-    _prefetch_by_callback = True
+    # A Source (sources/base.py): it counts its reads, and the DataLoader
+    # prefetches it by default, through the engine's GETs or the callback.
 
     def _setup(self, bucket: str, endpoint_url: str | None, region: str | None, profile: str | None,
                unsigned: bool, path_style: bool | None, max_attempts: int, latency: float,
@@ -264,7 +263,7 @@ class _ObjectDataset:
         _counts_add(self._counts, 1, len(data), 1 if data else 0)
         return data
 
-    def _c_prefetch_source(self) -> dict[str, Any] | None:
+    def _engine_reader(self) -> Any:
         """What the C prefetcher reads through when the GETs are the
         engine's (a reader of its own, counted in info()); None: through the
         Python callback."""
@@ -272,7 +271,7 @@ class _ObjectDataset:
             return None
         if self._prefetch_reader is None:
             self._prefetch_reader = self._new_reader()
-        return {"records": self._prefetch_reader}
+        return self._prefetch_reader
 
     # ---- the client, one per process ----
 
@@ -494,11 +493,11 @@ class S3ImageFolder(_ObjectDataset):
         rows[:, 2] = self._sizes
         return self._keys, rows
 
-    def _prefetch_source(self) -> dict[str, Any] | None:
+    def engine_source(self) -> EngineSource | None:
         """The C prefetcher's source when the GETs are the engine's: items
         stored as ``self[i]`` returns them; None: the Python callback."""
-        src = self._c_prefetch_source()
-        return None if src is None else dict(src, frame="bytes", labels=self._labels)
+        reader = self._engine_reader()
+        return None if reader is None else EngineSource(reader, frame="bytes", labels=self._labels)
 
     def __getitem__(self, index: int) -> tuple[bytes, int]:
         i = self._index(index)
@@ -647,18 +646,18 @@ class S3TarShards(_ObjectDataset):
     def _objects(self) -> tuple[list[str], np.ndarray]:
         return self._shard_keys, self._rows
 
-    def _prefetch_source(self) -> dict[str, Any] | None:
+    def engine_source(self) -> EngineSource | None:
         """As TarShards': each sample laid out as the codec stores the dict
         ``self[i]`` (frame ``"tar"``), from one GET of its range; None: the
         Python callback."""
-        src = self._c_prefetch_source()
-        return None if src is None else dict(src, frame="tar", samples=(self.keys, self._members))
+        reader = self._engine_reader()
+        return None if reader is None else EngineSource(reader, frame="tar", samples=(self.keys, self._members))
 
     def opt4_item_bytes(self, index: int) -> int:
         """Bytes sample ``index`` takes in the cache: its record, as the
         codec stores the dict ``self[index]`` (as TarShards')."""
         i = self._index(index)
-        return _record_size(self.keys[i], self._members[i])
+        return record_size(self.keys[i], self._members[i])
 
     def item_sizes(self) -> np.ndarray:
         """Every sample's read length in bytes (its range of the shard), as an int64 array."""

@@ -25,8 +25,9 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _engine
-from . import forksafe as _forksafe  # noqa: F401  (parks the threads around os.fork)
-from ..pool.codec import encode
+from ..io import forksafe  # noqa: F401  (parks the threads around os.fork)
+from ..sources.base import EngineSource
+from .codec import encode
 
 __all__ = ["CallbackPrefetcher", "RecordPrefetcher"]
 
@@ -49,13 +50,11 @@ class RecordPrefetcher:
 
     kind = "records"
 
-    def __init__(self, pool_name: str, dataset: Any, *, threads: int, max_threads: int, lookahead: int,
-                 source: dict[str, Any] | None = None) -> None:
-        if source is None:
-            source = dataset._prefetch_source()
+    def __init__(self, pool_name: str, source: EngineSource, *, threads: int, max_threads: int,
+                 lookahead: int) -> None:
         self._pf = _engine.Prefetcher(pool_name, threads=threads, max_threads=max_threads, lookahead=lookahead,
-                                      **source)
-        self._records = source["records"]
+                                      **source.prefetcher_args())
+        self._records = source.records
 
     def stats(self) -> dict[str, Any]:
         return self._pf.stats() if self._pf.running else {}

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import __version__
 from ._engine import Opt4Error
-from .io.files import abort_on_sigterm, atomic_write, check_output
+from .io.files import abort_on_sigterm, atomic_write, output_path
 from .planning.plan import Plan, load_plan, plan as build_plan, sequence_plan
 from .lab.traces import load_trace
 
@@ -42,21 +42,15 @@ class UsageError(Exception):
 def _check_output(path: str, what: str = "output") -> str:
     """A path from the user for a file to write: refused early, with the
     reason, if it cannot be one."""
-    if not path or "\0" in path:
-        raise UsageError(f"--{what} {path!r} is not a usable file name")
-    if os.path.isdir(path):
+    if path and os.path.isdir(path):
         raise UsageError(f"--{what} {path!r} is a directory; give a file name")
-    parent = os.path.dirname(os.path.abspath(path))
-    probe = parent
-    while probe and not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if probe and not os.path.isdir(probe):
-        raise UsageError(f"--{what} {path!r}: {probe!r} is a file, not a directory")
     try:
-        check_output(path)  # a device, a FIFO, a link to one: refused before any work
+        # A device, a FIFO, a link to one, a file on the way: refused before any work.
+        return output_path(path, parent_must_exist=False)
     except Opt4Error as exc:
         raise UsageError(f"--{what}: {getattr(exc, 'detail', '') or exc}") from None
-    return path
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--{what}: {exc}") from None
 
 
 # ---- shared output helpers ----

@@ -28,13 +28,37 @@ from typing import IO, Any
 
 from .. import _engine
 
-__all__ = ["check_output", "atomic_write", "abort_on_sigterm"]
+__all__ = ["check_output", "atomic_write", "abort_on_sigterm", "output_path"]
 
 
 def check_output(path: str | os.PathLike[str], *, no_symlink: bool = False) -> None:
     """Raise :class:`opt4torch.Opt4IOError` naming why ``path`` cannot be
     written (a directory, a device, a FIFO, a refused link), creating nothing."""
     _engine.outfile_check(os.fspath(path), no_symlink=no_symlink)
+
+
+def output_path(path: str | os.PathLike[str], *, no_symlink: bool = False, parent_must_exist: bool = True) -> str:
+    """The one check of a path the package is asked to write, before any
+    work: a usable file name (ValueError), not a link when ``no_symlink``
+    (ValueError), no file where a folder on the way should be
+    (NotADirectoryError), its folder there when ``parent_must_exist``
+    (FileNotFoundError), then the engine's check (:func:`check_output`:
+    a directory, a device, a FIFO, a link to one). Returns the path as a str."""
+    out = os.fspath(path)
+    if not out or "\0" in out or out.endswith(os.sep):
+        raise ValueError(f"{out!r} is not a usable file name: give the path of a file")
+    if no_symlink and os.path.islink(out):
+        raise ValueError(f"{out} is a symbolic link: refusing to write through it; give another path")
+    parent = os.path.dirname(os.path.abspath(out))
+    probe = parent
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if probe and not os.path.isdir(probe):
+        raise NotADirectoryError(f"{out!r}: {probe!r} is a file, not a directory")
+    if parent_must_exist and not os.path.isdir(parent):
+        raise FileNotFoundError(f"the folder {parent} does not exist: create it first")
+    check_output(out, no_symlink=no_symlink)
+    return out
 
 
 class _Raw(io.RawIOBase):

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .. import _engine
-from ..io.files import abort_on_sigterm, check_output
+from ..io.files import abort_on_sigterm, check_output, output_path
 from .base import IMAGE_EXTENSIONS, EngineSource, checked_index
 from .local import LayoutError, find_classes, make_dataset
 
@@ -148,15 +148,8 @@ class RecordFile:
 
 
 def _check_output(path: str | os.PathLike[str]) -> str:
-    out = os.fspath(path)
-    if not out or out.endswith(os.sep):
-        raise ValueError(f"the output must be a file path, not {out!r}")
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"the folder {parent} does not exist: create it first")
-    if os.path.islink(out):
-        raise ValueError(f"{out} is a symbolic link: refusing to write through it; give another path")
-    check_output(out, no_symlink=True)
+    """The record file and its sidecar, both checked as outputs."""
+    out = output_path(path, no_symlink=True)
     side = _sidecar(out)
     if os.path.lexists(side):
         check_output(side, no_symlink=True)  # replaced or removed below: it must be a regular file

@@ -28,7 +28,7 @@ JOBS   ?= 2
 # `make fuzz-long`.
 FUZZ_SECONDS ?= 10
 
-.PHONY: all help demo install test test-c test-without test-asan test-asan-binding test-tsan test-fuzz test-python \
+.PHONY: all help demo install test lint test-c test-without test-asan test-asan-binding test-tsan test-fuzz test-python \
 	bench bench-e2e clean fuzz-long test-kill-long bench-env bench-e2e-full bench-e2e-s3
 
 # The default goal: the list of targets (this file's header), nothing built
@@ -60,9 +60,15 @@ demo: install
 
 # Every stage runs, whatever fails before it; one summary at the end
 # (scripts/test_stages.py), and the exit status says whether all passed.
-TEST_STAGES := test-c test-without test-asan test-asan-binding test-tsan test-fuzz test-python
+TEST_STAGES := lint test-c test-without test-asan test-asan-binding test-tsan test-fuzz test-python
 test: install
 	@$(PY) scripts/test_stages.py $(TEST_STAGES)
+
+# ruff over the package, mypy (strict, pyproject.toml) over its runtime: a
+# stage of make test (docs/dependencies.md says why these two).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check python tests/python/test_package_shape.py
+	$(VENV)/bin/mypy
 
 define ctest_build
 	$(VENV)/bin/cmake -S . -B build/$(1) -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) \

@@ -6,7 +6,7 @@ OPT4TorchDataSet 1.1 (and ``OPT4TorchDataSet.cachelib`` as before it): the
 code is :mod:`opt4torch.compat.cachelib`; docs/migrating.md says what differs.
 """
 
-from opt4torch import __version__
+from opt4torch import __version__ as __version__
 from opt4torch.compat.cachelib import (
     OPTCacheDecorator,
     SharedOPTCacheDecorator,

@@ -6,6 +6,10 @@ with a C11 engine, and compares it with online policies.
 
 ``import opt4torch`` needs only numpy; torch is imported by the functions that
 work with samplers.
+
+The package's front: the public names, each from the folder that owns it
+(docs/architecture.md, "The package's shape"). May touch: nothing at import
+but the binding, numpy and the table of earlier module names (_moved.py).
 """
 
 from __future__ import annotations

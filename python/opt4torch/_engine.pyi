@@ -1,6 +1,7 @@
 """Type stub for the C extension opt4torch._engine (binding/_engine.c)."""
 
-from typing import Any, Callable, Sequence, TypedDict
+from typing import Any, TypedDict
+from collections.abc import Callable, Sequence
 
 from typing_extensions import Buffer
 
@@ -75,6 +76,7 @@ class SimResult(TypedDict):
 
 class PlanArray:
     """A read-only uint32 buffer over a plan's ids or ops."""
+    def __buffer__(self, flags: int, /) -> memoryview: ...
 
 class Plan:
     closed: bool
@@ -85,6 +87,8 @@ class Plan:
     def slots_at(self, t: int, /) -> bytearray: ...
     def seq_buffer(self) -> PlanArray: ...
     def ops_buffer(self) -> PlanArray: ...
+    def gen_pages(self, g: int, /) -> bytes: ...
+    def item_sizes(self) -> bytes | None: ...
     def close(self) -> None: ...
 
 def build_plan(seq: Buffer, items: int, capacity: int, bypass: bool = True,

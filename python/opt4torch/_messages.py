@@ -1,6 +1,9 @@
 """Clear errors for bad input that the engine or torch would report in their
-own terms: what was wrong, and what to do. Kept apart from data.py so that
-the hot path there only calls in here once something has already failed."""
+own terms: what was wrong, and what to do. Kept apart from loader/worker.py so that
+the hot path there only calls in here once something has already failed.
+
+May touch: nothing: it builds exceptions.
+"""
 
 from __future__ import annotations
 

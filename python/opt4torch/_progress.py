@@ -2,6 +2,8 @@
 
 A thin wrapper over tqdm: bars go to stderr, and ``show=None`` means "only
 when stderr is a terminal", so logs and pipes stay clean.
+
+May touch: standard error, and tqdm without its monitor thread.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from tqdm import tqdm
 __all__ = ["progress_bar"]
 
 
-class _Bar(tqdm):
+class _Bar(tqdm):  # type: ignore[misc]  # tqdm is untyped
     # No monitor thread: our loops update their bars themselves, and a
     # thread of ours must not be running (holding who knows what lock) when
     # a DataLoader forks its workers. A subclass, so users' own bars keep

@@ -6,6 +6,9 @@
     opt4torch cluster      simulate N nodes: no cache, per-node OPT and one OPT plan over all of them
     opt4torch cleanup      list this user's shared-memory pools, remove stale ones
     opt4torch demo         the whole job end to end on a generated default
+
+May touch: everything a command names: plan files, record files, folders,
+pools (top, cleanup); the lab for simulate and demo.
 """
 
 from __future__ import annotations
@@ -14,14 +17,13 @@ import argparse
 import csv
 import importlib
 import inspect
-import io
 import json
 import os
 import secrets
 import stat
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -117,7 +119,7 @@ def _make_sampler(factory: Any, dataset_size: int, args: argparse.Namespace, see
     import torch
 
     try:
-        params = inspect.signature(factory).parameters
+        params: Mapping[str, inspect.Parameter] = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         params = {}
     offered: dict[str, Any] = {
@@ -490,7 +492,7 @@ def _sweep_plan(args: argparse.Namespace) -> list[tuple[str, str, Any, dict[str,
             raise UsageError(f"--param {name}: none of the patterns {', '.join(names)} has it; "
                              f"their parameters: {', '.join(known) or 'none'}")
         swept[name] = [v.strip() for v in values.split(",") if v.strip()]
-    plan = []
+    plan: list[Any] = []
     for n in names:
         pat = GENERATORS[n]
         mine = [k for k in swept if k in pat.params]
@@ -677,7 +679,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 raise UsageError(f"{args.trace} is empty: give --items to simulate it")
             items = int(seq.max()) + 1
         capacities = _capacities_asked(args.capacity or _DEFAULT_SWEEP_CAPACITIES, items)
-        traces = [((os.path.basename(args.trace), "", ""), lambda loaded=seq: loaded)]
+        def loaded(trace: np.ndarray = seq) -> np.ndarray:
+            return trace
+
+        traces: list[tuple[tuple[str, str, str], Callable[[], np.ndarray]]] = [
+            ((os.path.basename(args.trace), "", ""), loaded)]
         lengths = [seq.size]
     else:
         items = args.items if args.items is not None else 10_000
@@ -704,9 +710,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     show = False if args.quiet or work < _PROGRESS_MIN_ACCESSES else None
     rows: list[dict[str, Any]] = []
     with progress_bar(total=n_jobs, desc="simulate", unit="run", show=show) as bar:
-        for label, make in traces:
+        for label, make_trace in traces:
             try:
-                seq = make()
+                seq = make_trace()
             except Opt4Error as exc:
                 raise UsageError(f"pattern {label[0]}: {exc}") from None
             rows += _rows_for(seq, items, label, policies, capacities, args.seed, args.workers, bar)
@@ -1201,7 +1207,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "seconds until Ctrl-C. Each pool is mapped read-only for the look: a "
                                    "job is never changed by being watched. With OPT4TORCH_POOL_NAMESPACE "
                                    "set, only that namespace's pools are seen.")
-    p.add_argument("names", nargs="*", metavar="NAME", help="only these pools (as `opt4torch cleanup --dry-run` lists them)")
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help="only these pools (as `opt4torch cleanup --dry-run` lists them)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default: %(default)s)")
     p.add_argument("--once", action="store_true", help="print once and exit")
     p.add_argument("--json", action="store_true", help="one JSON list of figures per refresh")

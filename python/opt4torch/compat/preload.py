@@ -11,7 +11,7 @@
 Users import them as before: ``from opt4torch.preload import CachedDataset,
 AsyncPrefetchDataset`` (that module is this one), or as ``opt4torch.CachedDataset``
 and ``opt4torch.AsyncPrefetchDataset``. The position-mapped dataset that
-``opt4torch.DataLoader`` builds is another thing, :class:`opt4torch.data.PlannedDataset`.
+``opt4torch.DataLoader`` builds is another thing, :class:`opt4torch.loader.worker.PlannedDataset`.
 
 Threads help when a load waits without holding the GIL (file and network
 reads, ``time.sleep``-like latency, decoders that release it); a CPU-bound

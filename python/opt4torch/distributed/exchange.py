@@ -21,6 +21,10 @@ kept (:attr:`Exchange.errors`) and the next window tries again.
 
 The group holds one rank a node (the node's first rank, which owns its
 pool and runs its transfer thread); ``peers[n]`` is node n's rank in it.
+
+May touch: the node's pool (claims, stores, reads through a handle of its
+own), the gloo group it is given, the dataset (storage reads of forwards);
+never the loader.
 """
 
 from __future__ import annotations
@@ -259,7 +263,7 @@ class ClusterRuntime:
         # Workers that are not persistent are forked every epoch while the
         # thread runs. Its calls of the dataset (which may take the user's
         # locks) run inside this gate, which a fork waits to find empty
-        # (_forksafe.py). Nothing else it does holds a lock a child could
+        # (io/forksafe.py). Nothing else it does holds a lock a child could
         # want across a GIL release: its reads of its own pool handle wait
         # on shared memory, and its collectives are gloo's, which no child
         # touches. Its waits on the workers' progress stay outside the gate,
@@ -473,12 +477,14 @@ class ClusterRuntime:
             elif i in forwards:
                 self.handed_over["forward"] += self._hand_over(i, forwards[i])
             elif i in self._receive:
-                record = incoming[i] if incoming[i] is not None else self._load(i)
+                record = incoming[i]
+                if record is None:
+                    record = self._load(i)
                 self.handed_over["receive"] += self._hand_over(i, record)
                 if not self._ending():  # an ending loader's reads are over
                     self._view[i]  # its read, as a worker's: the generation owes it
-            elif incoming[i] is not None:
-                self.handed_over["peer"] += self._hand_over(i, incoming[i])
+            elif (peer := incoming[i]) is not None:
+                self.handed_over["peer"] += self._hand_over(i, peer)
             else:
                 self._release([i])
 

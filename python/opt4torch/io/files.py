@@ -14,6 +14,9 @@ removes those whose writer died (SIGKILL).
 
 :func:`abort_on_sigterm` makes SIGTERM unwind a write as SIGINT does (the
 temporary is removed), then ends the process as SIGTERM would have.
+
+May touch: the paths it is given, through the binding's OutFile (temporary,
+then renamed); SIGTERM's handler while a file is written.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ class _Raw(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, b: Any) -> int:  # type: ignore[override]
+    def write(self, b: Any) -> int:
         self._out.write(b)
         return memoryview(b).nbytes
 

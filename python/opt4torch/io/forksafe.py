@@ -19,6 +19,9 @@ that want to start one wait, and the fork goes ahead once none is busy
 (bounded by :data:`PARK_TIMEOUT`; past it the fork goes ahead anyway, and
 the gate counts it). After the fork the parent reopens the gates; in the
 child the gates are new and empty (the threads are not there).
+
+May touch: os.register_at_fork, and the gates of our own threads; never a
+user's thread.
 """
 
 from __future__ import annotations

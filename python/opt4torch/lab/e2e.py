@@ -1136,7 +1136,8 @@ def markdown(result: dict[str, Any]) -> str:
                                       "replacement": " (RandomSampler(replacement=True))",
                                       "balanced": " (class-balanced WeightedRandomSampler)"}.get(sampler, ""), "",
                   f"| configuration | time per epoch (mean of {s.epochs}"
-                  + (f"; median of {s.repeats} runs, and their range" if s.repeats > 1 else "") + ") | samples/s | vs no cache | vs in memory "
+                  + (f"; median of {s.repeats} runs, and their range" if s.repeats > 1 else "")
+                  + ") | samples/s | vs no cache | vs in memory "
                   f"| hit rate ({s.epochs} epochs) | read from storage ({s.epochs} epochs) | requests to storage "
                   f"| stall rate | CPU time ({s.epochs} epochs) | peak memory |"
                   + (" all requests to the server | the server's CPU |" if s3 else ""),

@@ -669,7 +669,7 @@ def fig_gain_heatmap(report: Report) -> None:
         axes[0].annotate(f"{r['sim_ratio']:.2f}", (r["fraction"], r["alpha"]), color="red", fontsize=7,
                          ha="center", va="center",
                          bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
-    axes[0].text(0.011, 1.36, "red: simulated (N=%d)" % n, color="red", fontsize=7, va="top")
+    axes[0].text(0.011, 1.36, f"red: simulated (N={n})", color="red", fontsize=7, va="top")
     for r in rows:
         report.add(Check("Zipf IRM", f"N={n}, alpha={r['alpha']}, c={r['fraction']}", "opt/lru",
                          "miss ratio", "theory (bound / Che)", r["theory_ratio"], r["sim_ratio"], 0.03,
@@ -720,12 +720,14 @@ def fig_workers(report: Report) -> None:
         """tol None: the theory value is shown for reference, not checked."""
         rows.append({"sampler": sampler, "setup": setup, "policy": policy, "items": n, "accesses": t_total,
                      "workers": workers, "batch": batch, "seed": seed, "sim_hit_rate": sim_hits / t_total,
-                     "theory_hit_rate": th / t_total, "theory_hit_rate_hi": (th_hi if th_hi is not None else th) / t_total,
+                     "theory_hit_rate": th / t_total,
+                     "theory_hit_rate_hi": (th_hi if th_hi is not None else th) / t_total,
                      "theory_kind": kind, "checked": tol is not None})
         if tol is None or math.isnan(th):
             return
         pattern = f"earlier design ({sampler})"
-        setting = f"N={n}, {'T=' + str(epochs) + 'N' if sampler == 'replacement' else 'E=' + str(epochs)}, c=0.5, {setup}"
+        length = 'T=' + str(epochs) + 'N' if sampler == 'replacement' else 'E=' + str(epochs)
+        setting = f"N={n}, {length}, c=0.5, {setup}"
         if th_hi is None:
             report.add(Check(pattern, setting, policy, "hits / T", kind, th / t_total, sim_hits / t_total, tol, seed))
         else:
@@ -953,7 +955,8 @@ def table_opt_gap(report: Report) -> None:
                 steady = not (alpha >= 1.2 and c >= 0.9)  # rarest ids still first seen in the window
                 if steady:
                     report.add(Check("OPT gap below the IRM bound", f"N={n}, alpha={alpha}, c={c}", "opt",
-                                     "hit rate", "upper bound; empirical envelope below", bound - theory.opt_gap_tolerance(cap),
+                                     "hit rate", "upper bound; empirical envelope below",
+                                     bound - theory.opt_gap_tolerance(cap),
                                      sim, 4 * math.sqrt(0.25 / (stop - start)), seed, mode="band", theory_hi=bound))
     _write_csv(os.path.join(report.out, "opt_gap.csv"), rows)
 

@@ -232,10 +232,10 @@ class Checkpoints:
         """This loader built again with the seed of ``state``, when this
         one drew its seed and the state was saved under another (a new
         process draws a new one); None when the order stays."""
-        seed = state.get("seed") if isinstance(state, Mapping) else None
-        if not self._seed_drawn or not is_int(seed) or int(seed) == self._seed:
+        given = state.get("seed") if isinstance(state, Mapping) else None
+        if not self._seed_drawn or not is_int(given) or int(given) == self._seed:
             return None
-        seed = int(seed)
+        seed = int(given)
         if self._group is not None:
             raise ValueError(f"state['seed'] is {seed} (drawn by the loader that saved it) and this loader drew "
                              f"{self._seed}: ranks sharing a pool plan together only when built, so build this "
@@ -347,7 +347,7 @@ class Checkpoints:
         owner = _engine.pool_attach(self.cache.name)
         try:
             live = owner.live_at(position)
-            ds: PlannedDataset = self.dataset  # type: ignore[assignment]
+            ds: PlannedDataset = self.dataset
             stored = 0
             for admit, item, before in live:
                 stored += owner.warm(admit, encode(ds.dataset[item], ds.allow_pickle), before) == _engine.STORE_STORED

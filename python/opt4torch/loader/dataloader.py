@@ -41,7 +41,7 @@ _DEFAULT_PREFETCH_THREADS = _engine.DEFAULT_PREFETCH_THREADS
 _DEFAULT_LOOKAHEAD = _engine.DEFAULT_LOOKAHEAD
 
 
-class DataLoader(Checkpoints, Replans, tud.DataLoader):
+class DataLoader(Checkpoints, Replans, tud.DataLoader[Any]):
     """A ``torch.utils.data.DataLoader`` with a Belady-optimal shared cache.
 
     Use it as a drop-in: every DataLoader argument works as usual, plus

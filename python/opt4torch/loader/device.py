@@ -33,6 +33,9 @@ has not been run on a GPU in this project: the machine has none. The tests
 drive its thread, depth bound, cancellation and error paths with stand-in
 operations that record what the CUDA calls would have been (see
 docs/python-prefetch.md).
+
+May touch: CUDA streams and pinned memory of the batches it is given, one
+thread of its own; never the cache.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
     if isinstance(obj, collections.abc.Mapping):
         mapped_d = {k: map_tensors(fn, v) for k, v in obj.items()}
         try:
-            return type(obj)(mapped_d)
+            return type(obj)(mapped_d)  # type: ignore[call-arg]
         except TypeError:
             return mapped_d
     return obj
@@ -118,7 +121,7 @@ class _CudaOps:
         """Called first in the staging thread: make ``device`` current there
         (the current device is per thread) and create the side stream."""
         torch.cuda.set_device(self.device)
-        return torch.cuda.Stream(device=self.device)
+        return torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
 
     def stream_context(self, stream: Any) -> Any:
         return torch.cuda.stream(stream)
@@ -134,7 +137,7 @@ class _CudaOps:
         return t.to(self.device, non_blocking=self.non_blocking)
 
     def record_event(self, stream: Any) -> Any:
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record(stream)
         return event
 
@@ -177,7 +180,7 @@ def _acquire(shared: _Shared) -> bool:
 # while a thread of ours can hold a lock): a thread takes its next batch and
 # stages it inside the gate's busy region, so a fork in another thread waits
 # for the batch it is on, and the thread waits for the fork to end before it
-# takes the next one (_forksafe.py).
+# takes the next one (io/forksafe.py).
 _gate = ForkGate()
 
 

@@ -175,7 +175,7 @@ class Replans:
         # it never stored gives up at once instead of waiting.
         old.set_floor(stop)
         src, dst = _engine.pool_attach(old.name), _engine.pool_attach(new.name)
-        ds: PlannedDataset = self.dataset  # type: ignore[assignment]
+        ds: PlannedDataset = self.dataset
         copied = loaded = 0
         try:
             live = [g for g in dst.live_at(new._prefix) if g[0] < new._prefix]

@@ -28,7 +28,7 @@ from ..pool.codec import decode, decode_at, encode, encoded_size, make_arrays
 __all__ = ["PlannedDataset"]
 
 
-class PlannedDataset(tud.Dataset):
+class PlannedDataset(tud.Dataset[Any]):
     """``dataset`` seen through the plan: item ``t`` is the t-th access.
 
     Picklable (for spawn and forkserver workers): a worker attaches to the
@@ -99,8 +99,8 @@ class PlannedDataset(tud.Dataset):
         if isinstance(positions, _Unplanned):
             # A batch past what the plan covers (an epoch that ran longer
             # than the cut the plan expected): item indices, loaded, not cached.
-            out = self._load(list(positions))
-            return [self.transform(x) for x in out] if self.transform is not None else out
+            loaded = self._load(list(positions))
+            return [self.transform(x) for x in loaded] if self.transform is not None else loaded
         moved = getattr(positions, "pool", None)
         if moved is not None and moved[0] != self.pool_name:
             self.retarget(*moved)
@@ -192,14 +192,14 @@ class _Dropped(RuntimeError):
     rest of the left epoch's batches; it is never raised in the loop."""
 
 
-class _Unplanned(list):
+class _Unplanned(list[int]):
     """A batch of item indices (not positions) past what the plan covers: an
     epoch that runs on past the cut a re-plan expected. Loaded, not cached.
     A type of its own, so that no position, in range or not, is ever taken
     for one; it pickles to spawned workers by name."""
 
 
-class _OnPool(list):
+class _OnPool(list[int]):
     """A batch of positions of the pool named ``pool`` (name, accesses): a
     re-plan's. Workers that outlive a re-plan (``persistent_workers``) keep
     the dataset they were started with, so the batch tells them where its

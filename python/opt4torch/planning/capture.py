@@ -10,6 +10,9 @@ correctness.
 
 Capturing never disturbs the sampler: its generator state, the global torch
 RNG (used by an unseeded RandomSampler) and its epoch are restored afterwards.
+
+May touch: the sampler it is given (run for every epoch, its RNG states and
+set_epoch restored); nothing else.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def preserved(sampler: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        if gen_state is not None:
+        if gen is not None and gen_state is not None:
             gen.set_state(gen_state)
         torch.set_rng_state(global_state)
         if had_epoch:
@@ -118,10 +121,10 @@ def _random_sampler(sampler: Any) -> np.ndarray:
     if sampler.replacement:
         # __iter__ draws 32 at a time, then the remainder; for the CPU
         # generator that is the same stream as one draw of the total.
-        return torch.randint(high=n, size=(total,), dtype=torch.int64, generator=gen).numpy()
+        return np.asarray(torch.randint(high=n, size=(total,), dtype=torch.int64, generator=gen).numpy())
     parts = [torch.randperm(n, generator=gen) for _ in range(total // n)]
     parts.append(torch.randperm(n, generator=gen)[: total % n])  # always drawn
-    return torch.cat(parts).numpy()
+    return np.asarray(torch.cat(parts).numpy())
 
 
 def _sequential_sampler(sampler: Any) -> np.ndarray:
@@ -130,9 +133,9 @@ def _sequential_sampler(sampler: Any) -> np.ndarray:
 
 def _weighted_sampler(sampler: Any) -> np.ndarray:
     torch = _torch()
-    return torch.multinomial(
+    return np.asarray(torch.multinomial(
         sampler.weights, sampler.num_samples, sampler.replacement, generator=sampler.generator
-    ).numpy().astype(np.int64, copy=False)
+    ).numpy(), dtype=np.int64)
 
 
 def _distributed_sampler(sampler: Any) -> np.ndarray:
@@ -152,7 +155,7 @@ def _distributed_sampler(sampler: Any) -> np.ndarray:
             indices = torch.cat([indices, indices.repeat(reps)[:pad]])
     else:
         indices = indices[:total]
-    return indices[sampler.rank : total : sampler.num_replicas].numpy().astype(np.int64, copy=False)
+    return np.asarray(indices[sampler.rank : total : sampler.num_replicas].numpy(), dtype=np.int64)
 
 
 def _fast_path(sampler: Any) -> Any:

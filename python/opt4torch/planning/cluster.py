@@ -22,10 +22,14 @@ is then
 This module is the planning side, down to each node's own plan
 (:meth:`ClusterPlan.node_plan`, :meth:`ClusterPlan.pool_plan`) and
 :func:`job_plan` under torchrun. The transfers between nodes at run time
-are :mod:`opt4torch._exchange`: windowed ``all_to_all`` collectives on a
+are :mod:`opt4torch.distributed.exchange`: windowed ``all_to_all`` collectives on a
 gloo group of their own, run by a transfer thread on each node's first
 rank, under ``opt4torch.DataLoader(..., cluster=True)`` (docs/cluster.md,
 "The run time, written down before the code", says what is built).
+
+May touch: the binding's planners (cluster_place, given plans),
+torch.distributed in job_plan (collectives on the group it is given); never
+a pool.
 """
 
 from __future__ import annotations
@@ -352,7 +356,8 @@ class ClusterPlan:
         """The bytes counted for these item ids."""
         items = np.asarray(items, dtype=np.int64)
         if self._sizes is not None:
-            return self._sizes[items].astype(np.int64)
+            sizes: npt.NDArray[np.int64] = self._sizes[items].astype(np.int64)
+            return sizes
         return np.full(items.shape, self._item_bytes, dtype=np.int64)
 
     def node_stats(self) -> list[dict[str, int]]:
@@ -556,7 +561,7 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
     Or give ``cache_bytes`` (bytes a node, one number or one per node) with
     ``item_sizes`` instead of ``capacity_per_node``: the plan is then in
     pages of ``page_size`` bytes (default: the one that wastes least on the
-    sizes, :func:`opt4torch._plan.choose_page`), the aggregate plan size-aware Belady (a heuristic with unequal
+    sizes, :func:`opt4torch.planning.plan.choose_page`), the aggregate plan size-aware Belady (a heuristic with unequal
     sizes), and a generation needs its pages on one node; one that finds no
     such node is read from storage instead (:attr:`ClusterPlan.unplaced`).
 

@@ -8,6 +8,9 @@ A plan holds, for every position ``t`` of the sequence, one of
 
 plus the totals. Plans are built by the C engine and saved in a versioned,
 checksummed binary file (docs/plan-format.md), read into memory when loaded.
+
+May touch: the binding's planner and plan files; never a pool, a dataset or
+torch.
 """
 
 from __future__ import annotations
@@ -134,7 +137,7 @@ class Plan:
 
     def __init__(self, handle: _engine.Plan, path: str | None = None) -> None:
         self._h = handle
-        self._info: dict[str, Any] = handle.info()
+        self._info: dict[str, Any] = dict(handle.info())
         self.path = path
 
     # ---- header and totals ----
@@ -246,7 +249,7 @@ class Plan:
     @description.setter
     def description(self, text: str) -> None:
         self._h.set_description(text)
-        self._info = self._h.info()
+        self._info = dict(self._h.info())
 
     # ---- arrays ----
     @property
@@ -380,7 +383,7 @@ def _check_capacity(capacity: Any) -> int:
         raise InvalidInputError(
             f"capacity is {capacity}: a cache must hold at least one item"
         )
-    return capacity
+    return int(capacity)
 
 
 def plan(

@@ -101,7 +101,8 @@ class OPTCache:
         self._storage: Any = None
         self._init_counts()
         track(self)
-        self._finalizer = weakref.finalize(self, OPTCache._finalize, self._pool, self._owner_pid, self.helpers)
+        self._finalizer: weakref.finalize[..., Any] = weakref.finalize(
+            self, OPTCache._finalize, self._pool, self._owner_pid, self.helpers)
 
     @classmethod
     def attach(cls, name: str, plan: Plan, page_size: int) -> OPTCache:

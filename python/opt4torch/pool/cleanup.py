@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["remove_stale_pools", "track"]
 
-_live_caches: "weakref.WeakSet[OPTCache]" = weakref.WeakSet()
+_live_caches: weakref.WeakSet[OPTCache] = weakref.WeakSet()
 _handlers_installed = False
 _previous_handlers: dict[int, Any] = {}
 

@@ -37,6 +37,9 @@ Array nodes (format 2):
 lists its dimensions from outermost to innermost in memory, and the payload
 is the elements in that order (the array transposed by ``perm``, which is
 C-contiguous).
+
+May touch: the bytes it is given and the binding's encoder and decoder;
+pickle only with allow_pickle; never a pool.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import json
 import pickle
 import struct
 import sys
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -275,9 +278,11 @@ def _dtype_spec(dt: np.dtype) -> Any:
         if dt.type is not np.void:
             raise _Unstorable(f"its structured dtype has the scalar type {dt.type.__module__}."
                               f"{dt.type.__qualname__} (a record array's); the cache keeps numpy.void ones")
-        fields = [dt.fields[n] for n in dt.names]
+        by_name = dt.fields
+        assert by_name is not None  # a dtype with names has fields
+        fields = [by_name[n] for n in dt.names]
         return {"names": list(dt.names), "formats": [_dtype_spec(f[0]) for f in fields],
-                "offsets": [f[1] for f in fields], "titles": [f[2] if len(f) > 2 else None for f in fields],
+                "offsets": [f[1] for f in fields], "titles": [(f[2:] or (None,))[0] for f in fields],
                 "itemsize": dt.itemsize, "aligned": bool(dt.isalignedstruct)}
     if dt.kind not in _SIMPLE_KINDS:
         raise _Unstorable(f"its dtype {dt} ({type(dt).__name__}) is not one the cache stores as bytes")
@@ -306,7 +311,7 @@ def _dtype_desc(dt: np.dtype) -> bytes:
     if hit is not None and hit[0] is dt:
         if isinstance(hit[1], _Unstorable):
             raise hit[1]
-        return hit[1]
+        return cast(bytes, hit[1])
     result: Any
     try:
         spec = _dtype_spec(dt)
@@ -324,7 +329,7 @@ def _dtype_desc(dt: np.dtype) -> bytes:
     _DESCS[id(dt)] = (dt, result)
     if isinstance(result, _Unstorable):
         raise result
-    return result
+    return cast(bytes, result)
 
 
 def _ndarray(w: _Writer, arr: np.ndarray, scalar: bool = False) -> None:
@@ -423,7 +428,7 @@ def _tensor(w: _Writer, t: Any) -> None:
     # any dtype numpy lacks, such as bfloat16). as_strided, not reshape: a
     # contiguous tensor may have any stride along a dimension of length 1.
     flat = t.as_strided((t.numel(),), (1,)) if nbytes else None
-    w.payload(memoryview(flat.view(_torch_uint8()).numpy()) if nbytes else b"", nbytes)
+    w.payload(memoryview(flat.view(_torch_uint8()).numpy()) if flat is not None else b"", nbytes)
 
 
 _strided = None

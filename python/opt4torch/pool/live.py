@@ -6,6 +6,8 @@ All three start from the pool's counters (``Pool.stats()``, or a view:
 ``Pool.view()`` from the job itself, ``_engine.pool_peek(name)`` from any
 process of the same user, which maps the pool read-only and takes nothing in
 it). One function turns counters into rates, so the three never disagree.
+
+May touch: nothing: pure arithmetic over counters it is given.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ docs/prefetch.md). Two ways to make one:
 Both run in the process that owns the pool (the training process), start
 lazily when the first epoch starts (after the DataLoader has forked its
 workers), and stop when the loader's cache is closed or the process exits.
+
+May touch: the binding's Prefetcher (C threads on a pool it attaches by
+name), the dataset it is given (called with the GIL, through the callback),
+the codec.
 """
 
 from __future__ import annotations

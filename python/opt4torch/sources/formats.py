@@ -6,6 +6,8 @@ a tar with the reason (a ``.tar.gz`` says so, whatever its name).
 
 The name is never trusted: a ``shard.tar`` that is gzip inside is gzip, a
 ``shard.tar.gz`` that is a plain tar is a tar.
+
+May touch: the first bytes of the files it is given (read only).
 """
 
 from __future__ import annotations

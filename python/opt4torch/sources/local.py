@@ -23,6 +23,9 @@ reports what was read from storage.
   stores ``ds[i]``, with no Python on the way.
 
 docs/sources.md has the details.
+
+May touch: the files and shards it is given (read only), the index cache
+beside a shard or in cache_dir; the binding's byte-range reader.
 """
 
 from __future__ import annotations
@@ -53,6 +56,15 @@ class _RangeDataset:
     and the latency. A :class:`~opt4torch.sources.base.Source`: the engine
     reads it, and counts its reads."""
 
+    _files: list[str]
+    _rows: np.ndarray
+    _r: Any
+    direct: bool
+    latency: float
+
+    def __getitem__(self, index: int) -> Any:
+        raise NotImplementedError
+
     def _open_ranges(self) -> None:
         self._r = _engine.Ranges(self._files, self._rows, direct=self.direct)
         if self.latency:
@@ -82,12 +94,14 @@ class _RangeDataset:
 
     def item_sizes(self) -> np.ndarray:
         """Every item's length in bytes, as an int64 array."""
-        return self._rows[:, 2].copy()
+        sizes: np.ndarray = self._rows[:, 2].copy()
+        return sizes
 
     def info(self) -> dict[str, Any]:
         """Count, sizes, how reads are done (``note``), and the read counters
         (``reads``, ``bytes_read``: shared with forked workers)."""
-        return self._r.info()
+        info: dict[str, Any] = self._r.info()
+        return info
 
     def set_latency(self, seconds: float) -> None:
         """Sleep this long before every read from now on (0 for none): an emulated slow store."""

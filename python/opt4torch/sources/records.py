@@ -13,6 +13,9 @@ files). Decoding belongs in ``transform``, after the cache.
 Make one with :func:`write_records` (any iterable of bytes) or
 :func:`image_folder_to_records` (the ``ImageFolder`` layout: one folder per
 class). The format is in docs/records.md.
+
+May touch: the record file and its sidecar (written atomically by
+write_records, read only otherwise); the binding's record reader and writer.
 """
 
 from __future__ import annotations
@@ -196,7 +199,7 @@ def _check_labels(labels: Any, where: str = "") -> list[int]:
     if not isinstance(labels, (list, tuple)) and hasattr(labels, "__array__"):
         arr = np.asarray(labels)  # numpy or torch arrays: their dtype says it all
         if arr.ndim == 1 and np.issubdtype(arr.dtype, np.integer):
-            return arr.astype(np.int64).tolist()
+            return [int(x) for x in arr.astype(np.int64).tolist()]
     out = []
     for i, x in enumerate(labels):
         if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):

@@ -34,6 +34,9 @@ whole shard into a temporary file), the index cached in the same JSON format
 ranged GET.
 
 docs/sources.md, "The object store", has the details.
+
+May touch: the object store it is pointed at (GET, LIST; never a write), its
+client, the shard index cache on local disk.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -84,7 +87,7 @@ def _client_module() -> Any:
         if not _fork_hook_installed:
             # s3torchconnector, before every fork, drops its native clients
             # and joins the runtime's threads. Its hook was registered at its
-            # import, after opt4torch's (_forksafe.py), and before-fork hooks
+            # import, after opt4torch's (io/forksafe.py), and before-fork hooks
             # run newest first: so it would run while our C prefetch threads
             # may still be inside a GET. This hook, registered after it, runs
             # before it and parks those threads first (each finishes the call
@@ -139,7 +142,9 @@ def _profile_credentials(profile: str | None) -> tuple[str, str, str | None] | N
         except configparser.Error:
             continue
         if parser.has_section(section):
-            get = lambda k: parser.get(section, k, fallback=None) or None  # noqa: E731
+            def get(key: str, p: configparser.RawConfigParser = parser, s: str = section) -> str | None:
+                return p.get(s, key, fallback=None) or None
+
             key, secret = get("aws_access_key_id"), get("aws_secret_access_key")
             if key and secret:
                 return key, secret, get("aws_session_token")
@@ -261,7 +266,7 @@ class _ObjectDataset:
         # A GET a read, as the Python client's are counted (a try again
         # inside the client is not another); none for an empty item.
         _counts_add(self._counts, 1, len(data), 1 if data else 0)
-        return data
+        return cast(bytes, data)
 
     def _engine_reader(self) -> Any:
         """What the C prefetcher reads through when the GETs are the
@@ -356,7 +361,7 @@ class _ObjectDataset:
         return checked_index(index, len(self))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        return [self[i] for i in indices]
+        return [self[i] for i in indices]  # type: ignore[index]  # each dataset's own __getitem__
 
     def _info(self) -> dict[str, Any]:
         reads, bytes_read, requests = _counts_get(self._counts)

@@ -17,6 +17,8 @@ two additions that cannot change what a WebDataset spelling means:
 A pattern that matches nothing, or one of whose names is not there, is an
 error naming the pattern and the missing names (WebDataset finds out only
 when it reaches that shard).
+
+May touch: nothing but the names and, for globs, the file system's listing.
 """
 
 from __future__ import annotations

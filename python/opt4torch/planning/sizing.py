@@ -148,14 +148,12 @@ def item_sizes(dataset: Any, item_bytes: Any, n_items: int, progress: bool | Non
 #: What building a loader's plan costs in memory, beyond what the process
 #: held before, measured by peak RSS (tests/python/test_memory.py checks
 #: these within 25 %). A plan in items: the captured int64s, the next-use
-#: arrays and decisions at the peak (39-43 bytes per access at 8 to 40 M
-#: accesses; 54-56 while the loader held each epoch's captured indices
-#: through planning, before loader/build.py freed them once joined), of
-#: which the plan and the sequence a re-plan starts from stay (38-43). A
-#: plan in bytes (per-item sizes) keeps its page lists too:
+#: arrays and decisions at the peak (54-56 bytes per access at 20 to 40 M
+#: accesses), of which the plan and the sequence a re-plan starts from stay
+#: (38-40). A plan in bytes (per-item sizes) keeps its page lists too:
 #: 106-108 bytes per access at 4 and 20 M accesses, all of it kept, plus
 #: about 140 bytes per item (the sizes).
-PLAN_PEAK_BYTES_PER_ACCESS = 44
+PLAN_PEAK_BYTES_PER_ACCESS = 56
 PLAN_KEPT_BYTES_PER_ACCESS = 40
 SIZED_PLAN_BYTES_PER_ACCESS = 110
 SIZED_PLAN_BYTES_PER_ITEM = 140

@@ -60,9 +60,13 @@ demo: install
 
 # Every stage runs, whatever fails before it; one summary at the end
 # (scripts/test_stages.py), and the exit status says whether all passed.
+# TEST_BESIDE runs from the start beside the others, which run one after
+# another: the Python tests keep about one of two cores busy, the rest fill the
+# other (docs/testing.md, "Time budget"). TEST_BESIDE= runs every stage in turn.
 TEST_STAGES := lint test-c test-without test-asan test-asan-binding test-tsan test-fuzz test-python
+TEST_BESIDE ?= test-python
 test: install
-	@$(PY) scripts/test_stages.py $(TEST_STAGES)
+	@$(PY) scripts/test_stages.py $(if $(TEST_BESIDE),--beside $(TEST_BESIDE),) $(TEST_STAGES)
 
 # ruff over the package, mypy (strict, pyproject.toml) over its runtime: a
 # stage of make test (docs/dependencies.md says why these two).

@@ -4,7 +4,11 @@
 `make test` calls this with the stage targets in order. Each stage is a
 `make` target run as a subprocess; its output goes to the terminal as it
 comes and to build/test-logs/<stage>.log. A failing stage does not stop the
-others. At the end: a table (stage, result, passed, failed, skipped,
+others. `--beside STAGE` (one of the targets) runs that stage from the
+start, beside the others, which run one after another: on two cores the
+Python tests, which keep about one core busy, and the rest, which fill the
+other, take the time of the longer of the two instead of their sum. Its
+lines come to the terminal prefixed with its name. At the end: a table (stage, result, passed, failed, skipped,
 seconds) and a closing line "total: N passed, N failed, N skipped"; the exit
 status is 1 if any stage failed.
 
@@ -25,6 +29,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 LOG_DIR = os.path.join("build", "test-logs")
@@ -77,10 +82,14 @@ def count(lines: list[str]) -> tuple[int, int, int, str]:
     return passed, failed, skipped, note
 
 
-def run_stage(target: str) -> dict[str, object]:
+_print_lock = threading.Lock()
+
+
+def run_stage(target: str, prefix: str = "") -> dict[str, object]:
     os.makedirs(LOG_DIR, exist_ok=True)
     log_path = os.path.join(LOG_DIR, f"{target}.log")
-    print(f"\n==== {target} ====", flush=True)
+    with _print_lock:
+        print(f"\n==== {target} ===={' (beside the others)' if prefix else ''}", flush=True)
     start = time.monotonic()
     lines: list[str] = []
     with open(log_path, "w") as log:
@@ -89,7 +98,9 @@ def run_stage(target: str) -> dict[str, object]:
                                 errors="replace", bufsize=1)
         assert proc.stdout is not None
         for line in proc.stdout:
-            sys.stdout.write(line)
+            with _print_lock:
+                sys.stdout.write(prefix + line)
+                sys.stdout.flush()
             log.write(line)
             lines.append(line.rstrip("\n"))
         rc = proc.wait()
@@ -111,10 +122,31 @@ def run_stage(target: str) -> dict[str, object]:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
-        print("usage: test_stages.py TARGET [TARGET ...]", file=sys.stderr)
+    beside = None
+    if argv[:1] == ["--beside"] and len(argv) > 1:
+        beside, argv = argv[1], argv[2:]
+    if not argv or (beside is not None and beside not in argv):
+        print("usage: test_stages.py [--beside TARGET] TARGET [TARGET ...]  (the --beside target is one of them)",
+              file=sys.stderr)
         return 2
-    rows = [run_stage(t) for t in argv]
+    start = time.monotonic()
+    done: dict[str, dict[str, object]] = {}
+    thread = None
+    if beside is not None:
+        def run_beside(target: str) -> None:
+            try:
+                done[target] = run_stage(target, f"[{target}] ")
+            except BaseException as exc:  # the row says so: never a missing row, never green
+                done[target] = dict(stage=target, result="FAILED", passed=0, failed=1, skipped=0,
+                                    seconds=time.monotonic() - start, note=f"not run: {exc!r}", log="")
+        thread = threading.Thread(target=run_beside, args=(beside,))
+        thread.start()
+    for t in argv:
+        if t != beside:
+            done[t] = run_stage(t)
+    if thread is not None:
+        thread.join()
+    rows = [done[t] for t in argv]
     print("\n==== summary ====")
     print(f"{'stage':<20} {'result':<8} {'passed':>7} {'failed':>7} {'skipped':>8} {'seconds':>8}")
     for r in rows:
@@ -127,6 +159,7 @@ def main(argv: list[str]) -> int:
     if bad:
         print(f"  failed stages: {', '.join(bad)} (logs in {LOG_DIR}/)")
     total = {k: sum(int(r[k]) for r in rows) for k in ("passed", "failed", "skipped")}
+    print(f"wall time: {time.monotonic() - start:.1f} s" + (f" ({beside} beside the others)" if beside else ""))
     print(f"total: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
     return 1 if bad or total["failed"] else 0
 

@@ -4,6 +4,7 @@ installs it into .venv), never against the source tree."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -90,6 +91,59 @@ def script(name: str) -> str:
         raise RuntimeError(f"{name} is not installed beside {sys.executable}: run `make install`")
     return path
 
+
+
+#: pytest.mark.started_early(argv): the test's one long wait is another
+#: program's own idle schedule (a third-party client's fixed retries, which
+#: nothing of ours can shorten). That program, argv, is started when the
+#: session's tests are known, in a process of its own, so that its wait
+#: overlaps the other tests; the test takes its result (the fixture
+#: started_early) and checks it as it would have checked the same code run
+#: in its place. Its output goes to files (no pipe fills while nobody reads).
+#: Under pytest-xdist each worker starts those of the tests it collected, and
+#: the ones its tests did not take are killed at the end.
+class EarlyProcess:
+    def __init__(self, argv: list[str]) -> None:
+        import tempfile
+
+        self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(argv, stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL, text=True)
+
+    def result(self, timeout: float) -> tuple[int, str, str]:
+        """Once it has ended: its exit code, its output and its error output."""
+        code = self.proc.wait(timeout=timeout)
+        self.out.seek(0)
+        self.err.seek(0)
+        return code, self.out.read(), self.err.read()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+_EARLY = pytest.StashKey[EarlyProcess]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return
+    for item in session.items:
+        mark = item.get_closest_marker("started_early")
+        if mark is not None:
+            item.stash[_EARLY] = EarlyProcess(mark.args[0])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for item in session.items:
+        early = item.stash.get(_EARLY, None)
+        if early is not None:
+            early.kill()
+
+
+@pytest.fixture
+def started_early(request: pytest.FixtureRequest) -> EarlyProcess:
+    """The process of this test's pytest.mark.started_early."""
+    return request.node.stash[_EARLY]
 
 
 def leaked_since(before: set[str]) -> set[str]:

@@ -57,6 +57,31 @@ def test_every_stage_runs_and_a_failure_is_red(tmp_path) -> None:
     assert (tmp_path / "build" / "test-logs" / "broken.log").read_text().startswith("compiling")
 
 
+def test_a_stage_beside_the_others_runs_at_the_same_time_and_is_counted(tmp_path) -> None:
+    """--beside: that stage starts first and runs while the others run in
+    turn (each side opens a FIFO the other must open too, so they overlap
+    or neither ends); its lines are prefixed with its name, its row is where
+    the list puts it, and its failure is red as any other's."""
+    os.mkfifo(tmp_path / "started")
+    os.mkfifo(tmp_path / "done")
+    (tmp_path / "Makefile").write_text(
+        "long:\n\t@echo > started; cat done; echo '2 passed, 1 failed in 0.10s'; exit 1\n"
+        "short:\n\t@cat started; echo > done; echo '4 passed in 0.10s'\n"
+        "after:\n\t@echo '1 passed in 0.10s'\n")
+    proc = subprocess.run([sys.executable, SCRIPT, "--beside", "long", "short", "long", "after"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout
+    assert "[long] 2 passed, 1 failed" in proc.stdout, proc.stdout
+    summary = proc.stdout.split("==== summary ====")[1]
+    assert [line.split()[:2] for line in summary.splitlines()[2:5]] == [["short", "ok"], ["long", "FAILED"],
+                                                                        ["after", "ok"]], summary
+    assert "total: 7 passed, 1 failed, 0 skipped" in proc.stdout
+    assert "(long beside the others)" in summary
+    bad = subprocess.run([sys.executable, SCRIPT, "--beside", "nosuch", "short"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
 def test_a_failure_pytest_cannot_render_is_still_that_tests_failure(tmp_path) -> None:
     """conftest's makereport hook: when pytest's own rendering of a
     traceback fails (as it does on CPython 3.11 for a frame without a line

@@ -29,19 +29,17 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import os
 import stat
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import _engine
-from ._files import atomic_write
 from ._formats import decompress_command, decompressed_name, sniff
 from ._shardnames import expand_shards
+from ._tarindex import INDEX_SUFFIX, read_index, write_index
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolder", "LayoutError", "TarShards", "find_classes", "make_dataset", "shard_index"]
 
@@ -284,9 +282,10 @@ def _extensions(extensions: str | Sequence[str]) -> tuple[str, ...]:
 
 # ---- tar shards ----
 
-_INDEX_FORMAT = "opt4torch-tar-index"
-_INDEX_VERSION = 1
-_INDEX_SUFFIX = ".opt4idx.json"
+# The cached index's reader and writer (a hostile file: _tarindex.py).
+_INDEX_SUFFIX = INDEX_SUFFIX
+_read_index = read_index
+_write_index = write_index
 
 
 class TarShards(_RangeDataset):
@@ -311,8 +310,10 @@ class TarShards(_RangeDataset):
     The index is cached beside the shard as ``<shard>.opt4idx.json`` (in
     ``cache_dir``, default ``~/.cache/opt4torch``, when the shard's folder is
     not writable), written atomically, and used only while the shard's size,
-    mtime and inode are those it was made from: a stale index is rebuilt, a
-    corrupt one rebuilt with a warning.
+    mtime, ctime and inode are those it was made from: a stale index is
+    rebuilt. An index is read as a hostile file (``_tarindex``: a regular
+    file only, size-capped, parsed with limits, every range checked against
+    the shard and the others); one that fails is rebuilt with a warning.
     """
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, direct: bool = False,
@@ -393,7 +394,9 @@ def _index_path(shard: str, cache_dir: str) -> str:
 
 
 def _shard_id(st: os.stat_result) -> dict[str, int]:
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+    # ctime too: a rewrite in place with the same size, its mtime put back
+    # (touch -d, rsync -t), still moves ctime, which no user call can set.
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
 
 
 def shard_index(shard: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, *,
@@ -466,53 +469,3 @@ def check_tar(path: str, name: str | None = None, *, in_store: bool = False) -> 
     hint = {"records": "read it with opt4torch.RecordFile", "plan": "open it with opt4torch.load_plan"}.get(
         fmt.kind, "WebDataset shards are tar files (tar cf shard.tar ..., or webdataset.ShardWriter)")
     raise ValueError(f"tar shard {name} is {fmt.what}, not a tar archive: {hint}")
-
-
-def _write_index(where: str, shard: str, ident: dict[str, Any], samples: list[Any]) -> None:
-    """Cache an index at ``where`` (atomically; a place that cannot be
-    written is warned about). ``ident`` names the shard's version: a later
-    read uses the index only while the shard still has it."""
-    body = {"format": _INDEX_FORMAT, "version": _INDEX_VERSION, "shard": ident,
-            "samples": [[k, o, n, [list(m) for m in ms]] for k, o, n, ms in samples]}
-    try:
-        os.makedirs(os.path.dirname(where) or ".", exist_ok=True)
-        with atomic_write(where, "w", no_symlink=True) as f:
-            # ASCII, with \u escapes: names that are not UTF-8 (decoded with
-            # surrogateescape) round-trip, where UTF-8 text could not hold them.
-            json.dump(body, f, separators=(",", ":"), ensure_ascii=True)
-    except (OSError, ValueError) as exc:  # a read-only place: index again next time
-        warnings.warn(f"could not cache the index of tar shard {shard} at {where}: {exc}; it will be "
-                      "indexed again next time", RuntimeWarning, stacklevel=4)
-
-
-def _read_index(where: str, shard: str, ident: dict[str, Any]) -> list[Any] | None:
-    """A cached index if it is there, well formed and made from this version
-    of the shard; None otherwise (a corrupt one with a warning)."""
-    try:
-        with open(where, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        warnings.warn(f"cannot read the cached index {where} of tar shard {shard} ({exc}): indexing the shard "
-                      "again", RuntimeWarning, stacklevel=4)
-        return None
-    try:
-        body = json.loads(raw.decode("utf-8"))
-        if not isinstance(body, dict) or body.get("format") != _INDEX_FORMAT:
-            raise ValueError("not an opt4torch tar index")
-        if body.get("version") != _INDEX_VERSION:
-            return None  # another version's cache: rebuilt, no warning
-        if body.get("shard") != ident:
-            return None  # stale: the shard changed since
-        samples = [(str(k), int(o), int(n), [(str(f), int(mo), int(ms)) for f, mo, ms in members])
-                   for k, o, n, members in body["samples"]]
-        for k, o, n, members in samples:
-            if o < 0 or n < 0 or o + n > ident["size"] or any(mo < 0 or ms < 0 or mo + ms > n
-                                                              for _, mo, ms in members):
-                raise ValueError(f"sample {k!r} lies outside the shard")
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
-        warnings.warn(f"the cached index {where} of tar shard {shard} is corrupt ({exc}): rebuilding it",
-                      RuntimeWarning, stacklevel=4)
-        return None
-    return samples

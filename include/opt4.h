@@ -1185,7 +1185,10 @@ int opt4_source_records(opt4_records *r, opt4_source **out);
  * files, each file is opened on first use and kept open; with more, each
  * read opens and closes its file. Files are not checked at open: a file
  * missing or shorter than an item's range fails that item's read
- * (OPT4_EIO, OPT4_ETRUNCATED, naming the file). */
+ * (OPT4_EIO, OPT4_ETRUNCATED, naming the file). A file is opened
+ * O_NONBLOCK and must be a regular file (a FIFO or a device is refused
+ * before any read, OPT4_EIO); with opt4_ranges_expect, every read also
+ * checks that its file is still the one indexed. */
 typedef struct opt4_ranges opt4_ranges;
 
 typedef struct opt4_range {
@@ -1216,6 +1219,20 @@ typedef struct opt4_ranges_info {
  * OPT4_ETOOBIG, OPT4_ENOMEM. */
 int opt4_ranges_open(const char *const *paths, uint64_t n_files, const opt4_range *items, uint64_t n_items,
                      uint32_t flags, opt4_ranges **out);
+/* A file as it was when indexed: what opt4_ranges_expect checks. */
+typedef struct opt4_file_ident {
+  uint64_t size, ino;
+  int64_t mtime_ns, ctime_ns; /* st_mtim and st_ctim in nanoseconds */
+} opt4_file_ident;
+
+/* Give each file's identity as indexed (n_files of them, copied): from
+ * then on every read fstats its file after the pread and fails (OPT4_EIO,
+ * naming the item, the file and what changed) unless size, inode, mtime
+ * and ctime are still these, so bytes of a file rewritten in place, even
+ * at its old size with its mtime put back, are never returned. Call it
+ * before any read (not thread-safe with reads). Errors: OPT4_EINVAL (NULL,
+ * or not one identity a file), OPT4_ENOMEM. */
+int opt4_ranges_expect(opt4_ranges *r, const opt4_file_ident *ids, uint64_t n_files);
 /* Close the reader (and the files it keeps open). NULL is harmless. */
 void opt4_ranges_close(opt4_ranges *r);
 int opt4_ranges_info_get(const opt4_ranges *r, opt4_ranges_info *out);

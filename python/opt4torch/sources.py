@@ -67,7 +67,10 @@ class _RangeDataset:
     _counts_storage = True
 
     def _open_ranges(self) -> None:
-        self._r = _engine.Ranges(self._files, self._rows, direct=self.direct)
+        # Each file's (size, inode, mtime, ctime) as indexed: every read checks
+        # its file is still that one (a rewrite in place is refused, naming it).
+        self._r = _engine.Ranges(self._files, self._rows, direct=self.direct,
+                                 ident=getattr(self, "_idents", None))
         if self.latency:
             self._r.set_latency(self.latency)
 
@@ -124,8 +127,9 @@ class ImageFolder(_RangeDataset):
     folder with no file kept is refused unless ``allow_empty``). The same
     rule numbers ``opt4torch pack`` (:func:`find_classes`,
     :func:`make_dataset`). ``ds[i]`` is ``(bytes, label)``: the file's bytes
-    as stored. Files are sized once here; a file changed afterwards is read
-    at its old length (shorter: the read fails, naming it).
+    as stored. Files are sized once here, and each read checks its file is
+    still the one sized (size, inode, mtime, ctime) and a regular file: a
+    file changed, replaced or turned into a FIFO fails the read, naming it.
 
     torchvision's ``transform``, ``target_transform`` and ``loader`` are
     refused, saying where they go: what is cached is the file's bytes, and
@@ -155,12 +159,14 @@ class ImageFolder(_RangeDataset):
         self.targets = [label for _, label in self.samples]
         self._labels = np.asarray(self.targets, dtype=np.int64)
         rows = np.zeros((len(self.samples), 3), dtype=np.int64)
+        self._idents = np.zeros((len(self.samples), 4), dtype=np.int64)
         for k, (path, _) in enumerate(self.samples):
             st = os.stat(path)
             if not stat.S_ISREG(st.st_mode):
                 raise ValueError(f"{path} is not a regular file: an image folder read in place holds files only; "
                                  "move it out of the folder")
             rows[k] = (k, 0, st.st_size)
+            self._idents[k] = _ident_row(st)
         self._files = [path for path, _ in self.samples]
         self._rows = rows
         self._open_ranges()
@@ -327,13 +333,16 @@ class TarShards(_RangeDataset):
         self.keys: list[str] = []
         self._members: list[tuple[tuple[str, int, int], ...]] = []
         rows: list[tuple[int, int, int]] = []
+        idents: list[dict[str, int]] = []
         for k, shard in enumerate(self.paths):
-            for key, off, length, members in _shard_index(shard, self.cache_dir):
+            for key, off, length, members in _shard_index(shard, self.cache_dir, idents=idents):
                 self.keys.append(key)
                 self._members.append(tuple((f, o, s) for f, o, s in members))
                 rows.append((k, off, length))
         self._files = list(self.paths)
         self._rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+        self._idents = np.asarray([[d["size"], d["ino"], d["mtime_ns"], d["ctime_ns"]] for d in idents],
+                                  dtype=np.int64).reshape(-1, 4)
         self._open_ranges()
 
     def __getitem__(self, index: int) -> dict[str, Any]:
@@ -393,6 +402,11 @@ def _index_path(shard: str, cache_dir: str) -> str:
     return os.path.join(cache_dir, f"{os.path.basename(shard)}-{tag}.opt4idx.json")
 
 
+def _ident_row(st: os.stat_result) -> tuple[int, int, int, int]:
+    """A file's identity as the C reader checks it (opt4_file_ident)."""
+    return (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _shard_id(st: os.stat_result) -> dict[str, int]:
     # ctime too: a rewrite in place with the same size, its mtime put back
     # (touch -d, rsync -t), still moves ctime, which no user call can set.
@@ -416,10 +430,12 @@ def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "opt4torch")
 
 
-def _shard_index(shard: str, cache_dir: str, *, write: bool = True) -> list[Any]:
+def _shard_index(shard: str, cache_dir: str, *, write: bool = True,
+                 idents: list[dict[str, int]] | None = None) -> list[Any]:
     """The shard's samples, [(key, offset, length, [(field, offset, size)])],
     from its cached index when that is current, else from the C indexer
-    (then cached)."""
+    (then cached). The shard's identity they hold for is appended to
+    ``idents``."""
     try:
         st = os.stat(shard)
     except FileNotFoundError:
@@ -428,6 +444,8 @@ def _shard_index(shard: str, cache_dir: str, *, write: bool = True) -> list[Any]
         raise ValueError(f"tar shard {shard} is not a regular file")
     where = _index_path(shard, cache_dir)
     ident = _shard_id(st)
+    if idents is not None:
+        idents.append(ident)
     samples = _read_index(where, shard, ident)
     if samples is not None:
         return samples

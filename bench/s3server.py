@@ -23,6 +23,15 @@ what a real store costs, at the server, so every client pays it the same way.
   bytes of GET bodies), ``POST /_opt4/reset`` zeroes them, and
   ``POST /_opt4/set?latency=S&bandwidth=B&link=L`` changes the costs of a
   running server. These paths are not S3's.
+* ``POST /_opt4/set?fault=F`` makes every object GET answer wrongly, as a
+  broken or hostile store might (tests of the client's checks): ``range-from-0``
+  (the bytes from 0 for any range: a 206 for other bytes than asked),
+  ``etag`` (If-Match ignored, and another ETag sent), ``ignore-if-match``,
+  ``long-length`` (a Content-Length 5 bytes over the body), ``grown-total``
+  (a Content-Range total 100 bytes over the object's), ``chunked`` (no
+  Content-Length: the body goes chunked); ``fault=`` (empty) ends it.
+  ``trickle=B`` sends object bodies at B bytes a second, a byte at a time
+  (0: off): a store too slow to wait for.
 * ``--cpus LIST``: the CPUs the server may run on (``1``, ``0,1``, ``2-3``),
   set before it starts: a benchmark can keep the server's CPU off the cores
   that train, as a store runs on machines of its own.
@@ -122,6 +131,8 @@ class CostMiddleware:
         self.access_key = access_key
         self._lock = threading.Lock()
         self._link_free = 0.0  # time.monotonic() at which the shared link is next free
+        self.fault = ""
+        self.trickle = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -155,8 +166,11 @@ class CostMiddleware:
                 start_response("403 Forbidden", [("Content-Type", "application/xml"),
                                                  ("Content-Length", str(len(_BAD_SIGNATURE)))])
                 return [_BAD_SIGNATURE]
-        body = b"".join(self.app(environ, _capture(start_response)))
         query = environ.get("QUERY_STRING", "")
+        faulty = bool(self.fault) and method == "GET" and "list-type" not in query
+        if faulty:
+            environ, start_response = _faulty(self.fault, environ, start_response)
+        body = b"".join(self.app(environ, _capture(start_response)))
         if method == "GET" and "list-type" in query:
             self._count(lists=1)
         elif method == "GET":
@@ -169,6 +183,8 @@ class CostMiddleware:
                 done = max(now, self._link_free) + len(body) / self.link
                 self._link_free = done
             time.sleep(max(0.0, done - time.monotonic()))
+        if self.trickle and body and method == "GET" and "list-type" not in query:
+            return _trickle(body, self.trickle)
         return [body]
 
     def _control(self, path: str, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -182,11 +198,57 @@ class CostMiddleware:
                 self.bandwidth = float(q["bandwidth"][0])
             if "link" in q:
                 self.link = float(q["link"][0])
+            if "fault" in q or "fault=" in environ.get("QUERY_STRING", ""):
+                fault = q.get("fault", [""])[0]
+                if fault not in _FAULTS:
+                    raise ValueError(f"unknown fault {fault!r}; one of {sorted(_FAULTS)}")
+                self.fault = fault
+            if "trickle" in q:
+                self.trickle = float(q["trickle"][0])
         with self._lock:
             out = json.dumps({**self.counts, "latency": self.latency, "bandwidth": self.bandwidth,
-                              "link": self.link}).encode()
+                              "link": self.link, "fault": self.fault, "trickle": self.trickle}).encode()
         start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(out)))])
         return [out]
+
+
+_FAULTS = {"", "range-from-0", "etag", "ignore-if-match", "long-length", "grown-total", "chunked"}
+
+
+def _faulty(fault: str, environ: dict[str, Any],
+            start_response: Callable[..., Any]) -> tuple[dict[str, Any], Callable[..., Any]]:
+    """The request as the fault changes it before the store sees it, and a
+    start_response that changes the answer's headers."""
+    environ = dict(environ)
+    m = re.fullmatch(r"bytes=(\d+)-(\d+)", environ.get("HTTP_RANGE", ""))
+    if fault == "range-from-0" and m:
+        environ["HTTP_RANGE"] = f"bytes=0-{int(m.group(2)) - int(m.group(1))}"
+    if fault in ("etag", "ignore-if-match"):
+        environ.pop("HTTP_IF_MATCH", None)
+
+    def edit(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        out = []
+        for name, value in headers:
+            low = name.lower()
+            if fault == "etag" and low == "etag":
+                value = '"0123456789abcdef0123456789abcdef"'
+            elif fault == "long-length" and low == "content-length":
+                value = str(int(value) + 5)
+            elif fault == "grown-total" and low == "content-range":
+                head, total = value.rsplit("/", 1)
+                value = f"{head}/{int(total) + 100}"
+            elif fault == "chunked" and low == "content-length":
+                continue
+            out.append((name, value))
+        return start_response(status, out, exc_info)
+    return environ, edit
+
+
+def _trickle(body: bytes, rate: float) -> Iterable[bytes]:
+    """The body a byte at a time, at rate bytes a second."""
+    for k in range(len(body)):
+        time.sleep(1.0 / rate)
+        yield body[k:k + 1]
 
 
 def _capture(start_response: Callable[..., Any]) -> Callable[..., Any]:
@@ -224,7 +286,7 @@ class Server:
             raise RuntimeError(f"the S3 server did not start: {line!r} {err}")
         self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
 
-    def call(self, what: str, **query: float) -> dict[str, Any]:
+    def call(self, what: str, **query: float | str) -> dict[str, Any]:
         """``stats`` (GET), ``reset`` or ``set`` (POST, with ``query``): the counters after."""
         q = "&".join(f"{k}={v}" for k, v in query.items())
         req = urllib.request.Request(f"{self.endpoint}/_opt4/{what}" + (f"?{q}" if q else ""),

@@ -49,7 +49,7 @@ PyObject *opt4py_read_item(void *reader, Py_ssize_t *readers, PyObject *arg, opt
   }
   uint64_t len = 0;
   int rc = len_of(reader, i, &len);
-  if (rc != 0) return opt4py_raise_records(rc, "read item");
+  if (rc != 0) return opt4py_raise_read(rc, "read item");
   PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
   if (out == NULL) return NULL;
   (*readers)++;
@@ -57,7 +57,7 @@ PyObject *opt4py_read_item(void *reader, Py_ssize_t *readers, PyObject *arg, opt
   Py_END_ALLOW_THREADS (*readers)--;
   if (rc != 0) {
     Py_DECREF(out);
-    return opt4py_raise_records(rc, "read item");
+    return opt4py_raise_read(rc, "read item");
   }
   return out;
 }

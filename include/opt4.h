@@ -1274,7 +1274,9 @@ typedef struct opt4_s3_config {
   const char *session_token; /* temporary credentials' token; NULL: none */
   uint32_t path_style;       /* 1: endpoint/bucket/key (MinIO, moto); 0: bucket.host/key (AWS) */
   uint32_t max_attempts;     /* tries of a GET (connection errors, 5xx, 429); 0: 3 */
-  uint64_t timeout_ns;       /* a try that moves no byte this long fails; 0: 60 s */
+  uint64_t timeout_ns;       /* a try slower than min_rate over this long fails; 0: 60 s */
+  uint64_t deadline_ns;      /* a GET, its tries included, ends this long after it starts; 0: 300 s */
+  uint64_t min_rate;         /* bytes a second a try must keep up over timeout_ns; 0: 1024 */
 } opt4_s3_config;
 
 typedef struct opt4_s3_info {
@@ -1298,13 +1300,25 @@ int opt4_s3_available(void);
 int opt4_s3_open(const opt4_s3_config *cfg, const char *const *keys, uint64_t n_objects, const opt4_range *items,
                  uint64_t n_items, opt4_s3 **out);
 void opt4_s3_close(opt4_s3 *r);
+/* Give each object's ETag and size as listed (n_objects of each; either
+ * may be NULL, an ETag may be "": not checked; copied), once, before any
+ * read. From then on every GET sends If-Match: <ETag> (a store that honours
+ * it answers a changed object with 412), and an answer whose ETag differs,
+ * or whose Content-Range total is not the listed size, fails
+ * (OPT4_ETRUNCATED, naming the object: it changed since it was listed).
+ * Errors: OPT4_EINVAL (not one a object, set twice, an ETag over 128 bytes
+ * or with bytes a header cannot carry), OPT4_ENOMEM. */
+int opt4_s3_expect(opt4_s3 *r, const char *const *etags, const uint64_t *sizes, uint64_t n_objects);
 int opt4_s3_info_get(const opt4_s3 *r, opt4_s3_info *out);
 int opt4_s3_len(const opt4_s3 *r, uint64_t i, uint64_t *len);
 /* Read item i into dst (cap bytes); *len gets its length. OPT4_EITEMSIZE if
  * it does not fit, OPT4_ERANGE, OPT4_EIO (the store failed or refused the
- * request: opt4_errdetail() names the object, the range, the status and
- * the store's error code), OPT4_ETRUNCATED (the store answered another
- * length than the listing's: the object changed). */
+ * request, answered a Content-Range for other bytes than those asked for,
+ * or a malformed header, or took longer than the deadline or slower than
+ * the minimum rate: opt4_errdetail() names the object, the range, the
+ * status and the store's error code), OPT4_ETRUNCATED (the store answered
+ * another length, size or ETag than the listing's, or 412 to If-Match: the
+ * object changed). */
 int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len);
 /* The reader r as a source named "s3" (borrowed: r must stay open until the
  * source is closed). */

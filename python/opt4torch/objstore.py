@@ -242,9 +242,28 @@ class _ObjectDataset:
         keys, rows = self._objects()
         creds = None if self.unsigned else _static_credentials(self.profile)
         key, secret, token = creds if creds is not None else (None, None, None)
+        # Each object's ETag and size as listed: every GET sends If-Match, and
+        # an answer for another version, range, size or length is refused.
         return _engine.S3Ranges(self.endpoint_url, self.bucket, keys, np.ascontiguousarray(rows, dtype=np.int64),
                                 region=self.region, access_key=key, secret_key=secret, session_token=token,
-                                path_style=self.path_style, max_attempts=self.max_attempts)
+                                path_style=self.path_style, max_attempts=self.max_attempts, timeout=self.timeout,
+                                deadline=self.deadline, min_rate=self.min_rate, etags=self._etags,
+                                sizes=self._object_sizes())
+
+    def _set_waits(self, timeout: float, deadline: float, min_rate: int) -> None:
+        """The ends of the engine's GETs: a try slower than ``min_rate`` bytes
+        a second over ``timeout`` seconds fails (and is tried again), and a
+        GET, its tries included, ends after ``deadline`` seconds."""
+        for name, value, top in (("timeout", timeout, 86400.0), ("deadline", deadline, 604800.0)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= top:
+                raise ValueError(f"{name} must be a number of seconds in (0, {top:g}], got {value!r}")
+        if isinstance(min_rate, bool) or not isinstance(min_rate, int) or not 1 <= min_rate <= 1 << 40:
+            raise ValueError(f"min_rate must be an int of bytes a second in [1, 2**40], got {min_rate!r}")
+        self.timeout, self.deadline, self.min_rate = float(timeout), float(deadline), min_rate
+
+    def _object_sizes(self) -> list[int]:
+        """Each object's size as listed."""
+        raise NotImplementedError
 
     def _read_item(self, i: int) -> bytes:
         """Item i's bytes through this process's C reader (one ranged GET)."""
@@ -439,6 +458,18 @@ class S3ImageFolder(_ObjectDataset):
     ``endpoint_url``, as MinIO, Ceph or moto expect). ``max_attempts`` bounds
     the tries of a request (connection errors and 5xx are retried).
 
+    Every GET of the engine's ends: a try slower than ``min_rate`` bytes a
+    second (default 1024) over ``timeout`` seconds (default 60) fails and is
+    tried again, and a GET, its tries included, fails after ``deadline``
+    seconds (default 300), naming the object. Each GET sends the listed
+    ETag as ``If-Match``, and its answer must carry exactly the bytes asked
+    for (``Content-Range``, ``Content-Length``, the body) of an object of the
+    listed size and ETag: an object changed since the listing raises
+    :class:`ObjectStoreError` naming it, never returning other bytes.
+    s3torchconnector's GETs (``client="s3torchconnector"``) are checked for
+    their length only: its ``get_object`` takes no ``If-Match`` and shows no
+    headers (1.5), and its waits are its own.
+
     ``latency`` (seconds) sleeps before every GET: an emulated slower store.
     ``info()`` counts ``reads``, ``bytes_read`` and ``requests`` (GETs and
     LIST pages) in shared memory, so DataLoader workers and the prefetch
@@ -462,11 +493,14 @@ class S3ImageFolder(_ObjectDataset):
 
     def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
                  profile: str | None = None, unsigned: bool = False, path_style: bool | None = None,
-                 max_attempts: int = 3, latency: float = 0.0, client: str = "auto") -> None:
+                 max_attempts: int = 3, latency: float = 0.0, client: str = "auto", timeout: float = 60.0,
+                 deadline: float = 300.0, min_rate: int = 1024) -> None:
         self.url = url
+        self._set_waits(timeout, deadline, min_rate)
         bucket, self.prefix = _split_url(url)
         self._setup(bucket, endpoint_url, region, profile, unsigned, path_style, max_attempts, latency, client)
-        listing = {k: size for k, (size, _) in self._list(self.prefix).items()}
+        listed = self._list(self.prefix)
+        listing = {k: size for k, (size, _) in listed.items()}
         if not listing:
             raise FileNotFoundError(f"no object under s3://{self.bucket}/{self.prefix} {self._where()}: "
                                     "expected s3://bucket/prefix/<class>/<image files>")
@@ -476,6 +510,7 @@ class S3ImageFolder(_ObjectDataset):
         self._labels = np.asarray(self.targets, dtype=np.int64)
         self._sizes = np.asarray([listing[key] for key, _ in self.samples], dtype=np.int64)
         self._keys = [key for key, _ in self.samples]
+        self._etags = [listed[key][1] for key in self._keys]
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -486,6 +521,9 @@ class S3ImageFolder(_ObjectDataset):
         if self._uses_c():
             return self._read_item(i)
         return self._get(self._keys[i], 0, int(self._sizes[i]))
+
+    def _object_sizes(self) -> list[int]:
+        return [int(n) for n in self._sizes]
 
     def _objects(self) -> tuple[list[str], np.ndarray]:
         n = len(self._keys)
@@ -547,7 +585,9 @@ class S3TarShards(_ObjectDataset):
     def __init__(self, urls: str | Sequence[str], *, cache_dir: str | os.PathLike[str] | None = None,
                  endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
                  unsigned: bool = False, path_style: bool | None = None, max_attempts: int = 3,
-                 latency: float = 0.0, client: str = "auto") -> None:
+                 latency: float = 0.0, client: str = "auto", timeout: float = 60.0, deadline: float = 300.0,
+                 min_rate: int = 1024) -> None:
+        self._set_waits(timeout, deadline, min_rate)
         if not isinstance(urls, str) and not urls:
             raise ValueError("S3TarShards needs at least one shard")
         # One bucket, checked before anything is listed: the parts as
@@ -588,6 +628,8 @@ class S3TarShards(_ObjectDataset):
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else os.path.join(
             os.path.expanduser("~"), ".cache", "opt4torch")
         self._shard_keys = [k for _, k in places]
+        self._etags: list[str] = []
+        self._shard_sizes: list[int] = []
         self.index_bytes = 0
         self.keys: list[str] = []
         self._members: list[tuple[tuple[str, int, int], ...]] = []
@@ -596,6 +638,8 @@ class S3TarShards(_ObjectDataset):
             if key not in listing(_folder(key)):
                 raise FileNotFoundError(f"no object s3://{self.bucket}/{key} {self._where()} (a tar shard)")
             size, etag = listing(_folder(key))[key]
+            self._etags.append(etag)
+            self._shard_sizes.append(size)
             for skey, off, length, members in self._shard_index(key, size, etag):
                 self.keys.append(skey)
                 self._members.append(tuple((f, o, n) for f, o, n in members))
@@ -646,6 +690,9 @@ class S3TarShards(_ObjectDataset):
 
     def _objects(self) -> tuple[list[str], np.ndarray]:
         return self._shard_keys, self._rows
+
+    def _object_sizes(self) -> list[int]:
+        return list(self._shard_sizes)
 
     def _prefetch_source(self) -> dict[str, Any] | None:
         """As TarShards': each sample laid out as the codec stores the dict

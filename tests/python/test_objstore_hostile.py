@@ -1,0 +1,195 @@
+"""The engine's S3 client against a store that answers wrongly (issue 38,
+bugs 2, 4 and 5): the loopback server (bench/s3server.py) made to send a
+206 for other bytes than asked, another ETag while ignoring If-Match, a
+Content-Length longer than its body, a Content-Range total of a grown
+object, a chunked body, and a body trickled at 2 bytes a second; and real
+objects replaced after the listing, at the same size and larger. Each read
+fails with ObjectStoreError naming the object, or, for the chunked body,
+reads right; none returns other bytes, and none waits past its bounds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+pytest.importorskip("s3torchconnector", reason="the object-store tests need s3torchconnector (requirements-dev.txt)")
+boto3 = pytest.importorskip("boto3", reason="the object-store tests upload with boto3 (requirements-dev.txt)")
+pytest.importorskip("moto", reason="the object-store tests need moto[server] (requirements-dev.txt)")
+
+from opt4torch import _engine  # noqa: E402
+from opt4torch.objstore import ObjectStoreError, S3ImageFolder, S3TarShards  # noqa: E402
+from s3store import Server  # noqa: E402
+
+pytestmark = [pytest.mark.skipif(not _engine.HAVE_S3, reason="this build of the engine has no S3 reader"),
+              pytest.mark.usefixtures("no_leaked_pools"), pytest.mark.timeout(120)]
+
+KEY, SECRET, REGION, BUCKET = "opt4-test-key", "opt4-test-secret", "us-east-1", "hostile"
+
+
+def _body(k: int) -> bytes:
+    return bytes((k * 7 + j) % 251 for j in range(3000 + k))
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    s = Server(0.0, KEY, secret=SECRET)
+    try:
+        client = boto3.client("s3", endpoint_url=s.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                              aws_secret_access_key=SECRET)
+        client.create_bucket(Bucket=BUCKET)
+        for k in range(3):
+            client.put_object(Bucket=BUCKET, Key=f"img/c/{k}.jpg", Body=_body(k))
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(autouse=True)
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
+                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def fault(server: Server) -> Iterator[None]:
+    """Whatever a test sets, the server answers rightly again after it."""
+    yield
+    server.call("set", fault="", trickle=0)
+
+
+def _reader(server: Server, keys: list[str], rows: list[tuple[int, int, int]], **kw) -> _engine.S3Ranges:
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET)
+    heads = [client.head_object(Bucket=BUCKET, Key=k) for k in keys]
+    return _engine.S3Ranges(server.endpoint, BUCKET, keys, np.asarray(rows, dtype=np.int64), region=REGION,
+                            access_key=KEY, secret_key=SECRET, etags=[h["ETag"] for h in heads],
+                            sizes=[h["ContentLength"] for h in heads], **kw)
+
+
+def test_a_206_for_other_bytes_is_refused(server: Server, fault: None) -> None:
+    """Bytes 100-299 asked, bytes 0-199 sent (a 206 whose Content-Range says
+    so): was served as the sample."""
+    r = _reader(server, ["img/c/1.jpg"], [(0, 100, 200)])
+    assert r.read(0) == _body(1)[100:300]
+    server.call("set", fault="range-from-0")
+    with pytest.raises(OSError, match=r"GET s3://hostile/img/c/1.jpg bytes 100-299 .* answered bytes 0-199 came "
+                                      r"back where 100-299 were asked for \(Content-Range\)"):
+        r.read(0)
+
+
+def test_another_etag_is_refused_when_the_store_ignores_if_match(server: Server, fault: None) -> None:
+    r = _reader(server, ["img/c/0.jpg"], [(0, 0, 3000)])
+    server.call("set", fault="etag")
+    with pytest.raises(OSError, match=r"img/c/0.jpg .* the object's ETag is now \"0123456789abcdef0123456789abcdef\", "
+                                      r"not the \"[0-9a-f]+\" listed: it changed since the dataset was made"):
+        r.read(0)
+
+
+def test_a_grown_object_is_refused_by_its_content_range_total(server: Server, fault: None) -> None:
+    r = _reader(server, ["img/c/2.jpg"], [(0, 10, 20)])
+    server.call("set", fault="grown-total")
+    with pytest.raises(OSError, match=r"img/c/2.jpg .* the object is now 3102 bytes, not the 3002 listed"):
+        r.read(0)
+
+
+def test_a_content_length_over_the_body_is_named_not_called_silence(server: Server, fault: None) -> None:
+    """Was reported as 'the store did not answer'."""
+    r = _reader(server, ["img/c/1.jpg"], [(0, 0, 3001)], max_attempts=2)
+    server.call("set", fault="long-length")
+    with pytest.raises(OSError, match=r"img/c/1.jpg .* failed after 2 tries: the answer was cut short .*: the store "
+                                      r"announced more bytes than it sent"):
+        r.read(0)
+
+
+def test_a_chunked_body_reads_right(server: Server, fault: None) -> None:
+    r = _reader(server, ["img/c/1.jpg", "img/c/2.jpg"], [(0, 0, 3001), (1, 5, 1000)])
+    server.call("set", fault="chunked")
+    assert r.read(0) == _body(1) and r.read(1) == _body(2)[5:1005]
+
+
+def test_a_trickling_store_ends_at_the_minimum_rate_and_at_the_deadline(server: Server, fault: None) -> None:
+    """2 bytes a second never tripped "60 s without a byte", and a GET had
+    no deadline. Now a try slower than min_rate over timeout fails (and is
+    tried again), and the GET ends at its deadline, tries included."""
+    server.call("set", trickle=2)
+    slow = _reader(server, ["img/c/0.jpg"], [(0, 0, 3000)], timeout=1.0, min_rate=100, max_attempts=2,
+                   deadline=60.0)
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match=r"img/c/0.jpg .* failed after 2 tries: Operation too slow.* slower than 100 "
+                                      r"bytes a second over 1 s"):
+        slow.read(0)
+    took = time.monotonic() - t0
+    assert 2.0 <= took < 8.0, took
+    short = _reader(server, ["img/c/0.jpg"], [(0, 0, 3000)], timeout=30.0, min_rate=1, max_attempts=5,
+                    deadline=2.5)
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match=r"img/c/0.jpg .* did not finish within its deadline of 2.5 s"):
+        short.read(0)
+    took = time.monotonic() - t0
+    assert 2.4 <= took < 6.0, took
+    info = short.info()
+    assert info["failures"] == 1 and info["reads"] == 0, info
+
+
+def test_the_dataset_takes_the_waits_and_refuses_nonsense(server: Server, fault: None) -> None:
+    ds = S3ImageFolder(f"s3://{BUCKET}/img/", endpoint_url=server.endpoint, client="c", deadline=2.0,
+                       timeout=30.0, min_rate=1)
+    assert ds[0][0] == _body(0)
+    server.call("set", trickle=2)
+    ds = S3ImageFolder(f"s3://{BUCKET}/img/", endpoint_url=server.endpoint, client="c", deadline=2.0,
+                       timeout=30.0, min_rate=1)
+    with pytest.raises(ObjectStoreError, match=r"img/c/0.jpg .* did not finish within its deadline of 2 s"):
+        ds[0]
+    for bad in ({"deadline": 0}, {"timeout": -1.0}, {"min_rate": 2.5}, {"min_rate": 0}, {"deadline": "5"}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be"):
+            S3ImageFolder(f"s3://{BUCKET}/img/", endpoint_url=server.endpoint, **bad)
+
+
+@pytest.mark.parametrize("size", ["same", "larger"])
+def test_an_object_replaced_after_listing_fails_naming_it(server: Server, size: str) -> None:
+    """A real replacement (a PUT after the listing): at the same size (was:
+    the new bytes served), and larger (was: its old-length prefix). The GET
+    sends the listed ETag as If-Match, and the store refuses it."""
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET)
+    key = f"swap-{size}/c/0.jpg"
+    client.put_object(Bucket=BUCKET, Key=key, Body=b"a" * 500)
+    ds = S3ImageFolder(f"s3://{BUCKET}/swap-{size}/", endpoint_url=server.endpoint, client="c")
+    client.put_object(Bucket=BUCKET, Key=key, Body=b"b" * (500 if size == "same" else 800))
+    with pytest.raises(ObjectStoreError, match=rf"GET s3://hostile/{key} bytes 0-499 .* HTTP 412 PreconditionFailed"
+                                               r": its ETag is no longer the one listed"):
+        ds[0]
+
+
+def test_a_shard_replaced_after_listing_fails_naming_it(server: Server, tmp_path) -> None:
+    """S3TarShards: a shard replaced at the same size after its listing and
+    indexing; the samples' GETs carry its ETag (was: new bytes at the old
+    offsets)."""
+    import io
+    import tarfile
+
+    def shard(fill: int) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for i in range(3):
+                ti = tarfile.TarInfo(f"s{i}.bin")
+                ti.size = 700
+                tf.addfile(ti, io.BytesIO(bytes([fill + i]) * 700))
+        return buf.getvalue()
+
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET)
+    client.put_object(Bucket=BUCKET, Key="shards/a.tar", Body=shard(1))
+    ds = S3TarShards(f"s3://{BUCKET}/shards/a.tar", endpoint_url=server.endpoint, client="c", cache_dir=tmp_path)
+    assert ds[1]["bin"] == b"\x02" * 700
+    client.put_object(Bucket=BUCKET, Key="shards/a.tar", Body=shard(50))
+    with pytest.raises(ObjectStoreError, match=r"GET s3://hostile/shards/a.tar bytes \d+-\d+ .* HTTP 412"):
+        ds[1]

@@ -41,7 +41,7 @@ from ._formats import decompress_command, decompressed_name, sniff
 from ._shardnames import expand_shards
 from ._tarindex import INDEX_SUFFIX, read_index, write_index
 
-__all__ = ["IMG_EXTENSIONS", "ImageFolder", "LayoutError", "TarShards", "find_classes", "make_dataset", "shard_index"]
+__all__ = ["IMG_EXTENSIONS", "FolderLoopError", "ImageFolder", "LayoutError", "TarShards", "find_classes", "make_dataset", "shard_index"]
 
 #: torchvision.datasets.folder.IMG_EXTENSIONS.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -234,7 +234,11 @@ def make_dataset(root: str | os.PathLike[str], class_to_idx: dict[str, int], *,
     one, when its name ends with one of ``extensions`` (default
     :data:`IMG_EXTENSIONS`), case-insensitively; giving both is refused, as
     torchvision refuses it. A class with no file kept is refused unless
-    ``allow_empty`` (it then keeps its number and has no sample)."""
+    ``allow_empty`` (it then keeps its number and has no sample). A folder
+    that is a link back to its own ancestor is refused
+    (:class:`FolderLoopError`, naming it), as is one that cannot be listed:
+    torchvision walks the first until the paths are too long, and skips the
+    second silently."""
     root = os.fspath(root)
     if extensions is not None and is_valid_file is not None:
         raise ValueError("give extensions or is_valid_file, not both (torchvision refuses both too): "
@@ -254,7 +258,7 @@ def make_dataset(root: str | os.PathLike[str], class_to_idx: dict[str, int], *,
         target_dir = os.path.join(root, target_class)
         if not os.path.isdir(target_dir):
             continue
-        for dirpath, _, fnames in sorted(os.walk(target_dir, followlinks=True)):
+        for dirpath, _, fnames in sorted(_walk_without_loops(target_dir)):
             for fname in sorted(fnames):
                 path = os.path.join(dirpath, fname)
                 if is_valid_file(path) if is_valid_file is not None else path.lower().endswith(exts):
@@ -274,6 +278,40 @@ def make_dataset(root: str | os.PathLike[str], class_to_idx: dict[str, int], *,
                           "pass allow_empty=True (opt4torch pack --allow-empty) to keep it as a class with "
                           "no images")
     return instances
+
+
+class FolderLoopError(LayoutError):
+    """A folder of an image folder that is a link back to one of its own
+    ancestors: walked with links followed (as torchvision walks), it would
+    repeat the same files under ever longer paths."""
+
+
+def _walk_without_loops(top: str) -> list[tuple[str, list[str], list[str]]]:
+    """``os.walk(top, followlinks=True)`` as a list, refusing a folder that
+    is one of its own ancestors (device and inode, so a link loop is found
+    the first time it closes, whatever its names), and a folder that cannot
+    be listed (os.walk skips those silently, and their images with them)."""
+    ident: dict[str, tuple[int, int]] = {}
+
+    def unreadable(exc: OSError) -> None:
+        raise PermissionError(exc.errno, f"cannot list the folder {exc.filename} ({exc.strerror}): its images "
+                              "would be left out silently (torchvision leaves them out); make it readable, or "
+                              "move it out of the image folder") from None
+
+    out = []
+    for dirpath, dirnames, fnames in os.walk(top, followlinks=True, onerror=unreadable):
+        st = os.stat(dirpath)
+        me = (st.st_dev, st.st_ino)
+        up = dirpath
+        while len(up) > len(top):  # its ancestors inside the walk, top included
+            up = os.path.dirname(up)
+            if ident.get(up) == me:
+                raise FolderLoopError(f"{dirpath} is the folder {up} again (a symbolic link back to its own "
+                                      "ancestor): walked with links followed, as torchvision walks, it would "
+                                      "repeat the same images under ever longer paths; remove the link")
+        ident[dirpath] = me
+        out.append((dirpath, dirnames, fnames))
+    return out
 
 
 def _extensions(extensions: str | Sequence[str]) -> tuple[str, ...]:

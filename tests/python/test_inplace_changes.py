@@ -16,6 +16,7 @@ import time
 import pytest
 
 import opt4torch
+from opt4torch.sources import FolderLoopError
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_leaked_pools")]
 
@@ -137,3 +138,29 @@ def test_a_fifo_in_the_folder_fails_fork_workers_and_prefetch_never_blocks(folde
     del loader  # the pool goes with the loader (the exception's frames held it)
     assert time.monotonic() - t0 < 30
     assert re.search(rf"{re.escape(path)}: it is not a regular file \(a FIFO", message), message
+
+
+def test_symlink_loops_in_an_image_folder_are_refused_naming_the_path(tmp_path) -> None:
+    """Two real symlink loops (was: still walking after 90 s; one loop turned
+    6 files into 246 items, as torchvision's walk does): refused at once,
+    naming the folder the loop closes at."""
+    root = tmp_path / "loops"
+    (root / "a" / "sub").mkdir(parents=True)
+    (root / "b").mkdir()
+    for k in range(3):
+        (root / "a" / "sub" / f"{k}.jpg").write_bytes(b"a" * (k + 1))
+        (root / "b" / f"{k}.jpg").write_bytes(b"b" * (k + 1))
+    os.symlink("..", root / "a" / "sub" / "back")  # a/sub/back is a again
+    os.symlink("..", root / "b" / "up")  # b/up is the root: b/up/b is b again
+    t0 = time.monotonic()
+    with pytest.raises(FolderLoopError, match=r"loops/a/sub/back is the folder .*loops/a again "
+                                                                r"\(a symbolic link back to its own ancestor\)"):
+        opt4torch.ImageFolder(root)
+    assert time.monotonic() - t0 < 5
+    os.unlink(root / "a" / "sub" / "back")
+    with pytest.raises(FolderLoopError, match=r"loops/b/up/b is the folder .*loops/b again"):
+        opt4torch.ImageFolder(root)
+    os.unlink(root / "b" / "up")
+    os.symlink("../a/sub", root / "b" / "other")  # a link that is no loop is followed, as torchvision does
+    ds = opt4torch.ImageFolder(root)
+    assert len(ds) == 9 and sum(1 for p, _ in ds.samples if "/b/other/" in p) == 3

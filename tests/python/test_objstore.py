@@ -39,7 +39,7 @@ boto3 = pytest.importorskip("boto3", reason="the object-store tests upload with 
 pytest.importorskip("moto", reason="the object-store tests need moto[server] (requirements-dev.txt)")
 
 from opt4torch.objstore import ObjectStoreError, S3ImageFolder  # noqa: E402
-from s3store import Server  # noqa: E402
+from s3store import Server, only_these_credentials  # noqa: E402
 from opt4torch import _engine  # noqa: E402
 
 #: The engine's own client, where this build has it (libcurl and libcrypto at
@@ -96,13 +96,7 @@ def server() -> Iterator[Server]:
 def aws_env(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     """Credentials and region as boto3 takes them, set by every test (and
     inherited by spawned workers); nothing from the machine's own."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
-                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-role lookups on this machine
+    only_these_credentials(monkeypatch, KEY, SECRET, REGION)
 
 
 @pytest.fixture(scope="module")

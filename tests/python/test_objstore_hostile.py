@@ -21,7 +21,7 @@ pytest.importorskip("moto", reason="the object-store tests need moto[server] (re
 
 from opt4torch import _engine  # noqa: E402
 from opt4torch.objstore import ObjectStoreError, S3ImageFolder, S3TarShards  # noqa: E402
-from s3store import Server  # noqa: E402
+from s3store import Server, only_these_credentials  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(not _engine.HAVE_S3, reason="this build of the engine has no S3 reader"),
               pytest.mark.usefixtures("no_leaked_pools"), pytest.mark.timeout(120)]
@@ -49,13 +49,7 @@ def server() -> Iterator[Server]:
 
 @pytest.fixture(autouse=True)
 def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
-                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    only_these_credentials(monkeypatch, KEY, SECRET, REGION)
 
 
 @pytest.fixture

@@ -29,7 +29,8 @@ what a real store costs, at the server, so every client pays it the same way.
   ``etag`` (If-Match ignored, and another ETag sent), ``ignore-if-match``,
   ``long-length`` (a Content-Length 5 bytes over the body), ``grown-total``
   (a Content-Range total 100 bytes over the object's), ``chunked`` (no
-  Content-Length: the body goes chunked); ``fault=`` (empty) ends it.
+  Content-Length: the body goes chunked), ``huge-listing`` (a LIST that says
+  every object is 1 TiB); ``fault=`` (empty) ends it.
   ``trickle=B`` sends object bodies at B bytes a second, a byte at a time
   (0: off): a store too slow to wait for.
 * ``--cpus LIST``: the CPUs the server may run on (``1``, ``0,1``, ``2-3``),
@@ -170,6 +171,8 @@ class CostMiddleware:
         faulty = bool(self.fault) and method == "GET" and "list-type" not in query
         if faulty:
             environ, start_response = _faulty(self.fault, environ, start_response)
+        if self.fault == "huge-listing" and method == "GET" and "list-type" in query:
+            return _huge_listing(self.app, environ, start_response)
         body = b"".join(self.app(environ, _capture(start_response)))
         if method == "GET" and "list-type" in query:
             self._count(lists=1)
@@ -212,7 +215,18 @@ class CostMiddleware:
         return [out]
 
 
-_FAULTS = {"", "range-from-0", "etag", "ignore-if-match", "long-length", "grown-total", "chunked"}
+_FAULTS = {"", "range-from-0", "etag", "ignore-if-match", "long-length", "grown-total", "chunked", "huge-listing"}
+
+
+def _huge_listing(app: Callable[..., Any], environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """The store's LIST answer with every object's size made 1 TiB (and the
+    Content-Length made right for the longer body)."""
+    got: list[Any] = []
+    body = b"".join(app(environ, lambda status, headers, exc_info=None: got.extend((status, headers))))
+    body = re.sub(rb"<Size>\d+</Size>", b"<Size>1099511627776</Size>", body)
+    headers = [(k, str(len(body)) if k.lower() == "content-length" else v) for k, v in got[1]]
+    start_response(got[0], headers)
+    return [body]
 
 
 def _faulty(fault: str, environ: dict[str, Any],

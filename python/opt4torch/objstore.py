@@ -510,6 +510,7 @@ class S3ImageFolder(_ObjectDataset):
         self._labels = np.asarray(self.targets, dtype=np.int64)
         self._sizes = np.asarray([listing[key] for key, _ in self.samples], dtype=np.int64)
         self._keys = [key for key, _ in self.samples]
+        _refuse_items_past_memory(self._sizes, self._keys, self.bucket)
         self._etags = [listed[key][1] for key in self._keys]
 
     def __len__(self) -> int:
@@ -754,6 +755,20 @@ def _counts_add(counts: Any, reads: int, nbytes: int, requests: int) -> None:
 def _counts_get(counts: Any) -> tuple[int, int, int]:
     with counts.get_lock():
         return int(counts[0]), int(counts[1]), int(counts[2])
+
+
+def _refuse_items_past_memory(sizes: np.ndarray, keys: Sequence[str], bucket: str) -> None:
+    """Refuse, naming it, an object listed larger than this machine's memory:
+    an item is read whole into memory, so the first read of it would end in
+    a bare MemoryError (a listing that lies, or the wrong prefix)."""
+    if not len(sizes):
+        return
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    k = int(np.argmax(sizes))
+    if int(sizes[k]) > memory:
+        raise ValueError(f"s3://{bucket}/{keys[k]} is listed as {int(sizes[k]):,} bytes, more than this machine's "
+                         f"memory ({memory:,} bytes): an item is read whole into memory, so it cannot be one; "
+                         "check the prefix, or the store's listing")
 
 
 # ---- the image-folder layout, from a listing ----

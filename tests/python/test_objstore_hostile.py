@@ -187,3 +187,11 @@ def test_a_shard_replaced_after_listing_fails_naming_it(server: Server, tmp_path
     client.put_object(Bucket=BUCKET, Key="shards/a.tar", Body=shard(50))
     with pytest.raises(ObjectStoreError, match=r"GET s3://hostile/shards/a.tar bytes \d+-\d+ .* HTTP 412"):
         ds[1]
+
+
+def test_an_object_listed_as_1_tib_is_refused_at_construction(server: Server, fault: None) -> None:
+    """Was a bare MemoryError at the first read."""
+    server.call("set", fault="huge-listing")
+    with pytest.raises(ValueError, match=r"s3://hostile/img/c/\d.jpg is listed as 1,099,511,627,776 bytes, more "
+                                         r"than this machine's memory"):
+        S3ImageFolder(f"s3://{BUCKET}/img/", endpoint_url=server.endpoint, client="c")

@@ -33,6 +33,8 @@ what a real store costs, at the server, so every client pays it the same way.
   every object is 1 TiB); ``fault=`` (empty) ends it.
   ``trickle=B`` sends object bodies at B bytes a second, a byte at a time
   (0: off): a store too slow to wait for.
+* ``--tls-cert FILE --tls-key FILE``: https instead of http, with this
+  certificate (PEM) and key (tests make a CA of their own to sign it).
 * ``--cpus LIST``: the CPUs the server may run on (``1``, ``0,1``, ``2-3``),
   set before it starts: a benchmark can keep the server's CPU off the cores
   that train, as a store runs on machines of its own.
@@ -281,7 +283,8 @@ class Server:
     process's). A context manager: stopped on exit."""
 
     def __init__(self, latency: float = 0.0, access_key: str | None = None, *, bandwidth: float = 0.0,
-                 link: float = 0.0, python: str | None = None, cpus: str = "", secret: str | None = None) -> None:
+                 link: float = 0.0, python: str | None = None, cpus: str = "", secret: str | None = None,
+                 tls: tuple[str, str] | None = None) -> None:
         args = [python or sys.executable, os.path.abspath(__file__), "--port", "0", "--latency", str(latency),
                 "--bandwidth", str(bandwidth), "--link", str(link)]
         if access_key is not None:
@@ -290,6 +293,8 @@ class Server:
             args += ["--secret", secret]
         if cpus:
             args += ["--cpus", cpus]
+        if tls is not None:
+            args += ["--tls-cert", tls[0], "--tls-key", tls[1]]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                      text=True, start_new_session=True, restore_signals=True)
         assert self.proc.stdout is not None
@@ -298,7 +303,7 @@ class Server:
             err = self.proc.stderr.read() if self.proc.stderr and self.proc.poll() is not None else ""
             self.stop()
             raise RuntimeError(f"the S3 server did not start: {line!r} {err}")
-        self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{int(line.split()[1])}"
 
     def call(self, what: str, **query: float | str) -> dict[str, Any]:
         """``stats`` (GET), ``reset`` or ``set`` (POST, with ``query``): the counters after."""
@@ -347,6 +352,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--access-key", default=None, help="the one access key id accepted (default: any)")
     ap.add_argument("--secret", default=None,
                     help="check every request's SigV4 signature with this secret (needs --access-key)")
+    ap.add_argument("--tls-cert", default=None, help="serve https with this certificate (PEM)")
+    ap.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
     ap.add_argument("--cpus", default="", help="the CPUs to run on, as 1 or 0,2 or 0-3 (default: all allowed)")
     args = ap.parse_args(argv)
     if args.secret is not None and args.access_key is None:
@@ -370,7 +377,10 @@ def main(argv: list[str] | None = None) -> None:
     # the server's 2 ms of CPU a GET on this machine.
     app = CostMiddleware(create_backend_app("s3"), args.latency,
                          args.bandwidth, args.access_key, args.link, args.secret)
-    server = make_server("127.0.0.1", args.port, app, threaded=True, request_handler=QuietHandler)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        ap.error("--tls-cert and --tls-key go together")
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
+    server = make_server("127.0.0.1", args.port, app, threaded=True, request_handler=QuietHandler, ssl_context=tls)
     server.daemon_threads = True
 
     def stop(signum: int, frame: Any) -> None:

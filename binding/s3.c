@@ -17,13 +17,14 @@ int opt4py_s3_check(S3RangesObject *self) {
 
 /* S3Ranges(endpoint, bucket, keys, items, region=None, access_key=None,
  * secret_key=None, session_token=None, path_style=True, max_attempts=3,
- * timeout=60.0, deadline=300.0, min_rate=1024, etags=None, sizes=None):
+ * timeout=60.0, deadline=300.0, min_rate=1024, etags=None, sizes=None,
+ * ca_bundle=None):
  * items is a C-contiguous int64 buffer of (object, offset, length) rows;
  * etags (str) and sizes (int), one an object as listed (opt4_s3_expect). */
 static PyObject *s3_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"endpoint", "bucket", "keys", "items", "region", "access_key", "secret_key",
                            "session_token", "path_style", "max_attempts", "timeout", "deadline", "min_rate",
-                           "etags", "sizes", NULL};
+                           "etags", "sizes", "ca_bundle", NULL};
   const char *endpoint = NULL, *bucket, *region = NULL, *access_key = NULL, *secret_key = NULL, *token = NULL;
   PyObject *keys, *items;
   int path_style = 1;
@@ -31,9 +32,10 @@ static PyObject *s3_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   double timeout = 60.0, deadline = 300.0;
   unsigned long long min_rate = 1024;
   PyObject *etags = Py_None, *sizes = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "zsOO|zzzzpIddKOO", kwlist, &endpoint, &bucket, &keys, &items, &region,
-                                   &access_key, &secret_key, &token, &path_style, &max_attempts, &timeout, &deadline,
-                                   &min_rate, &etags, &sizes))
+  const char *ca_bundle = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "zsOO|zzzzpIddKOOz", kwlist, &endpoint, &bucket, &keys, &items,
+                                   &region, &access_key, &secret_key, &token, &path_style, &max_attempts, &timeout,
+                                   &deadline, &min_rate, &etags, &sizes, &ca_bundle))
     return NULL;
   if (!(timeout > 0.0 && timeout <= 86400.0))
     return PyErr_Format(PyExc_ValueError, "timeout must be between 0 and 86400 seconds, not %g", timeout);
@@ -71,7 +73,8 @@ static PyObject *s3_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   opt4_s3_config cfg = {.endpoint = endpoint, .bucket = bucket, .region = region, .access_key = access_key,
                         .secret_key = secret_key, .session_token = token, .path_style = (uint32_t)path_style,
                         .max_attempts = max_attempts, .timeout_ns = (uint64_t)(timeout * 1e9),
-                        .deadline_ns = (uint64_t)(deadline * 1e9), .min_rate = (uint64_t)min_rate};
+                        .deadline_ns = (uint64_t)(deadline * 1e9), .min_rate = (uint64_t)min_rate,
+                        .ca_bundle = ca_bundle};
   if (etags != Py_None) {
     if ((eseq = PySequence_Fast(etags, "etags must be a sequence of str")) == NULL) goto leave;
     if (PySequence_Fast_GET_SIZE(eseq) != nk) {
@@ -195,7 +198,7 @@ PyTypeObject opt4py_S3RangesType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "S3Ranges(endpoint, bucket, keys, items, region=None, access_key=None, secret_key=None, "
               "session_token=None, path_style=True, max_attempts=3, timeout=60.0, deadline=300.0, min_rate=1024, "
-              "etags=None, sizes=None): byte ranges of objects "
+              "etags=None, sizes=None, ca_bundle=None): byte ranges of objects "
               "read by ranged GETs in C (thread-safe); items are int64 (object, offset, length) rows.",
     .tp_methods = s3_methods,
     .tp_as_sequence = &s3_as_sequence,

@@ -1277,6 +1277,8 @@ typedef struct opt4_s3_config {
   uint64_t timeout_ns;       /* a try slower than min_rate over this long fails; 0: 60 s */
   uint64_t deadline_ns;      /* a GET, its tries included, ends this long after it starts; 0: 300 s */
   uint64_t min_rate;         /* bytes a second a try must keep up over timeout_ns; 0: 1024 */
+  const char *ca_bundle;     /* https: the CA certificates (PEM) the store's certificate is verified
+                                against; NULL: the system's. Verification is always on */
 } opt4_s3_config;
 
 typedef struct opt4_s3_info {

@@ -248,12 +248,18 @@ class _ObjectDataset:
                                 region=self.region, access_key=key, secret_key=secret, session_token=token,
                                 path_style=self.path_style, max_attempts=self.max_attempts, timeout=self.timeout,
                                 deadline=self.deadline, min_rate=self.min_rate, etags=self._etags,
-                                sizes=self._object_sizes())
+                                sizes=self._object_sizes(), ca_bundle=self.ca_bundle)
 
-    def _set_waits(self, timeout: float, deadline: float, min_rate: int) -> None:
+    def _set_waits(self, timeout: float, deadline: float, min_rate: int,
+                   ca_bundle: str | os.PathLike[str] | None = None) -> None:
         """The ends of the engine's GETs: a try slower than ``min_rate`` bytes
         a second over ``timeout`` seconds fails (and is tried again), and a
-        GET, its tries included, ends after ``deadline`` seconds."""
+        GET, its tries included, ends after ``deadline`` seconds; and the CA
+        certificates its https is verified against (None: the system's)."""
+        if ca_bundle is not None and not os.path.isfile(ca_bundle):
+            raise FileNotFoundError(f"ca_bundle {os.fspath(ca_bundle)!r} is not a file: give the PEM file of the "
+                                    "CA certificates the store's certificate is verified against")
+        self.ca_bundle = None if ca_bundle is None else os.path.abspath(os.fspath(ca_bundle))
         for name, value, top in (("timeout", timeout, 86400.0), ("deadline", deadline, 604800.0)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= top:
                 raise ValueError(f"{name} must be a number of seconds in (0, {top:g}], got {value!r}")
@@ -468,7 +474,10 @@ class S3ImageFolder(_ObjectDataset):
     :class:`ObjectStoreError` naming it, never returning other bytes.
     s3torchconnector's GETs (``client="s3torchconnector"``) are checked for
     their length only: its ``get_object`` takes no ``If-Match`` and shows no
-    headers (1.5), and its waits are its own.
+    headers (1.5), and its waits are its own. ``ca_bundle`` (a PEM file)
+    is what the engine's https GETs verify the store's certificate against
+    (default: the system's CAs); the LIST is s3torchconnector's, which
+    verifies against the system's.
 
     ``latency`` (seconds) sleeps before every GET: an emulated slower store.
     ``info()`` counts ``reads``, ``bytes_read`` and ``requests`` (GETs and
@@ -494,9 +503,10 @@ class S3ImageFolder(_ObjectDataset):
     def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
                  profile: str | None = None, unsigned: bool = False, path_style: bool | None = None,
                  max_attempts: int = 3, latency: float = 0.0, client: str = "auto", timeout: float = 60.0,
-                 deadline: float = 300.0, min_rate: int = 1024) -> None:
+                 deadline: float = 300.0, min_rate: int = 1024,
+                 ca_bundle: str | os.PathLike[str] | None = None) -> None:
         self.url = url
-        self._set_waits(timeout, deadline, min_rate)
+        self._set_waits(timeout, deadline, min_rate, ca_bundle)
         bucket, self.prefix = _split_url(url)
         self._setup(bucket, endpoint_url, region, profile, unsigned, path_style, max_attempts, latency, client)
         listed = self._list(self.prefix)
@@ -587,8 +597,8 @@ class S3TarShards(_ObjectDataset):
                  endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
                  unsigned: bool = False, path_style: bool | None = None, max_attempts: int = 3,
                  latency: float = 0.0, client: str = "auto", timeout: float = 60.0, deadline: float = 300.0,
-                 min_rate: int = 1024) -> None:
-        self._set_waits(timeout, deadline, min_rate)
+                 min_rate: int = 1024, ca_bundle: str | os.PathLike[str] | None = None) -> None:
+        self._set_waits(timeout, deadline, min_rate, ca_bundle)
         if not isinstance(urls, str) and not urls:
             raise ValueError("S3TarShards needs at least one shard")
         # One bucket, checked before anything is listed: the parts as

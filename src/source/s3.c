@@ -50,6 +50,9 @@
  * forked process is. Counters live in a shared mapping, as the file
  * ranges' do, so forked workers count into the same place.
  *
+ * https is verified (peer and host name) against the system's CA store, or
+ * against ca_bundle when given; a certificate that fails is not tried again.
+ *
  * Built only with libcurl and OpenSSL's libcrypto (SHA-256, HMAC); without
  * them opt4_s3_open says so (OPT4_ENOTSUP).
  */
@@ -152,6 +155,7 @@ struct opt4_s3 {
   char *base;   /* scheme://authority, without a trailing slash */
   char *host;   /* the Host header, the one signed */
   char *bucket, *region, *access_key, *secret_key, *token;
+  char *ca_bundle; /* CURLOPT_CAINFO, or NULL: the system's CA store */
   char *h_host, *h_token; /* the Host and x-amz-security-token header lines, made once */
   uint32_t max_attempts;
   uint64_t timeout_ns, deadline_ns, min_rate;
@@ -258,6 +262,9 @@ static CURL *take_handle(opt4_s3 *r, struct pool **pp) {
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, (long)r->min_rate);
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, secs > 0 ? secs : 1L);
   curl_easy_setopt(h, CURLOPT_USERAGENT, "opt4torch-s3/1");
+  curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+  curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+  if (r->ca_bundle != NULL) curl_easy_setopt(h, CURLOPT_CAINFO, r->ca_bundle);
   return h;
 }
 
@@ -424,6 +431,15 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
       rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s failed after %u tries: %s: slower than %llu "
                       "bytes a second over %.3g s (min_rate and timeout set it)", r->bucket, key, first, last,
                       r->base, attempt, cerr, (unsigned long long)r->min_rate, (double)r->timeout_ns / 1e9);
+    } else if (cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SSL_CACERT_BADFILE) {
+      rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s: %s: %s", r->bucket, key, first, last, r->base,
+                      cerr,
+                      cc == CURLE_SSL_CACERT_BADFILE
+                          ? "the CA bundle given (ca_bundle) cannot be read as PEM certificates"
+                          : r->ca_bundle != NULL
+                                ? "the store's TLS certificate is not one the CA bundle given (ca_bundle) vouches for"
+                                : "the store's TLS certificate is not one the system's CAs vouch for; give the CA "
+                                  "that signed it (ca_bundle=PATH)");
     } else if (cc == CURLE_PARTIAL_FILE) {
       retry = 1;
       rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s failed after %u tries: the answer was cut "
@@ -512,6 +528,10 @@ int opt4_s3_open(const opt4_s3_config *cfg, const char *const *keys, uint64_t n_
   r->host = dup_str(host);
   r->bucket = dup_str(cfg->bucket);
   r->region = dup_str(region);
+  if (cfg->ca_bundle != NULL && cfg->ca_bundle[0] && (r->ca_bundle = dup_str(cfg->ca_bundle)) == NULL) {
+    rc = opt4__fail(OPT4_ENOMEM, "no memory for an S3 reader");
+    goto fail;
+  }
   if (cfg->access_key != NULL) {
     r->access_key = dup_str(cfg->access_key);
     r->secret_key = dup_str(cfg->secret_key);
@@ -605,6 +625,7 @@ void opt4_s3_close(opt4_s3 *r) {
   free_str(r->host);
   free_str(r->bucket);
   free_str(r->region);
+  free_str(r->ca_bundle);
   free_str(r->access_key);
   free_str(r->secret_key);
   free_str(r->token);

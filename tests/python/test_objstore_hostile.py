@@ -9,6 +9,7 @@ reads right; none returns other bytes, and none waits past its bounds."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
@@ -195,3 +196,76 @@ def test_an_object_listed_as_1_tib_is_refused_at_construction(server: Server, fa
     with pytest.raises(ValueError, match=r"s3://hostile/img/c/\d.jpg is listed as 1,099,511,627,776 bytes, more "
                                          r"than this machine's memory"):
         S3ImageFolder(f"s3://{BUCKET}/img/", endpoint_url=server.endpoint, client="c")
+
+
+def _make_ca_and_server_cert(folder) -> tuple[str, str, str, str]:
+    """A CA made for the test, a certificate it signs for 127.0.0.1, and a
+    second CA that signs nothing here: (ca.pem, other-ca.pem, cert.pem, key.pem)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def ca(name: str):
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+                .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+                .not_valid_after(now + datetime.timedelta(days=2))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                .sign(key, hashes.SHA256()))
+        return key, cert
+
+    ca_key, ca_cert = ca("opt4 test CA")
+    _, other_cert = ca("opt4 other CA")
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = [os.path.join(folder, n) for n in ("ca.pem", "other-ca.pem", "cert.pem", "key.pem")]
+    for path, data in zip(paths, (ca_cert.public_bytes(serialization.Encoding.PEM),
+                                  other_cert.public_bytes(serialization.Encoding.PEM),
+                                  cert.public_bytes(serialization.Encoding.PEM),
+                                  key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                    serialization.NoEncryption()))):
+        with open(path, "wb") as f:
+            f.write(data)
+    return paths[0], paths[1], paths[2], paths[3]
+
+
+def test_https_is_verified_against_the_ca_bundle_given(tmp_path) -> None:
+    """The loopback server behind TLS with a certificate from a CA made for
+    the test: read with ca_bundle=that CA; refused, naming why and not tried
+    again, against the system's CAs, another CA, or a bundle that is not PEM."""
+    ca, other, cert, key = _make_ca_and_server_cert(os.fspath(tmp_path))
+    with Server(0.0, KEY, secret=SECRET, tls=(cert, key)) as tls:
+        assert tls.endpoint.startswith("https://127.0.0.1:")
+        client = boto3.client("s3", endpoint_url=tls.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                              aws_secret_access_key=SECRET, verify=ca)
+        client.create_bucket(Bucket=BUCKET)
+        client.put_object(Bucket=BUCKET, Key="t/c/0.jpg", Body=_body(0))
+        rows = np.asarray([(0, 10, 500)], dtype=np.int64)
+
+        def reader(bundle: str | None) -> _engine.S3Ranges:
+            return _engine.S3Ranges(tls.endpoint, BUCKET, ["t/c/0.jpg"], rows, region=REGION, access_key=KEY,
+                                    secret_key=SECRET, ca_bundle=bundle)
+
+        assert reader(ca).read(0) == _body(0)[10:510]
+        for bundle, why in ((None, "not one the system's CAs vouch for; give the CA that signed it"),
+                            (other, "not one the CA bundle given \\(ca_bundle\\) vouches for"),
+                            (key, "the CA bundle given \\(ca_bundle\\) cannot be read as PEM certificates")):
+            r = reader(bundle)
+            with pytest.raises(OSError, match=rf"GET s3://hostile/t/c/0.jpg bytes 10-509 at {tls.endpoint}: .*{why}"):
+                r.read(0)
+            assert r.info()["requests"] == 1, "a certificate that fails is not tried again"
+    with pytest.raises(FileNotFoundError, match="ca_bundle '/nonexistent.pem' is not a file"):
+        S3ImageFolder(f"s3://{BUCKET}/t/", endpoint_url="https://127.0.0.1:9", ca_bundle="/nonexistent.pem")

@@ -30,7 +30,10 @@ what a real store costs, at the server, so every client pays it the same way.
   ``long-length`` (a Content-Length 5 bytes over the body), ``grown-total``
   (a Content-Range total 100 bytes over the object's), ``chunked`` (no
   Content-Length: the body goes chunked), ``huge-listing`` (a LIST that says
-  every object is 1 TiB); ``fault=`` (empty) ends it.
+  every object is 1 TiB), ``redirect`` (a 307 to the same server under
+  another host name, with a query: the client must sign again),
+  ``redirect-loop`` (307s without end), ``redirect-relative`` (a 307 whose
+  Location is a path, not a URL); ``fault=`` (empty) ends it.
   ``trickle=B`` sends object bodies at B bytes a second, a byte at a time
   (0: off): a store too slow to wait for.
 * ``--tls-cert FILE --tls-key FILE``: https instead of http, with this
@@ -175,6 +178,17 @@ class CostMiddleware:
             environ, start_response = _faulty(self.fault, environ, start_response)
         if self.fault == "huge-listing" and method == "GET" and "list-type" in query:
             return _huge_listing(self.app, environ, start_response)
+        if faulty and self.fault.startswith("redirect") and "x-opt4-redirected" not in query:
+            # Another host name for this server (the client must sign again for
+            # it), and a query the client must sign too; "redirect-loop" sends
+            # every request on again; "redirect-relative" gives a path only.
+            uri = environ.get("RAW_URI") or environ.get("REQUEST_URI") or environ.get("PATH_INFO", "/")
+            path = uri.split("?", 1)[0]
+            to = {"redirect": f"http://localhost:{environ['SERVER_PORT']}{path}?x-opt4-redirected=1&a=b",
+                  "redirect-loop": f"http://localhost:{environ['SERVER_PORT']}{path}",
+                  "redirect-relative": f"{path}?x-opt4-redirected=1"}[self.fault]
+            start_response("307 Temporary Redirect", [("Location", to), ("Content-Length", "0")])
+            return [b""]
         body = b"".join(self.app(environ, _capture(start_response)))
         if method == "GET" and "list-type" in query:
             self._count(lists=1)
@@ -217,7 +231,8 @@ class CostMiddleware:
         return [out]
 
 
-_FAULTS = {"", "range-from-0", "etag", "ignore-if-match", "long-length", "grown-total", "chunked", "huge-listing"}
+_FAULTS = {"", "range-from-0", "etag", "ignore-if-match", "long-length", "grown-total", "chunked", "huge-listing", "redirect",
+           "redirect-loop", "redirect-relative"}
 
 
 def _huge_listing(app: Callable[..., Any], environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:

@@ -50,6 +50,10 @@
  * forked process is. Counters live in a shared mapping, as the file
  * ranges' do, so forked workers count into the same place.
  *
+ * A 307 or 308 is followed to its Location (at most 3 times, never from
+ * https to http), the request signed again for the new host, path and
+ * query.
+ *
  * https is verified (peer and host name) against the system's CA store, or
  * against ca_bundle when given; a certificate that fails is not tried again.
  *
@@ -110,8 +114,8 @@ int opt4__sigv4_get(const opt4__sigv4_request *q, char *auth, size_t cap) {
   const char *signed_headers = token ? "host;range;x-amz-content-sha256;x-amz-date;x-amz-security-token"
                                      : "host;range;x-amz-content-sha256;x-amz-date";
   int n = snprintf(canonical, sizeof canonical,
-                   "GET\n%s\n\nhost:%s\nrange:%s\nx-amz-content-sha256:%s\nx-amz-date:%s\n%s%s%s\n%s\n%s", q->path,
-                   q->host, q->range, payload, q->amz_date, token ? "x-amz-security-token:" : "", token ? token : "",
+                   "GET\n%s\n%s\nhost:%s\nrange:%s\nx-amz-content-sha256:%s\nx-amz-date:%s\n%s%s%s\n%s\n%s", q->path,
+                   q->query != NULL ? q->query : "", q->host, q->range, payload, q->amz_date, token ? "x-amz-security-token:" : "", token ? token : "",
                    token ? "\n" : "", signed_headers, payload);
   if (n < 0 || (size_t)n >= sizeof canonical) return opt4__fail(OPT4_ETOOBIG, "a request's path is too long to sign");
   SHA256((const unsigned char *)canonical, (size_t)n, digest);
@@ -320,11 +324,72 @@ static const char *hint_for(long status, const char *code) {
     return ": the store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or unsigned "
            "access for a public bucket)";
   if (status == 416) return ": the object is shorter than the listing said (changed since?)";
+  if (status == 307 || status == 308) return ": redirected more than 3 times (a loop?)";
   if (status == 412)
     return ": its ETag is no longer the one listed (If-Match): the object changed since the dataset was made; make "
            "the dataset again";
   return "";
 }
+
+/* Where a 307 or 308 sends the GET: loc parsed into the URL to ask (no
+ * fragment), the Host to sign, the URI-encoded path and the canonical query
+ * (its parameters sorted by name, then value, as SigV4 wants them; taken
+ * as encoded by the store). -1 for a Location that is not an absolute
+ * http(s) URL, or that would go from https to http. */
+struct redirect {
+  char url[4096], host[300], h_host[310], path[4096], query[2048];
+};
+
+static int param_cmp(const void *a, const void *b) {
+  const char *x = *(const char *const *)a, *y = *(const char *const *)b;
+  size_t nx = strcspn(x, "="), ny = strcspn(y, "=");
+  int c = strncmp(x, y, nx < ny ? nx : ny);
+  if (c != 0 || nx != ny) return c != 0 ? c : (nx < ny ? -1 : 1);
+  return strcmp(x + nx, y + ny);
+}
+
+static int parse_redirect(const char *base, const char *loc, struct redirect *to) {
+  int https = strncmp(loc, "https://", 8) == 0;
+  if (!https && strncmp(loc, "http://", 7) != 0) return -1;
+  if (!https && strncmp(base, "https://", 8) == 0) return -1; /* no downgrade */
+  const char *auth = loc + (https ? 8 : 7);
+  size_t an = strcspn(auth, "/?#"), pn, qn;
+  if (an == 0 || an >= sizeof to->host) return -1;
+  const char *path = auth + an;
+  pn = path[0] == '/' ? strcspn(path, "?#") : 0;
+  const char *query = path + pn;
+  qn = query[0] == '?' ? strcspn(query + 1, "#") : 0;
+  if (pn >= sizeof to->path || qn >= sizeof to->query) return -1;
+  snprintf(to->host, sizeof to->host, "%.*s", (int)an, auth);
+  snprintf(to->h_host, sizeof to->h_host, "Host: %s", to->host);
+  snprintf(to->path, sizeof to->path, "%.*s", (int)(pn ? pn : 1), pn ? path : "/");
+  int n = snprintf(to->url, sizeof to->url, "%.*s%s%s%.*s", (int)(auth + an - loc), loc, to->path, qn ? "?" : "",
+                   (int)qn, query + 1);
+  if (n < 0 || (size_t)n >= sizeof to->url) return -1;
+  /* The canonical query: the parameters sorted, "name=" for one without a value. */
+  char raw[2048], *params[64];
+  size_t np = 0;
+  snprintf(raw, sizeof raw, "%.*s", (int)qn, query + 1);
+  for (char *save = NULL, *tok = qn ? strtok_r(raw, "&", &save) : NULL; tok != NULL;
+       tok = strtok_r(NULL, "&", &save)) {
+    if (np == sizeof params / sizeof params[0]) return -1;
+    params[np++] = tok;
+  }
+  qsort(params, np, sizeof params[0], param_cmp);
+  size_t at = 0;
+  to->query[0] = '\0';
+  for (size_t k = 0; k < np; k++) {
+    int m = snprintf(to->query + at, sizeof to->query - at, "%s%s%s", k ? "&" : "", params[k],
+                     strchr(params[k], '=') ? "" : "=");
+    if (m < 0 || (size_t)m >= sizeof to->query - at) return -1;
+    at += (size_t)m;
+  }
+  return 0;
+}
+
+/* Redirects a GET follows (307 and 308: the same request at another place,
+ * signed again for it), AIStore's way of balancing its S3 API. */
+#define MAX_REDIRECTS 3
 
 int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
   if (r == NULL || len == NULL || (dst == NULL && cap > 0)) return opt4__fail(OPT4_EINVAL, "reader, dst or len is NULL");
@@ -356,10 +421,11 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
   CURL *h = take_handle(r, &pool);
   if (h == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for an HTTP handle (libcurl)");
   int rc = 0;
-  unsigned backoff = 50;
+  unsigned backoff = 50, redirects = 0;
+  struct redirect *to = NULL; /* where the last 307 sent the GET, or NULL: the reader's own URL */
   for (uint32_t attempt = 1;; attempt++) {
     struct curl_slist *hdr = NULL, *t;
-    hdr = curl_slist_append(hdr, r->h_host);
+    hdr = curl_slist_append(hdr, to != NULL ? to->h_host : r->h_host);
     hdr = (t = hdr ? curl_slist_append(hdr, h_range) : NULL) ? t : hdr;
     hdr = (t = hdr ? curl_slist_append(hdr, "Accept:") : NULL) ? t : hdr; /* no Accept: curl's default, unsigned */
     if (etag != NULL) hdr = (t = hdr ? curl_slist_append(hdr, h_match) : NULL) ? t : hdr;
@@ -368,9 +434,10 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
       struct tm tm;
       gmtime_r(&now, &tm);
       strftime(amz_date, sizeof amz_date, "%Y%m%dT%H%M%SZ", &tm);
-      opt4__sigv4_request q = {.host = r->host, .path = path, .range = range, .amz_date = amz_date,
-                               .region = r->region, .access_key = r->access_key, .secret_key = r->secret_key,
-                               .session_token = r->token, .payload_sha256 = NULL};
+      opt4__sigv4_request q = {.host = to != NULL ? to->host : r->host, .path = to != NULL ? to->path : path,
+                               .range = range, .amz_date = amz_date, .region = r->region,
+                               .access_key = r->access_key, .secret_key = r->secret_key, .session_token = r->token,
+                               .payload_sha256 = NULL, .query = to != NULL ? to->query : NULL};
       if ((rc = opt4__sigv4_get(&q, auth, sizeof auth)) != 0) {
         curl_slist_free_all(hdr);
         break;
@@ -399,7 +466,7 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
     struct sink s;
     opt4__s3_answer_init(&s.a, dst, (size_t)it->length);
     s.curl_err[0] = '\0';
-    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_URL, to != NULL ? to->url : url);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &s);
@@ -450,6 +517,20 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
       rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s (%s%s) failed after %u tries: %s: the store "
                       "did not answer (is the endpoint right, and the server up?)", r->bucket, key, first, last,
                       r->base, r->base, path, attempt, cerr);
+    } else if ((status == 307 || status == 308) && redirects < MAX_REDIRECTS) {
+      char *loc = NULL;
+      curl_easy_getinfo(h, CURLINFO_REDIRECT_URL, &loc);
+      if (to == NULL && (to = opt4__malloc(sizeof *to)) == NULL) {
+        rc = opt4__fail(OPT4_ENOMEM, "no memory to follow a redirect");
+      } else if (loc == NULL || parse_redirect(r->base, loc, to) != 0) {
+        rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s: HTTP %ld to %s, which is not a place to "
+                        "follow (an absolute http(s) URL, never from https to http)", r->bucket, key, first, last,
+                        r->base, status, loc != NULL ? loc : "nowhere (no Location)");
+      } else {
+        redirects++;
+        attempt--; /* a redirect is not a try that failed */
+        continue;
+      }
     } else if (status == 206 || status == 200) {
       int code = opt4__s3_answer_check(&s.a, &asked, why, sizeof why);
       rc = code == 0 ? 0
@@ -468,6 +549,7 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
     backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
   }
   give_handle(pool, h, rc == 0);
+  if (to != NULL) opt4__free(to, sizeof *to);
   if (rc != 0) {
     atomic_fetch_add_explicit(&r->shared->failures, 1, memory_order_relaxed);
     return rc;

@@ -269,3 +269,23 @@ def test_https_is_verified_against_the_ca_bundle_given(tmp_path) -> None:
             assert r.info()["requests"] == 1, "a certificate that fails is not tried again"
     with pytest.raises(FileNotFoundError, match="ca_bundle '/nonexistent.pem' is not a file"):
         S3ImageFolder(f"s3://{BUCKET}/t/", endpoint_url="https://127.0.0.1:9", ca_bundle="/nonexistent.pem")
+
+
+def test_a_307_is_followed_and_signed_again_for_its_host(server: Server, fault: None) -> None:
+    """AIStore balances its S3 API with 307s, which s3torchconnector does not
+    follow. The server sends each GET on to itself under another host name
+    (localhost) with a query; it checks every signature again (botocore), so
+    the read works only if the client signed the new host, path and query."""
+    r = _reader(server, ["img/c/1.jpg"], [(0, 7, 100)])
+    server.call("set", fault="redirect")
+    before = server.stats()
+    assert r.read(0) == _body(1)[7:107]
+    after = server.stats()
+    assert after["requests"] - before["requests"] == 2 and after["bad_signatures"] == before["bad_signatures"]
+    assert r.info()["retries"] == 0
+    server.call("set", fault="redirect-loop")
+    with pytest.raises(OSError, match=r"img/c/1.jpg bytes 7-106 .* HTTP 307: redirected more than 3 times"):
+        r.read(0)
+    assert r.info()["requests"] == 2 + 4  # the first try and three redirects, then refused
+    server.call("set", fault="redirect-relative")
+    assert r.read(0) == _body(1)[7:107]  # a path: libcurl resolves it against the URL asked

@@ -289,3 +289,18 @@ def test_a_307_is_followed_and_signed_again_for_its_host(server: Server, fault: 
     assert r.info()["requests"] == 2 + 4  # the first try and three redirects, then refused
     server.call("set", fault="redirect-relative")
     assert r.read(0) == _body(1)[7:107]  # a path: libcurl resolves it against the URL asked
+
+
+def test_virtual_hosted_addressing_against_the_server(server: Server) -> None:
+    """path_style=False: the bucket in the host name (bucket.localhost:port,
+    which libcurl resolves to the loopback without DNS), signed for that
+    host; the server serves the bucket from the Host header and checks the
+    signature again."""
+    port = server.endpoint.rsplit(":", 1)[1]
+    r = _engine.S3Ranges(f"http://localhost:{port}", BUCKET, ["img/c/2.jpg"], np.asarray([(0, 3, 50)], dtype=np.int64),
+                         region=REGION, access_key=KEY, secret_key=SECRET, path_style=False)
+    assert f"http://{BUCKET}.localhost:{port}" in r.info()["note"] and "virtual-hosted" in r.info()["note"]
+    before = server.stats()
+    assert r.read(0) == _body(2)[3:53]
+    after = server.stats()
+    assert after["gets"] - before["gets"] == 1 and after["bad_signatures"] == before["bad_signatures"]

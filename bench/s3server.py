@@ -23,6 +23,21 @@ what a real store costs, at the server, so every client pays it the same way.
   bytes of GET bodies), ``POST /_opt4/reset`` zeroes them, and
   ``POST /_opt4/set?latency=S&bandwidth=B&link=L`` changes the costs of a
   running server. These paths are not S3's.
+* ``POST /_opt4/set?fault=F`` makes every object GET answer wrongly, as a
+  broken or hostile store might (tests of the client's checks): ``range-from-0``
+  (the bytes from 0 for any range: a 206 for other bytes than asked),
+  ``etag`` (If-Match ignored, and another ETag sent), ``ignore-if-match``,
+  ``long-length`` (a Content-Length 5 bytes over the body), ``grown-total``
+  (a Content-Range total 100 bytes over the object's), ``chunked`` (no
+  Content-Length: the body goes chunked), ``huge-listing`` (a LIST that says
+  every object is 1 TiB), ``redirect`` (a 307 to the same server under
+  another host name, with a query: the client must sign again),
+  ``redirect-loop`` (307s without end), ``redirect-relative`` (a 307 whose
+  Location is a path, not a URL); ``fault=`` (empty) ends it.
+  ``trickle=B`` sends object bodies at B bytes a second, a byte at a time
+  (0: off): a store too slow to wait for.
+* ``--tls-cert FILE --tls-key FILE``: https instead of http, with this
+  certificate (PEM) and key (tests make a CA of their own to sign it).
 * ``--cpus LIST``: the CPUs the server may run on (``1``, ``0,1``, ``2-3``),
   set before it starts: a benchmark can keep the server's CPU off the cores
   that train, as a store runs on machines of its own.
@@ -122,6 +137,8 @@ class CostMiddleware:
         self.access_key = access_key
         self._lock = threading.Lock()
         self._link_free = 0.0  # time.monotonic() at which the shared link is next free
+        self.fault = ""
+        self.trickle = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -155,8 +172,24 @@ class CostMiddleware:
                 start_response("403 Forbidden", [("Content-Type", "application/xml"),
                                                  ("Content-Length", str(len(_BAD_SIGNATURE)))])
                 return [_BAD_SIGNATURE]
-        body = b"".join(self.app(environ, _capture(start_response)))
         query = environ.get("QUERY_STRING", "")
+        faulty = bool(self.fault) and method == "GET" and "list-type" not in query
+        if faulty:
+            environ, start_response = _faulty(self.fault, environ, start_response)
+        if self.fault == "huge-listing" and method == "GET" and "list-type" in query:
+            return _huge_listing(self.app, environ, start_response)
+        if faulty and self.fault.startswith("redirect") and "x-opt4-redirected" not in query:
+            # Another host name for this server (the client must sign again for
+            # it), and a query the client must sign too; "redirect-loop" sends
+            # every request on again; "redirect-relative" gives a path only.
+            uri = environ.get("RAW_URI") or environ.get("REQUEST_URI") or environ.get("PATH_INFO", "/")
+            path = uri.split("?", 1)[0]
+            to = {"redirect": f"http://localhost:{environ['SERVER_PORT']}{path}?x-opt4-redirected=1&a=b",
+                  "redirect-loop": f"http://localhost:{environ['SERVER_PORT']}{path}",
+                  "redirect-relative": f"{path}?x-opt4-redirected=1"}[self.fault]
+            start_response("307 Temporary Redirect", [("Location", to), ("Content-Length", "0")])
+            return [b""]
+        body = b"".join(self.app(environ, _capture(start_response)))
         if method == "GET" and "list-type" in query:
             self._count(lists=1)
         elif method == "GET":
@@ -169,6 +202,8 @@ class CostMiddleware:
                 done = max(now, self._link_free) + len(body) / self.link
                 self._link_free = done
             time.sleep(max(0.0, done - time.monotonic()))
+        if self.trickle and body and method == "GET" and "list-type" not in query:
+            return _trickle(body, self.trickle)
         return [body]
 
     def _control(self, path: str, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -182,11 +217,69 @@ class CostMiddleware:
                 self.bandwidth = float(q["bandwidth"][0])
             if "link" in q:
                 self.link = float(q["link"][0])
+            if "fault" in q or "fault=" in environ.get("QUERY_STRING", ""):
+                fault = q.get("fault", [""])[0]
+                if fault not in _FAULTS:
+                    raise ValueError(f"unknown fault {fault!r}; one of {sorted(_FAULTS)}")
+                self.fault = fault
+            if "trickle" in q:
+                self.trickle = float(q["trickle"][0])
         with self._lock:
             out = json.dumps({**self.counts, "latency": self.latency, "bandwidth": self.bandwidth,
-                              "link": self.link}).encode()
+                              "link": self.link, "fault": self.fault, "trickle": self.trickle}).encode()
         start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(out)))])
         return [out]
+
+
+_FAULTS = {"", "range-from-0", "etag", "ignore-if-match", "long-length", "grown-total", "chunked", "huge-listing", "redirect",
+           "redirect-loop", "redirect-relative"}
+
+
+def _huge_listing(app: Callable[..., Any], environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+    """The store's LIST answer with every object's size made 1 TiB (and the
+    Content-Length made right for the longer body)."""
+    got: list[Any] = []
+    body = b"".join(app(environ, lambda status, headers, exc_info=None: got.extend((status, headers))))
+    body = re.sub(rb"<Size>\d+</Size>", b"<Size>1099511627776</Size>", body)
+    headers = [(k, str(len(body)) if k.lower() == "content-length" else v) for k, v in got[1]]
+    start_response(got[0], headers)
+    return [body]
+
+
+def _faulty(fault: str, environ: dict[str, Any],
+            start_response: Callable[..., Any]) -> tuple[dict[str, Any], Callable[..., Any]]:
+    """The request as the fault changes it before the store sees it, and a
+    start_response that changes the answer's headers."""
+    environ = dict(environ)
+    m = re.fullmatch(r"bytes=(\d+)-(\d+)", environ.get("HTTP_RANGE", ""))
+    if fault == "range-from-0" and m:
+        environ["HTTP_RANGE"] = f"bytes=0-{int(m.group(2)) - int(m.group(1))}"
+    if fault in ("etag", "ignore-if-match"):
+        environ.pop("HTTP_IF_MATCH", None)
+
+    def edit(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        out = []
+        for name, value in headers:
+            low = name.lower()
+            if fault == "etag" and low == "etag":
+                value = '"0123456789abcdef0123456789abcdef"'
+            elif fault == "long-length" and low == "content-length":
+                value = str(int(value) + 5)
+            elif fault == "grown-total" and low == "content-range":
+                head, total = value.rsplit("/", 1)
+                value = f"{head}/{int(total) + 100}"
+            elif fault == "chunked" and low == "content-length":
+                continue
+            out.append((name, value))
+        return start_response(status, out, exc_info)
+    return environ, edit
+
+
+def _trickle(body: bytes, rate: float) -> Iterable[bytes]:
+    """The body a byte at a time, at rate bytes a second."""
+    for k in range(len(body)):
+        time.sleep(1.0 / rate)
+        yield body[k:k + 1]
 
 
 def _capture(start_response: Callable[..., Any]) -> Callable[..., Any]:
@@ -205,7 +298,8 @@ class Server:
     process's). A context manager: stopped on exit."""
 
     def __init__(self, latency: float = 0.0, access_key: str | None = None, *, bandwidth: float = 0.0,
-                 link: float = 0.0, python: str | None = None, cpus: str = "", secret: str | None = None) -> None:
+                 link: float = 0.0, python: str | None = None, cpus: str = "", secret: str | None = None,
+                 tls: tuple[str, str] | None = None) -> None:
         args = [python or sys.executable, os.path.abspath(__file__), "--port", "0", "--latency", str(latency),
                 "--bandwidth", str(bandwidth), "--link", str(link)]
         if access_key is not None:
@@ -214,6 +308,8 @@ class Server:
             args += ["--secret", secret]
         if cpus:
             args += ["--cpus", cpus]
+        if tls is not None:
+            args += ["--tls-cert", tls[0], "--tls-key", tls[1]]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                      text=True, start_new_session=True, restore_signals=True)
         assert self.proc.stdout is not None
@@ -222,9 +318,9 @@ class Server:
             err = self.proc.stderr.read() if self.proc.stderr and self.proc.poll() is not None else ""
             self.stop()
             raise RuntimeError(f"the S3 server did not start: {line!r} {err}")
-        self.endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{int(line.split()[1])}"
 
-    def call(self, what: str, **query: float) -> dict[str, Any]:
+    def call(self, what: str, **query: float | str) -> dict[str, Any]:
         """``stats`` (GET), ``reset`` or ``set`` (POST, with ``query``): the counters after."""
         q = "&".join(f"{k}={v}" for k, v in query.items())
         req = urllib.request.Request(f"{self.endpoint}/_opt4/{what}" + (f"?{q}" if q else ""),
@@ -271,6 +367,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--access-key", default=None, help="the one access key id accepted (default: any)")
     ap.add_argument("--secret", default=None,
                     help="check every request's SigV4 signature with this secret (needs --access-key)")
+    ap.add_argument("--tls-cert", default=None, help="serve https with this certificate (PEM)")
+    ap.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
     ap.add_argument("--cpus", default="", help="the CPUs to run on, as 1 or 0,2 or 0-3 (default: all allowed)")
     args = ap.parse_args(argv)
     if args.secret is not None and args.access_key is None:
@@ -294,7 +392,10 @@ def main(argv: list[str] | None = None) -> None:
     # the server's 2 ms of CPU a GET on this machine.
     app = CostMiddleware(create_backend_app("s3"), args.latency,
                          args.bandwidth, args.access_key, args.link, args.secret)
-    server = make_server("127.0.0.1", args.port, app, threaded=True, request_handler=QuietHandler)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        ap.error("--tls-cert and --tls-key go together")
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
+    server = make_server("127.0.0.1", args.port, app, threaded=True, request_handler=QuietHandler, ssl_context=tls)
     server.daemon_threads = True
 
     def stop(signum: int, frame: Any) -> None:

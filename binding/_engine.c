@@ -43,15 +43,20 @@ static PyObject *InvalidInputError;
 static PyObject *Opt4IOError;
 static PyObject *Opt4MemoryError;
 
-static PyObject *raise_code_ex(int rc, const char *context, int with_text);
+static PyObject *raise_code_ex(int rc, const char *context, int with_text, int in_place);
 
 /* Record files share the plan file's codes, whose texts name plan files:
  * there the detail alone says it. */
-PyObject *opt4py_raise_records(int rc, const char *context) { return raise_code_ex(rc, context, 0); }
+PyObject *opt4py_raise_records(int rc, const char *context) { return raise_code_ex(rc, context, 0, 0); }
 
-static PyObject *raise_code_ex(int rc, const char *context, int with_text) {
+/* A read of a file or an object read in place: one cut short, changed or
+ * corrupt since it was indexed is an I/O error (Opt4IOError, an OSError),
+ * not a plan file's. */
+PyObject *opt4py_raise_read(int rc, const char *context) { return raise_code_ex(rc, context, 0, 1); }
+
+static PyObject *raise_code_ex(int rc, const char *context, int with_text, int in_place) {
   PyObject *type;
-  switch (rc) {
+  switch (in_place && (rc == OPT4_ETRUNCATED || rc == OPT4_ECHECKSUM || rc == OPT4_ECORRUPT) ? OPT4_EIO : rc) {
   case OPT4_EBADMAGIC:
   case OPT4_EVERSION:
   case OPT4_ETRUNCATED:
@@ -97,7 +102,7 @@ static PyObject *raise_code_ex(int rc, const char *context, int with_text) {
   return NULL;
 }
 
-PyObject *opt4py_raise(int rc, const char *context) { return raise_code_ex(rc, context, 1); }
+PyObject *opt4py_raise(int rc, const char *context) { return raise_code_ex(rc, context, 1, 0); }
 
 /* ------------------------------------------------------------------------ */
 /* Sequences from the buffer protocol                                        */

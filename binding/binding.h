@@ -31,6 +31,9 @@ int opt4py_pool_init(PyObject *module);
 PyObject *opt4py_raise(int rc, const char *context);
 /* The same for record files: the message is the context and the detail. */
 PyObject *opt4py_raise_records(int rc, const char *context);
+/* For a read of a file or an object read in place: a cut short, changed or
+ * corrupt one raises Opt4IOError (an OSError), not PlanFileError. */
+PyObject *opt4py_raise_read(int rc, const char *context);
 
 /* The codec's record format (python/opt4torch/pool/codec.py FORMAT): the C
  * decoder of the batch path reads it and the prefetcher frames records in

@@ -49,7 +49,7 @@ PyObject *opt4py_read_item(void *reader, Py_ssize_t *readers, PyObject *arg, opt
   }
   uint64_t len = 0;
   int rc = len_of(reader, i, &len);
-  if (rc != 0) return opt4py_raise_records(rc, "read item");
+  if (rc != 0) return opt4py_raise_read(rc, "read item");
   PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
   if (out == NULL) return NULL;
   (*readers)++;
@@ -57,18 +57,19 @@ PyObject *opt4py_read_item(void *reader, Py_ssize_t *readers, PyObject *arg, opt
   Py_END_ALLOW_THREADS (*readers)--;
   if (rc != 0) {
     Py_DECREF(out);
-    return opt4py_raise_records(rc, "read item");
+    return opt4py_raise_read(rc, "read item");
   }
   return out;
 }
 
-/* Ranges(paths, items, direct=False): items is a C-contiguous int64 buffer
- * of (file, offset, length) rows. */
+/* Ranges(paths, items, direct=False, ident=None): items is a C-contiguous
+ * int64 buffer of (file, offset, length) rows; ident, one (size, inode,
+ * mtime_ns, ctime_ns) int64 row a file, as indexed (opt4_ranges_expect). */
 static PyObject *ranges_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"paths", "items", "direct", NULL};
-  PyObject *paths, *items;
+  static char *kwlist[] = {"paths", "items", "direct", "ident", NULL};
+  PyObject *paths, *items, *ident = Py_None;
   int direct = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|p", kwlist, &paths, &items, &direct)) return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|pO", kwlist, &paths, &items, &direct, &ident)) return NULL;
   PyObject *seq = PySequence_Fast(paths, "paths must be a sequence of paths");
   if (seq == NULL) return NULL;
   Py_ssize_t nf = PySequence_Fast_GET_SIZE(seq);
@@ -95,6 +96,28 @@ static PyObject *ranges_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   Py_END_ALLOW_THREADS if (rc != 0) {
     opt4py_raise_records(rc, "open file ranges");
     goto leave;
+  }
+  if (ident != Py_None) {
+    Py_buffer iv;
+    if (PyObject_GetBuffer(ident, &iv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+      opt4_ranges_close(r);
+      goto leave;
+    }
+    int ok = iv.itemsize == 8 && iv.format != NULL && (strcmp(iv.format, "q") == 0 || strcmp(iv.format, "l") == 0);
+    if (!ok || iv.len != (Py_ssize_t)(nf * (Py_ssize_t)sizeof(opt4_file_ident))) {
+      PyBuffer_Release(&iv);
+      opt4_ranges_close(r);
+      PyErr_Format(PyExc_TypeError, "ident must be a contiguous int64 array of %zd (size, inode, mtime_ns, "
+                   "ctime_ns) rows, one a path", nf);
+      goto leave;
+    }
+    rc = opt4_ranges_expect(r, (const opt4_file_ident *)iv.buf, (uint64_t)nf);
+    PyBuffer_Release(&iv);
+    if (rc != 0) {
+      opt4_ranges_close(r);
+      opt4py_raise_records(rc, "file identities");
+      goto leave;
+    }
   }
   RangesObject *self = (RangesObject *)type->tp_alloc(type, 0);
   if (self == NULL) {
@@ -194,7 +217,7 @@ PyTypeObject opt4py_RangesType = {
     .tp_basicsize = sizeof(RangesObject),
     .tp_dealloc = (destructor)ranges_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Ranges(paths, items, direct=False): byte ranges of files read in place, by index "
+    .tp_doc = "Ranges(paths, items, direct=False, ident=None): byte ranges of files read in place, by index "
               "(thread-safe); items are int64 (file, offset, length) rows.",
     .tp_methods = ranges_methods,
     .tp_as_sequence = &ranges_as_sequence,

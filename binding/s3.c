@@ -17,21 +17,32 @@ int opt4py_s3_check(S3RangesObject *self) {
 
 /* S3Ranges(endpoint, bucket, keys, items, region=None, access_key=None,
  * secret_key=None, session_token=None, path_style=True, max_attempts=3,
- * timeout=60.0): items is a C-contiguous int64 buffer of (object, offset,
- * length) rows. */
+ * timeout=60.0, deadline=300.0, min_rate=1024, etags=None, sizes=None,
+ * ca_bundle=None):
+ * items is a C-contiguous int64 buffer of (object, offset, length) rows;
+ * etags (str) and sizes (int), one an object as listed (opt4_s3_expect). */
 static PyObject *s3_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"endpoint", "bucket", "keys", "items", "region", "access_key", "secret_key",
-                           "session_token", "path_style", "max_attempts", "timeout", NULL};
+                           "session_token", "path_style", "max_attempts", "timeout", "deadline", "min_rate",
+                           "etags", "sizes", "ca_bundle", NULL};
   const char *endpoint = NULL, *bucket, *region = NULL, *access_key = NULL, *secret_key = NULL, *token = NULL;
   PyObject *keys, *items;
   int path_style = 1;
   unsigned int max_attempts = 3;
-  double timeout = 60.0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "zsOO|zzzzpId", kwlist, &endpoint, &bucket, &keys, &items, &region,
-                                   &access_key, &secret_key, &token, &path_style, &max_attempts, &timeout))
+  double timeout = 60.0, deadline = 300.0;
+  unsigned long long min_rate = 1024;
+  PyObject *etags = Py_None, *sizes = Py_None;
+  const char *ca_bundle = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "zsOO|zzzzpIddKOOz", kwlist, &endpoint, &bucket, &keys, &items,
+                                   &region, &access_key, &secret_key, &token, &path_style, &max_attempts, &timeout,
+                                   &deadline, &min_rate, &etags, &sizes, &ca_bundle))
     return NULL;
   if (!(timeout > 0.0 && timeout <= 86400.0))
     return PyErr_Format(PyExc_ValueError, "timeout must be between 0 and 86400 seconds, not %g", timeout);
+  if (!(deadline > 0.0 && deadline <= 7 * 86400.0))
+    return PyErr_Format(PyExc_ValueError, "deadline must be between 0 and 604800 seconds, not %g", deadline);
+  if (min_rate < 1 || min_rate > ((unsigned long long)1 << 40))
+    return PyErr_Format(PyExc_ValueError, "min_rate must be between 1 and 2**40 bytes a second, not %llu", min_rate);
   if (max_attempts < 1 || max_attempts > 100)
     return PyErr_Format(PyExc_ValueError, "max_attempts must be between 1 and 100, not %u", max_attempts);
   PyObject *seq = PySequence_Fast(keys, "keys must be a sequence of str");
@@ -41,6 +52,9 @@ static PyObject *s3_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   const char **cp = PyMem_Calloc((size_t)(nk ? nk : 1), sizeof *cp);
   Py_buffer view = {0};
   int have_view = 0;
+  const char **ep = NULL;
+  uint64_t *sp = NULL;
+  PyObject *eseq = NULL, *sseq = NULL;
   if (cp == NULL) {
     PyErr_NoMemory();
     goto leave;
@@ -58,12 +72,54 @@ static PyObject *s3_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   have_view = 1;
   opt4_s3_config cfg = {.endpoint = endpoint, .bucket = bucket, .region = region, .access_key = access_key,
                         .secret_key = secret_key, .session_token = token, .path_style = (uint32_t)path_style,
-                        .max_attempts = max_attempts, .timeout_ns = (uint64_t)(timeout * 1e9)};
+                        .max_attempts = max_attempts, .timeout_ns = (uint64_t)(timeout * 1e9),
+                        .deadline_ns = (uint64_t)(deadline * 1e9), .min_rate = (uint64_t)min_rate,
+                        .ca_bundle = ca_bundle};
+  if (etags != Py_None) {
+    if ((eseq = PySequence_Fast(etags, "etags must be a sequence of str")) == NULL) goto leave;
+    if (PySequence_Fast_GET_SIZE(eseq) != nk) {
+      PyErr_Format(PyExc_ValueError, "%zd etags for %zd keys", PySequence_Fast_GET_SIZE(eseq), nk);
+      goto leave;
+    }
+    if ((ep = PyMem_Calloc((size_t)(nk ? nk : 1), sizeof *ep)) == NULL) {
+      PyErr_NoMemory();
+      goto leave;
+    }
+    for (Py_ssize_t k = 0; k < nk; k++) {
+      PyObject *e = PySequence_Fast_GET_ITEM(eseq, k);
+      if (!PyUnicode_Check(e)) {
+        PyErr_Format(PyExc_TypeError, "etags must be str, got %s", Py_TYPE(e)->tp_name);
+        goto leave;
+      }
+      if ((ep[k] = PyUnicode_AsUTF8(e)) == NULL) goto leave;
+    }
+  }
+  if (sizes != Py_None) {
+    if ((sseq = PySequence_Fast(sizes, "sizes must be a sequence of int")) == NULL) goto leave;
+    if (PySequence_Fast_GET_SIZE(sseq) != nk) {
+      PyErr_Format(PyExc_ValueError, "%zd sizes for %zd keys", PySequence_Fast_GET_SIZE(sseq), nk);
+      goto leave;
+    }
+    if ((sp = PyMem_Calloc((size_t)(nk ? nk : 1), sizeof *sp)) == NULL) {
+      PyErr_NoMemory();
+      goto leave;
+    }
+    for (Py_ssize_t k = 0; k < nk; k++) {
+      unsigned long long v = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(sseq, k));
+      if (v == (unsigned long long)-1 && PyErr_Occurred()) goto leave;
+      sp[k] = v;
+    }
+  }
   opt4_s3 *r = NULL;
   int rc;
   Py_BEGIN_ALLOW_THREADS rc = opt4_s3_open(&cfg, cp, (uint64_t)nk, (const opt4_range *)view.buf, n, &r);
   Py_END_ALLOW_THREADS if (rc != 0) {
     opt4py_raise_records(rc, "open S3 reader");
+    goto leave;
+  }
+  if ((ep != NULL || sp != NULL) && (rc = opt4_s3_expect(r, ep, sp, (uint64_t)nk)) != 0) {
+    opt4_s3_close(r);
+    opt4py_raise_records(rc, "S3 objects' ETags and sizes");
     goto leave;
   }
   S3RangesObject *self = (S3RangesObject *)type->tp_alloc(type, 0);
@@ -76,6 +132,10 @@ static PyObject *s3_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 leave:
   if (have_view) PyBuffer_Release(&view);
   PyMem_Free(cp);
+  PyMem_Free(ep);
+  PyMem_Free(sp);
+  Py_XDECREF(eseq);
+  Py_XDECREF(sseq);
   Py_DECREF(seq);
   return result;
 }
@@ -137,7 +197,8 @@ PyTypeObject opt4py_S3RangesType = {
     .tp_dealloc = (destructor)s3_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "S3Ranges(endpoint, bucket, keys, items, region=None, access_key=None, secret_key=None, "
-              "session_token=None, path_style=True, max_attempts=3, timeout=60.0): byte ranges of objects "
+              "session_token=None, path_style=True, max_attempts=3, timeout=60.0, deadline=300.0, min_rate=1024, "
+              "etags=None, sizes=None, ca_bundle=None): byte ranges of objects "
               "read by ranged GETs in C (thread-safe); items are int64 (object, offset, length) rows.",
     .tp_methods = s3_methods,
     .tp_as_sequence = &s3_as_sequence,

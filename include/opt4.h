@@ -1194,7 +1194,10 @@ int opt4_source_records(opt4_records *r, opt4_source **out);
  * files, each file is opened on first use and kept open; with more, each
  * read opens and closes its file. Files are not checked at open: a file
  * missing or shorter than an item's range fails that item's read
- * (OPT4_EIO, OPT4_ETRUNCATED, naming the file). */
+ * (OPT4_EIO, OPT4_ETRUNCATED, naming the file). A file is opened
+ * O_NONBLOCK and must be a regular file (a FIFO or a device is refused
+ * before any read, OPT4_EIO); with opt4_ranges_expect, every read also
+ * checks that its file is still the one indexed. */
 typedef struct opt4_ranges opt4_ranges;
 
 typedef struct opt4_range {
@@ -1225,6 +1228,20 @@ typedef struct opt4_ranges_info {
  * OPT4_ETOOBIG, OPT4_ENOMEM. */
 int opt4_ranges_open(const char *const *paths, uint64_t n_files, const opt4_range *items, uint64_t n_items,
                      uint32_t flags, opt4_ranges **out);
+/* A file as it was when indexed: what opt4_ranges_expect checks. */
+typedef struct opt4_file_ident {
+  uint64_t size, ino;
+  int64_t mtime_ns, ctime_ns; /* st_mtim and st_ctim in nanoseconds */
+} opt4_file_ident;
+
+/* Give each file's identity as indexed (n_files of them, copied): from
+ * then on every read fstats its file after the pread and fails (OPT4_EIO,
+ * naming the item, the file and what changed) unless size, inode, mtime
+ * and ctime are still these, so bytes of a file rewritten in place, even
+ * at its old size with its mtime put back, are never returned. Call it
+ * before any read (not thread-safe with reads). Errors: OPT4_EINVAL (NULL,
+ * or not one identity a file), OPT4_ENOMEM. */
+int opt4_ranges_expect(opt4_ranges *r, const opt4_file_ident *ids, uint64_t n_files);
 /* Close the reader (and the files it keeps open). NULL is harmless. */
 void opt4_ranges_close(opt4_ranges *r);
 int opt4_ranges_info_get(const opt4_ranges *r, opt4_ranges_info *out);
@@ -1266,7 +1283,11 @@ typedef struct opt4_s3_config {
   const char *session_token; /* temporary credentials' token; NULL: none */
   uint32_t path_style;       /* 1: endpoint/bucket/key (MinIO, moto); 0: bucket.host/key (AWS) */
   uint32_t max_attempts;     /* tries of a GET (connection errors, 5xx, 429); 0: 3 */
-  uint64_t timeout_ns;       /* a try that moves no byte this long fails; 0: 60 s */
+  uint64_t timeout_ns;       /* a try slower than min_rate over this long fails; 0: 60 s */
+  uint64_t deadline_ns;      /* a GET, its tries included, ends this long after it starts; 0: 300 s */
+  uint64_t min_rate;         /* bytes a second a try must keep up over timeout_ns; 0: 1024 */
+  const char *ca_bundle;     /* https: the CA certificates (PEM) the store's certificate is verified
+                                against; NULL: the system's. Verification is always on */
 } opt4_s3_config;
 
 typedef struct opt4_s3_info {
@@ -1290,13 +1311,25 @@ int opt4_s3_available(void);
 int opt4_s3_open(const opt4_s3_config *cfg, const char *const *keys, uint64_t n_objects, const opt4_range *items,
                  uint64_t n_items, opt4_s3 **out);
 void opt4_s3_close(opt4_s3 *r);
+/* Give each object's ETag and size as listed (n_objects of each; either
+ * may be NULL, an ETag may be "": not checked; copied), once, before any
+ * read. From then on every GET sends If-Match: <ETag> (a store that honours
+ * it answers a changed object with 412), and an answer whose ETag differs,
+ * or whose Content-Range total is not the listed size, fails
+ * (OPT4_ETRUNCATED, naming the object: it changed since it was listed).
+ * Errors: OPT4_EINVAL (not one a object, set twice, an ETag over 128 bytes
+ * or with bytes a header cannot carry), OPT4_ENOMEM. */
+int opt4_s3_expect(opt4_s3 *r, const char *const *etags, const uint64_t *sizes, uint64_t n_objects);
 int opt4_s3_info_get(const opt4_s3 *r, opt4_s3_info *out);
 int opt4_s3_len(const opt4_s3 *r, uint64_t i, uint64_t *len);
 /* Read item i into dst (cap bytes); *len gets its length. OPT4_EITEMSIZE if
  * it does not fit, OPT4_ERANGE, OPT4_EIO (the store failed or refused the
- * request: opt4_errdetail() names the object, the range, the status and
- * the store's error code), OPT4_ETRUNCATED (the store answered another
- * length than the listing's: the object changed). */
+ * request, answered a Content-Range for other bytes than those asked for,
+ * or a malformed header, or took longer than the deadline or slower than
+ * the minimum rate: opt4_errdetail() names the object, the range, the
+ * status and the store's error code), OPT4_ETRUNCATED (the store answered
+ * another length, size or ETag than the listing's, or 412 to If-Match: the
+ * object changed). */
 int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len);
 /* The reader r as a source named "s3" (borrowed: r must stay open until the
  * source is closed). */

@@ -21,7 +21,8 @@
 # the runtime over whatever passed), fuzz_pool_ops (random operation
 # sequences against the engine in one process, with oracles), fuzz_records
 # (the record file's header and index), fuzz_tar_index (the tar indexer, on
-# whole shards in memory), fuzz_decode (the binding's record decoder, in an
+# whole shards in memory), fuzz_s3_answer (an S3 store's answer to a ranged
+# GET: headers, Content-Range, a body in pieces), fuzz_decode (the binding's record decoder, in an
 # embedded CPython; built only where Python's development files are).
 # FUZZ_TARGETS limits the run to some targets ("fuzz_pool_ops fuzz_pool_header").
 set -euo pipefail

@@ -71,6 +71,31 @@ def _text_table(rows: Sequence[Sequence[str]], align: str = "l") -> str:
 # ---- shared parsing helpers ----
 
 
+def _percent(part: str) -> float | None:
+    """A capacity written as a percentage of the items ('25%'), checked to be
+    above 0 and at most 100; None when it does not parse as one (the caller
+    says what is wrong with it)."""
+    try:
+        percent = float(part[:-1])
+    except ValueError:
+        return None
+    if not 0 < percent <= 100:
+        raise UsageError(f"capacity {part!r}: a percentage of the items must be above 0 % and "
+                         "at most 100 % (a cache larger than the data holds all of it)")
+    return percent
+
+
+def _trace_arg(path: str) -> np.ndarray:
+    """--trace PATH loaded, or a usage error naming what PATH is instead of a
+    trace file (a folder, a file that cannot be read)."""
+    if os.path.isdir(path):
+        raise UsageError(f"--trace {path!r} is a folder; give a trace file (text, one id per line, or .npy)")
+    try:
+        return load_trace(path)
+    except OSError as exc:
+        raise UsageError(f"--trace {path!r}: {exc.strerror or exc}") from None
+
+
 def _parse_capacities(text: str, items: int | None) -> list[int]:
     """'100,500' or '10%,50%' (of items) -> capacities in items."""
     out = []
@@ -82,7 +107,10 @@ def _parse_capacities(text: str, items: int | None) -> list[int]:
             if part.endswith("%"):
                 if items is None:
                     raise UsageError(f"capacity {part!r} is a percentage but the item count is unknown")
-                value = max(1, round(float(part[:-1]) / 100.0 * items))
+                percent = _percent(part)
+                if percent is None:
+                    raise ValueError(part)
+                value = max(1, round(percent / 100.0 * items))
             else:
                 value = int(part)
         except ValueError:
@@ -196,7 +224,7 @@ def _cmd_precompute(args: argparse.Namespace) -> int:
     if args.trace is not None:
         if args.total_iter is not None or args.dataset_size is not None:
             raise UsageError("give either --trace or the sampler flags (--total-iter, --dataset-size), not both")
-        seq = load_trace(args.trace)
+        seq = _trace_arg(args.trace)
         items = args.items
         desc = json.dumps({"trace": os.path.abspath(args.trace), "opt4torch": __version__})
     else:
@@ -646,13 +674,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     for part in (args.capacity or "").split(","):
         part = part.strip()
         if part.endswith("%"):
-            try:
-                percent = float(part[:-1])
-            except ValueError:
-                continue  # _parse_capacities says what is wrong with it
-            if not 0 < percent <= 100:
-                raise UsageError(f"capacity {part!r}: a percentage of the items must be above 0 % and "
-                                 "at most 100 % (a cache larger than the data holds all of it)")
+            _percent(part)  # refused before the sweep; one that does not parse: _parse_capacities says why
     if args.out is not None:
         # Fail before the sweep, not after it.
         if os.path.exists(args.out) and not os.path.isdir(args.out):
@@ -672,7 +694,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             raise UsageError(f"{exc} (or add --no-plots)") from None
 
     if args.trace is not None:
-        seq = load_trace(args.trace)
+        seq = _trace_arg(args.trace)
         items = args.items
         if items is None:
             if seq.size == 0:

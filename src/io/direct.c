@@ -78,3 +78,13 @@ void opt4__sleep_ns(uint64_t ns) {
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
 }
+
+const char *opt4__file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}

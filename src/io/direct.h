@@ -9,6 +9,8 @@
 
 #include "internal.h"
 
+#include <sys/types.h>
+
 /* Read exactly len bytes at off (retrying short reads and EINTR). Returns 0,
  * or -1 with errno set (EIO at the end of the file). */
 int opt4__pread_full(int fd, void *buf, size_t len, uint64_t off);
@@ -21,6 +23,10 @@ void opt4__dio_alignment(int fd, uint64_t *mem, uint64_t *off);
  * errno set (EIO when the file ends before off + n). */
 int opt4__pread_direct(int dfd, uint64_t mem_align, uint64_t off_align, uint64_t off, uint64_t n,
                        uint8_t *dst);
+
+/* What a file that is not a regular one is, for messages: "a FIFO (named
+ * pipe)", "a character device", ... */
+const char *opt4__file_kind(mode_t mode);
 
 /* Sleep ns nanoseconds (an emulated slow store; EINTR resumes the sleep). */
 void opt4__sleep_ns(uint64_t ns);

@@ -29,6 +29,7 @@
  *   O_CREAT | O_EXCL | O_NOFOLLOW, mode 0644 under the umask.
  */
 #define _GNU_SOURCE
+#include "direct.h" /* opt4__file_kind */
 #include "internal.h"
 #include "layout.h" /* opt4__proc_alive, opt4__proc_start_time (src/shm/procs.c) */
 
@@ -61,16 +62,6 @@ static uint64_t pid_namespace(void) {
   return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
-static const char *kind_of(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  return "not a regular file";
-}
-
 /* 0 if path may be replaced by a rename; otherwise a failure naming why. */
 static int check_target(const char *path, uint32_t flags) {
   struct stat st;
@@ -85,7 +76,7 @@ static int check_target(const char *path, uint32_t flags) {
   if (!S_ISLNK(st.st_mode))
     return opt4__fail(OPT4_EIO, "refusing to write %s: it is %s, not a regular file, and writing "
                       "the file there would replace it; give the path of a regular file",
-                      path, kind_of(st.st_mode));
+                      path, opt4__file_kind(st.st_mode));
   char to[512];
   ssize_t n = readlink(path, to, sizeof to - 1);
   to[n > 0 ? n : 0] = '\0';
@@ -100,7 +91,7 @@ static int check_target(const char *path, uint32_t flags) {
   if (stat(path, &tst) != 0) return 0; /* a dangling link: the link is replaced */
   if (!S_ISREG(tst.st_mode))
     return opt4__fail(OPT4_EIO, "refusing to write %s: it is a symbolic link to %s, which is %s; "
-                      "give the path of a regular file", path, to, kind_of(tst.st_mode));
+                      "give the path of a regular file", path, to, opt4__file_kind(tst.st_mode));
   return 0; /* the link itself is replaced; its target is left as it is */
 }
 

@@ -14,6 +14,15 @@
  * open and opens the rest itself. With many files (an image folder: one an
  * item, more than a process may hold open) each read opens and closes its
  * file, as torchvision's loader does.
+ *
+ * Files are hostile: each is opened O_NONBLOCK (a FIFO where an image was
+ * must not block the open) and fstat'ed, and anything but a regular file is
+ * refused before a byte is read. With the files' identities given
+ * (opt4_ranges_expect: size, inode, mtime, ctime, as indexed), every read
+ * fstats its descriptor after the pread and refuses bytes read from a file
+ * that is no longer the one indexed (rewritten in place, even at its old
+ * size with its mtime put back: ctime moved). Checked after the read, so a
+ * write before or during it is caught.
  */
 #define _GNU_SOURCE /* O_DIRECT */
 #include "direct.h"
@@ -46,11 +55,47 @@ struct opt4_ranges {
   int direct;
   uint64_t dio_mem_align, dio_off_align;
   struct ranges_counters *shared;
+  opt4_file_ident *ids; /* per file, as indexed (opt4_ranges_expect), or NULL: not checked */
   char note[160];
 };
 
+/* Open file f, O_NONBLOCK so that a FIFO does not block the open; -1 with
+ * errno for a file that is not regular (EFTYPE's stand-in, ENODATA: the
+ * failing read says what it is, from stat). */
 static int open_file(const opt4_ranges *r, uint64_t f, int direct) {
-  return open(r->paths[f], O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+  int fd = open(r->paths[f], O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (direct ? O_DIRECT : 0));
+  if (fd < 0) return -1;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int e = S_ISREG(st.st_mode) ? errno : ENODATA;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+/* 0 if the open file fd is still file f as indexed (or nothing was given
+ * to check it against); else fails naming item i and what changed. */
+static int check_same(const opt4_ranges *r, int fd, uint64_t f, uint64_t i) {
+  if (r->ids == NULL) return 0;
+  const opt4_file_ident *want = &r->ids[f];
+  struct stat st;
+  if (fstat(fd, &st) != 0)
+    return opt4__fail(OPT4_EIO, "cannot check item %llu of %s: fstat: %s", (unsigned long long)i, r->paths[f],
+                      strerror(errno));
+  int64_t mtime = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+  int64_t ctime = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
+  const char *what = (uint64_t)st.st_ino != want->ino           ? "another inode"
+                     : (uint64_t)st.st_size != want->size       ? "another size"
+                     : mtime != want->mtime_ns                   ? "another mtime"
+                     : ctime != want->ctime_ns                   ? "another ctime (written, or its mode or links changed)"
+                                                                 : NULL;
+  if (what == NULL) return 0;
+  return opt4__fail(OPT4_EIO, "item %llu of %s was not served: the file changed since it was indexed (%s; "
+                    "%llu bytes now, %llu then), so its bytes may be another item's; make the dataset again "
+                    "(it indexes the files anew)", (unsigned long long)i, r->paths[f], what,
+                    (unsigned long long)st.st_size, (unsigned long long)want->size);
 }
 
 /* A descriptor for file f: a kept one, or a new one the caller closes
@@ -75,16 +120,19 @@ static int get_fd(opt4_ranges *r, uint64_t f, int direct, int *owned) {
   return fd;
 }
 
-/* Read n bytes at off of file f into dst. Returns 0, or -1 with errno. */
-static int read_range(opt4_ranges *r, uint64_t f, uint64_t off, uint64_t n, uint8_t *dst) {
+/* Read item i (n bytes at off of file f) into dst. Returns 0; -1 with errno
+ * when the read failed; 1 when it was refused (the file changed: the
+ * failure is already set). */
+static int read_range(opt4_ranges *r, uint64_t i, uint64_t f, uint64_t off, uint64_t n, uint8_t *dst) {
   int owned = 0, rc = -1, e = 0;
   if (r->direct) {
     int fd = get_fd(r, f, 1, &owned);
     if (fd >= 0) {
       rc = opt4__pread_direct(fd, r->dio_mem_align, r->dio_off_align, off, n, dst);
       e = errno;
+      if (rc == 0 && check_same(r, fd, f, i) != 0) rc = 1;
       if (owned) close(fd);
-      if (rc == 0 || e != EINVAL) return errno = e, rc;
+      if (rc >= 0 || e != EINVAL) return errno = e, rc;
     }
     /* This file refuses O_DIRECT (another filesystem than the probe's): read it buffered. */
   }
@@ -92,6 +140,7 @@ static int read_range(opt4_ranges *r, uint64_t f, uint64_t off, uint64_t n, uint
   if (fd < 0) return -1;
   rc = opt4__pread_full(fd, dst, (size_t)n, off);
   e = errno;
+  if (rc == 0 && check_same(r, fd, f, i) != 0) rc = 1;
   if (owned) close(fd);
   errno = e;
   return rc;
@@ -214,7 +263,22 @@ void opt4_ranges_close(opt4_ranges *r) {
   if (r->paths != NULL) opt4__free(r->paths, r->n_files ? (size_t)r->n_files * sizeof *r->paths : 1);
   if (r->path_buf != NULL) opt4__free(r->path_buf, r->path_bytes ? r->path_bytes : 1);
   if (r->shared != NULL) munmap(r->shared, sizeof *r->shared);
+  if (r->ids != NULL) opt4__free(r->ids, (size_t)r->n_files * sizeof *r->ids);
   opt4__free(r, sizeof *r);
+}
+
+int opt4_ranges_expect(opt4_ranges *r, const opt4_file_ident *ids, uint64_t n_files) {
+  opt4__clear_detail();
+  if (r == NULL || ids == NULL) return opt4__fail(OPT4_EINVAL, "ranges or ids is NULL");
+  if (n_files != r->n_files)
+    return opt4__fail(OPT4_EINVAL, "%llu identities for %llu files", (unsigned long long)n_files,
+                      (unsigned long long)r->n_files);
+  if (r->ids == NULL && n_files > 0) {
+    r->ids = opt4__malloc((size_t)n_files * sizeof *r->ids);
+    if (r->ids == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for %llu file identities", (unsigned long long)n_files);
+  }
+  if (n_files > 0) memcpy(r->ids, ids, (size_t)n_files * sizeof *r->ids);
+  return 0;
 }
 
 int opt4_ranges_info_get(const opt4_ranges *r, opt4_ranges_info *out) {
@@ -259,11 +323,17 @@ int opt4_ranges_read(opt4_ranges *r, uint64_t i, void *dst, size_t cap, uint64_t
                       (unsigned long long)it->length, (unsigned long long)cap);
   uint64_t delay = atomic_load_explicit(&r->shared->latency_ns, memory_order_relaxed);
   if (delay) opt4__sleep_ns(delay); /* emulated storage latency, for benchmarks and tests */
-  if (it->length > 0 && read_range(r, it->file, it->offset, it->length, dst) != 0) {
+  int got = it->length > 0 ? read_range(r, i, it->file, it->offset, it->length, dst) : 0;
+  if (got > 0) return OPT4_EIO; /* refused: the file changed (check_same set the detail) */
+  if (got != 0) {
     int e = errno;
     const char *path = r->paths[it->file];
     struct stat st;
     if (stat(path, &st) != 0) e = errno; /* gone since: say so, not what reading its old inode said */
+    else if (!S_ISREG(st.st_mode))
+      return opt4__fail(OPT4_EIO, "cannot read item %llu of %s: it is not a regular file (%s) and was not read; "
+                        "it changed since it was indexed: put the file back, or make the dataset again",
+                        (unsigned long long)i, path, opt4__file_kind(st.st_mode));
     else if ((uint64_t)st.st_size < it->offset + it->length)
       return opt4__fail(OPT4_ETRUNCATED, "cannot read item %llu (%llu bytes at %llu of %s): the file is now "
                         "%llu bytes; it changed since it was indexed; index it again",

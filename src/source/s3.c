@@ -21,13 +21,22 @@
  * server, which recomputes every signature with botocore). Unsigned
  * requests (a public bucket) send none of the x-amz headers.
  *
+ *   If-Match: <the ETag listed>  (when given: opt4_s3_expect; not signed)
+ *
  * The answer must be 206 with exactly the range's bytes, or 200 with the
- * whole object when the range is the whole object from byte 0; a body
- * longer than the range is cut off and refused (the object changed since it
- * was listed), a shorter one too. Connection failures, 5xx and 429 are
- * tried again, max_attempts in all, after 50 ms, 100 ms, ... (at most 2 s);
- * a 4xx fails at once, the message naming the object, the range, the
- * endpoint, the status and the store's error code.
+ * whole object when the range is the whole object from byte 0, and is
+ * judged in s3answer.c: its Content-Range must name the bytes asked for
+ * (and the listed size as the total), its Content-Length the range's
+ * length, its ETag the listed one; a body longer than the range is cut off
+ * and refused (the object changed since it was listed), a shorter one too.
+ * A store that honours If-Match answers a changed object with 412, which
+ * fails at once. Connection failures, 5xx and 429 are tried again,
+ * max_attempts in all, after 50 ms, 100 ms, ... (at most 2 s), all within
+ * the GET's deadline; a 4xx fails at once, the message naming the object,
+ * the range, the endpoint, the status and the store's error code. Every
+ * wait has an end: a try slower than min_rate bytes a second over
+ * timeout_ns fails (libcurl's low-speed limit), and a GET, its tries
+ * included, ends at deadline_ns.
  *
  * HTTP is libcurl's (easy handles: one request at a time each, keeping its
  * connection open between requests). Handles wait in a per-process pool:
@@ -41,10 +50,18 @@
  * forked process is. Counters live in a shared mapping, as the file
  * ranges' do, so forked workers count into the same place.
  *
+ * A 307 or 308 is followed to its Location (at most 3 times, never from
+ * https to http), the request signed again for the new host, path and
+ * query.
+ *
+ * https is verified (peer and host name) against the system's CA store, or
+ * against ca_bundle when given; a certificate that fails is not tried again.
+ *
  * Built only with libcurl and OpenSSL's libcrypto (SHA-256, HMAC); without
  * them opt4_s3_open says so (OPT4_ENOTSUP).
  */
 #include "direct.h"
+#include "s3answer.h"
 #include "source.h"
 
 #include <stdatomic.h>
@@ -97,8 +114,8 @@ int opt4__sigv4_get(const opt4__sigv4_request *q, char *auth, size_t cap) {
   const char *signed_headers = token ? "host;range;x-amz-content-sha256;x-amz-date;x-amz-security-token"
                                      : "host;range;x-amz-content-sha256;x-amz-date";
   int n = snprintf(canonical, sizeof canonical,
-                   "GET\n%s\n\nhost:%s\nrange:%s\nx-amz-content-sha256:%s\nx-amz-date:%s\n%s%s%s\n%s\n%s", q->path,
-                   q->host, q->range, payload, q->amz_date, token ? "x-amz-security-token:" : "", token ? token : "",
+                   "GET\n%s\n%s\nhost:%s\nrange:%s\nx-amz-content-sha256:%s\nx-amz-date:%s\n%s%s%s\n%s\n%s", q->path,
+                   q->query != NULL ? q->query : "", q->host, q->range, payload, q->amz_date, token ? "x-amz-security-token:" : "", token ? token : "",
                    token ? "\n" : "", signed_headers, payload);
   if (n < 0 || (size_t)n >= sizeof canonical) return opt4__fail(OPT4_ETOOBIG, "a request's path is too long to sign");
   SHA256((const unsigned char *)canonical, (size_t)n, digest);
@@ -142,9 +159,12 @@ struct opt4_s3 {
   char *base;   /* scheme://authority, without a trailing slash */
   char *host;   /* the Host header, the one signed */
   char *bucket, *region, *access_key, *secret_key, *token;
+  char *ca_bundle; /* CURLOPT_CAINFO, or NULL: the system's CA store */
   char *h_host, *h_token; /* the Host and x-amz-security-token header lines, made once */
   uint32_t max_attempts;
-  uint64_t timeout_ns;
+  uint64_t timeout_ns, deadline_ns, min_rate;
+  char **etags;      /* each object's listed ETag (opt4_s3_expect), or NULL */
+  uint64_t *sizes;   /* each object's listed size, or NULL */
   _Atomic(struct pool *) pool;
   struct s3_counters *shared;
   char note[192];
@@ -239,13 +259,16 @@ static CURL *take_handle(opt4_s3 *r, struct pool **pp) {
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
-  /* A request that moves no byte for timeout_ns fails (and is tried again):
-   * a bound on a store that accepts and never answers, not on a large
-   * object's whole transfer. */
+  /* A try slower than min_rate bytes a second over timeout_ns fails (and
+   * is tried again): a store that accepts and never answers, or trickles.
+   * The GET's deadline is set per try (CURLOPT_TIMEOUT_MS, what is left). */
   long secs = (long)((r->timeout_ns + 999999999u) / 1000000000u);
-  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, (long)r->min_rate);
   curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, secs > 0 ? secs : 1L);
   curl_easy_setopt(h, CURLOPT_USERAGENT, "opt4torch-s3/1");
+  curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+  curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+  if (r->ca_bundle != NULL) curl_easy_setopt(h, CURLOPT_CAINFO, r->ca_bundle);
   return h;
 }
 
@@ -262,33 +285,23 @@ static void give_handle(struct pool *p, CURL *h, int keep) {
 }
 
 struct sink {
-  uint8_t *dst;
-  size_t cap, got;
-  int over;      /* the body was longer than cap */
-  char err[512]; /* the start of an error answer's body */
-  size_t err_len;
-  long status;   /* 0 until the first body byte: then the status line's */
-  CURL *h;
+  opt4__s3_answer a;
+  char curl_err[CURL_ERROR_SIZE];
 };
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *user) {
-  struct sink *s = user;
-  size_t n = size * nmemb;
-  if (s->status == 0) curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &s->status);
-  if (s->status >= 300) { /* an error document: keep its start for the message */
-    size_t room = sizeof s->err - 1 - s->err_len, k = n < room ? n : room;
-    memcpy(s->err + s->err_len, data, k);
-    s->err_len += k;
-    s->err[s->err_len] = '\0';
-    return n;
-  }
-  if (n > s->cap - s->got) {
-    s->over = 1;
-    return 0; /* aborts the transfer */
-  }
-  memcpy(s->dst + s->got, data, n);
-  s->got += n;
-  return n;
+  return opt4__s3_answer_body(&((struct sink *)user)->a, data, size * nmemb);
+}
+
+static size_t on_header(char *data, size_t size, size_t nmemb, void *user) {
+  opt4__s3_answer_header(&((struct sink *)user)->a, data, size * nmemb);
+  return size * nmemb;
+}
+
+static uint64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
 /* The store's error code in an S3 error document (<Code>X</Code>), into out. */
@@ -311,8 +324,72 @@ static const char *hint_for(long status, const char *code) {
     return ": the store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or unsigned "
            "access for a public bucket)";
   if (status == 416) return ": the object is shorter than the listing said (changed since?)";
+  if (status == 307 || status == 308) return ": redirected more than 3 times (a loop?)";
+  if (status == 412)
+    return ": its ETag is no longer the one listed (If-Match): the object changed since the dataset was made; make "
+           "the dataset again";
   return "";
 }
+
+/* Where a 307 or 308 sends the GET: loc parsed into the URL to ask (no
+ * fragment), the Host to sign, the URI-encoded path and the canonical query
+ * (its parameters sorted by name, then value, as SigV4 wants them; taken
+ * as encoded by the store). -1 for a Location that is not an absolute
+ * http(s) URL, or that would go from https to http. */
+struct redirect {
+  char url[4096], host[300], h_host[310], path[4096], query[2048];
+};
+
+static int param_cmp(const void *a, const void *b) {
+  const char *x = *(const char *const *)a, *y = *(const char *const *)b;
+  size_t nx = strcspn(x, "="), ny = strcspn(y, "=");
+  int c = strncmp(x, y, nx < ny ? nx : ny);
+  if (c != 0 || nx != ny) return c != 0 ? c : (nx < ny ? -1 : 1);
+  return strcmp(x + nx, y + ny);
+}
+
+static int parse_redirect(const char *base, const char *loc, struct redirect *to) {
+  int https = strncmp(loc, "https://", 8) == 0;
+  if (!https && strncmp(loc, "http://", 7) != 0) return -1;
+  if (!https && strncmp(base, "https://", 8) == 0) return -1; /* no downgrade */
+  const char *auth = loc + (https ? 8 : 7);
+  size_t an = strcspn(auth, "/?#"), pn, qn;
+  if (an == 0 || an >= sizeof to->host) return -1;
+  const char *path = auth + an;
+  pn = path[0] == '/' ? strcspn(path, "?#") : 0;
+  const char *query = path + pn;
+  qn = query[0] == '?' ? strcspn(query + 1, "#") : 0;
+  if (pn >= sizeof to->path || qn >= sizeof to->query) return -1;
+  snprintf(to->host, sizeof to->host, "%.*s", (int)an, auth);
+  snprintf(to->h_host, sizeof to->h_host, "Host: %s", to->host);
+  snprintf(to->path, sizeof to->path, "%.*s", (int)(pn ? pn : 1), pn ? path : "/");
+  int n = snprintf(to->url, sizeof to->url, "%.*s%s%s%.*s", (int)(auth + an - loc), loc, to->path, qn ? "?" : "",
+                   (int)qn, query + 1);
+  if (n < 0 || (size_t)n >= sizeof to->url) return -1;
+  /* The canonical query: the parameters sorted, "name=" for one without a value. */
+  char raw[2048], *params[64];
+  size_t np = 0;
+  snprintf(raw, sizeof raw, "%.*s", (int)qn, query + 1);
+  for (char *save = NULL, *tok = qn ? strtok_r(raw, "&", &save) : NULL; tok != NULL;
+       tok = strtok_r(NULL, "&", &save)) {
+    if (np == sizeof params / sizeof params[0]) return -1;
+    params[np++] = tok;
+  }
+  qsort(params, np, sizeof params[0], param_cmp);
+  size_t at = 0;
+  to->query[0] = '\0';
+  for (size_t k = 0; k < np; k++) {
+    int m = snprintf(to->query + at, sizeof to->query - at, "%s%s%s", k ? "&" : "", params[k],
+                     strchr(params[k], '=') ? "" : "=");
+    if (m < 0 || (size_t)m >= sizeof to->query - at) return -1;
+    at += (size_t)m;
+  }
+  return 0;
+}
+
+/* Redirects a GET follows (307 and 308: the same request at another place,
+ * signed again for it), AIStore's way of balancing its S3 API. */
+#define MAX_REDIRECTS 3
 
 int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
   if (r == NULL || len == NULL || (dst == NULL && cap > 0)) return opt4__fail(OPT4_EINVAL, "reader, dst or len is NULL");
@@ -330,29 +407,37 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
   const char *path = r->paths[it->file], *key = r->keys[it->file];
   unsigned long long first = (unsigned long long)it->offset, last = (unsigned long long)(it->offset + it->length - 1);
   char url[4096], range[64], amz_date[17], auth[512];
-  char h_range[80], h_date[40], h_sha[100], h_auth[560];
+  char h_range[80], h_date[40], h_sha[100], h_auth[560], h_match[160] = "";
   int n = snprintf(url, sizeof url, "%s%s", r->base, path);
   if (n < 0 || (size_t)n >= sizeof url) return opt4__fail(OPT4_ETOOBIG, "the URL of object %s is too long", key);
   snprintf(range, sizeof range, "bytes=%llu-%llu", first, last);
   snprintf(h_range, sizeof h_range, "Range: %s", range);
+  const char *etag = r->etags != NULL && r->etags[it->file][0] ? r->etags[it->file] : NULL;
+  if (etag != NULL) snprintf(h_match, sizeof h_match, "If-Match: %s", etag);
+  opt4__s3_asked asked = {.first = it->offset, .length = it->length,
+                          .size = r->sizes != NULL ? r->sizes[it->file] : UINT64_MAX, .etag = etag};
+  uint64_t start = now_ns();
   struct pool *pool = NULL;
   CURL *h = take_handle(r, &pool);
   if (h == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for an HTTP handle (libcurl)");
   int rc = 0;
-  unsigned backoff = 50;
+  unsigned backoff = 50, redirects = 0;
+  struct redirect *to = NULL; /* where the last 307 sent the GET, or NULL: the reader's own URL */
   for (uint32_t attempt = 1;; attempt++) {
     struct curl_slist *hdr = NULL, *t;
-    hdr = curl_slist_append(hdr, r->h_host);
+    hdr = curl_slist_append(hdr, to != NULL ? to->h_host : r->h_host);
     hdr = (t = hdr ? curl_slist_append(hdr, h_range) : NULL) ? t : hdr;
     hdr = (t = hdr ? curl_slist_append(hdr, "Accept:") : NULL) ? t : hdr; /* no Accept: curl's default, unsigned */
+    if (etag != NULL) hdr = (t = hdr ? curl_slist_append(hdr, h_match) : NULL) ? t : hdr;
     if (r->access_key != NULL) {
       time_t now = time(NULL);
       struct tm tm;
       gmtime_r(&now, &tm);
       strftime(amz_date, sizeof amz_date, "%Y%m%dT%H%M%SZ", &tm);
-      opt4__sigv4_request q = {.host = r->host, .path = path, .range = range, .amz_date = amz_date,
-                               .region = r->region, .access_key = r->access_key, .secret_key = r->secret_key,
-                               .session_token = r->token, .payload_sha256 = NULL};
+      opt4__sigv4_request q = {.host = to != NULL ? to->host : r->host, .path = to != NULL ? to->path : path,
+                               .range = range, .amz_date = amz_date, .region = r->region,
+                               .access_key = r->access_key, .secret_key = r->secret_key, .session_token = r->token,
+                               .payload_sha256 = NULL, .query = to != NULL ? to->query : NULL};
       if ((rc = opt4__sigv4_get(&q, auth, sizeof auth)) != 0) {
         curl_slist_free_all(hdr);
         break;
@@ -369,44 +454,94 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
       rc = opt4__fail(OPT4_ENOMEM, "no memory for a request's headers");
       break;
     }
-    struct sink s = {.dst = dst, .cap = (size_t)it->length, .h = h};
-    curl_easy_setopt(h, CURLOPT_URL, url);
+    uint64_t spent = now_ns() - start;
+    if (spent >= r->deadline_ns) {
+      curl_slist_free_all(hdr);
+      rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s did not finish within its deadline of %.3g s "
+                      "(%u tries): the store is too slow or does not answer (deadline_s sets it)", r->bucket, key,
+                      first, last, r->base, (double)r->deadline_ns / 1e9, attempt - 1);
+      break;
+    }
+    uint64_t left_ms = (r->deadline_ns - spent + 999999u) / 1000000u;
+    struct sink s;
+    opt4__s3_answer_init(&s.a, dst, (size_t)it->length);
+    s.curl_err[0] = '\0';
+    curl_easy_setopt(h, CURLOPT_URL, to != NULL ? to->url : url);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &s);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, &s);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, s.curl_err);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(left_ms > 0x7fffffff ? 0x7fffffff : left_ms));
     CURLcode cc = curl_easy_perform(h);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
     curl_slist_free_all(hdr);
     atomic_fetch_add_explicit(&r->shared->requests, 1, memory_order_relaxed);
     long status = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
     int retry = 0;
-    if (s.over) {
-      rc = opt4__fail(OPT4_ETRUNCATED, "GET s3://%s/%s bytes %llu-%llu at %s answered more bytes than the "
-                      "listing said (%llu): the object changed since the dataset was made", r->bucket, key, first,
-                      last, r->base, (unsigned long long)it->length);
+    char why[400];
+    const char *cerr = s.curl_err[0] ? s.curl_err : curl_easy_strerror(cc);
+    if (s.a.over) {
+      int code = opt4__s3_answer_check(&s.a, &asked, why, sizeof why);
+      rc = opt4__fail(code ? code : OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s answered %s", r->bucket, key,
+                      first, last, r->base, why);
+    } else if (cc == CURLE_OPERATION_TIMEDOUT && now_ns() - start >= r->deadline_ns) {
+      rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s did not finish within its deadline of %.3g s "
+                      "(%u tries; %zu of %llu bytes in the last): the store is too slow or does not answer "
+                      "(deadline_s sets it)", r->bucket, key, first, last, r->base, (double)r->deadline_ns / 1e9,
+                      attempt, s.a.got, (unsigned long long)it->length);
+    } else if (cc == CURLE_OPERATION_TIMEDOUT) {
+      retry = 1;
+      rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s failed after %u tries: %s: slower than %llu "
+                      "bytes a second over %.3g s (min_rate and timeout set it)", r->bucket, key, first, last,
+                      r->base, attempt, cerr, (unsigned long long)r->min_rate, (double)r->timeout_ns / 1e9);
+    } else if (cc == CURLE_PEER_FAILED_VERIFICATION || cc == CURLE_SSL_CACERT_BADFILE) {
+      rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s: %s: %s", r->bucket, key, first, last, r->base,
+                      cerr,
+                      cc == CURLE_SSL_CACERT_BADFILE
+                          ? "the CA bundle given (ca_bundle) cannot be read as PEM certificates"
+                          : r->ca_bundle != NULL
+                                ? "the store's TLS certificate is not one the CA bundle given (ca_bundle) vouches for"
+                                : "the store's TLS certificate is not one the system's CAs vouch for; give the CA "
+                                  "that signed it (ca_bundle=PATH)");
+    } else if (cc == CURLE_PARTIAL_FILE) {
+      retry = 1;
+      rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s failed after %u tries: the answer was cut "
+                      "short (%s): the store announced more bytes than it sent", r->bucket, key, first, last,
+                      r->base, attempt, cerr);
     } else if (cc != CURLE_OK) {
       retry = 1;
       rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s (%s%s) failed after %u tries: %s: the store "
                       "did not answer (is the endpoint right, and the server up?)", r->bucket, key, first, last,
-                      r->base, r->base, path, attempt, curl_easy_strerror(cc));
-    } else if (status == 206 || (status == 200 && it->offset == 0)) {
-      if (s.got != it->length)
-        rc = opt4__fail(OPT4_ETRUNCATED, "GET s3://%s/%s bytes %llu-%llu at %s returned %zu bytes where the "
-                        "listing said %llu: the object changed since the dataset was made", r->bucket, key, first,
-                        last, r->base, s.got, (unsigned long long)it->length);
-      else
-        rc = 0;
-    } else if (status == 200) {
-      rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s: the store ignored the Range header "
-                      "(answered 200, the whole object): a store that reads byte ranges is needed", r->bucket, key,
-                      first, last, r->base);
+                      r->base, r->base, path, attempt, cerr);
+    } else if ((status == 307 || status == 308) && redirects < MAX_REDIRECTS) {
+      char *loc = NULL;
+      curl_easy_getinfo(h, CURLINFO_REDIRECT_URL, &loc);
+      if (to == NULL && (to = opt4__malloc(sizeof *to)) == NULL) {
+        rc = opt4__fail(OPT4_ENOMEM, "no memory to follow a redirect");
+      } else if (loc == NULL || parse_redirect(r->base, loc, to) != 0) {
+        rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s: HTTP %ld to %s, which is not a place to "
+                        "follow (an absolute http(s) URL, never from https to http)", r->bucket, key, first, last,
+                        r->base, status, loc != NULL ? loc : "nowhere (no Location)");
+      } else {
+        redirects++;
+        attempt--; /* a redirect is not a try that failed */
+        continue;
+      }
+    } else if (status == 206 || status == 200) {
+      int code = opt4__s3_answer_check(&s.a, &asked, why, sizeof why);
+      rc = code == 0 ? 0
+                     : opt4__fail(code, "GET s3://%s/%s bytes %llu-%llu at %s answered %s", r->bucket, key, first,
+                                  last, r->base, why);
     } else {
       char code[64];
-      error_code(s.err, code, sizeof code);
+      error_code(s.a.err, code, sizeof code);
       retry = status >= 500 || status == 429;
-      rc = opt4__fail(OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s: HTTP %ld%s%s%s", r->bucket, key, first, last,
-                      r->base, status, code[0] ? " " : "", code, hint_for(status, code));
+      rc = opt4__fail(status == 412 ? OPT4_ETRUNCATED : OPT4_EIO, "GET s3://%s/%s bytes %llu-%llu at %s: HTTP %ld%s%s%s",
+                      r->bucket, key, first, last, r->base, status, code[0] ? " " : "", code, hint_for(status, code));
     }
     if (rc == 0 || !retry || attempt >= r->max_attempts) break;
     atomic_fetch_add_explicit(&r->shared->retries, 1, memory_order_relaxed);
@@ -414,6 +549,7 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
     backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
   }
   give_handle(pool, h, rc == 0);
+  if (to != NULL) opt4__free(to, sizeof *to);
   if (rc != 0) {
     atomic_fetch_add_explicit(&r->shared->failures, 1, memory_order_relaxed);
     return rc;
@@ -461,6 +597,8 @@ int opt4_s3_open(const opt4_s3_config *cfg, const char *const *keys, uint64_t n_
   r->count = n_items;
   r->max_attempts = cfg->max_attempts ? cfg->max_attempts : 3;
   r->timeout_ns = cfg->timeout_ns ? cfg->timeout_ns : 60ull * 1000000000ull;
+  r->deadline_ns = cfg->deadline_ns ? cfg->deadline_ns : 300ull * 1000000000ull;
+  r->min_rate = cfg->min_rate ? cfg->min_rate : 1024u;
   char host[600], base[700];
   size_t scheme_len = (size_t)(authority - endpoint);
   if (path_style)
@@ -472,6 +610,10 @@ int opt4_s3_open(const opt4_s3_config *cfg, const char *const *keys, uint64_t n_
   r->host = dup_str(host);
   r->bucket = dup_str(cfg->bucket);
   r->region = dup_str(region);
+  if (cfg->ca_bundle != NULL && cfg->ca_bundle[0] && (r->ca_bundle = dup_str(cfg->ca_bundle)) == NULL) {
+    rc = opt4__fail(OPT4_ENOMEM, "no memory for an S3 reader");
+    goto fail;
+  }
   if (cfg->access_key != NULL) {
     r->access_key = dup_str(cfg->access_key);
     r->secret_key = dup_str(cfg->secret_key);
@@ -565,13 +707,53 @@ void opt4_s3_close(opt4_s3 *r) {
   free_str(r->host);
   free_str(r->bucket);
   free_str(r->region);
+  free_str(r->ca_bundle);
   free_str(r->access_key);
   free_str(r->secret_key);
   free_str(r->token);
   free_str(r->h_host);
   free_str(r->h_token);
+  if (r->etags != NULL) {
+    for (uint64_t f = 0; f < r->n_objects; f++) free_str(r->etags[f]);
+    opt4__free(r->etags, (r->n_objects ? r->n_objects : 1) * sizeof *r->etags);
+  }
+  if (r->sizes != NULL) opt4__free(r->sizes, (r->n_objects ? r->n_objects : 1) * sizeof *r->sizes);
   if (r->shared) munmap(r->shared, sizeof *r->shared);
   opt4__free(r, sizeof *r);
+}
+
+int opt4_s3_expect(opt4_s3 *r, const char *const *etags, const uint64_t *sizes, uint64_t n_objects) {
+  opt4__clear_detail();
+  if (r == NULL || (etags == NULL && sizes == NULL)) return opt4__fail(OPT4_EINVAL, "reader, etags and sizes are NULL");
+  if (n_objects != r->n_objects)
+    return opt4__fail(OPT4_EINVAL, "%llu identities for %llu objects", (unsigned long long)n_objects,
+                      (unsigned long long)r->n_objects);
+  if (r->etags != NULL || r->sizes != NULL) return opt4__fail(OPT4_EINVAL, "the objects' identities are already set");
+  size_t n = n_objects ? (size_t)n_objects : 1;
+  for (uint64_t f = 0; etags != NULL && f < n_objects; f++) {
+    const char *e = etags[f] != NULL ? etags[f] : "";
+    for (const char *c = e; *c; c++)
+      if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e)
+        return opt4__fail(OPT4_EINVAL, "the ETag of object %s holds a byte that cannot go in a header", r->keys[f]);
+    if (strlen(e) > 128) return opt4__fail(OPT4_EINVAL, "the ETag of object %s is over 128 bytes", r->keys[f]);
+  }
+  if (etags != NULL) {
+    if ((r->etags = opt4__calloc(n, sizeof *r->etags)) == NULL) goto oom;
+    for (uint64_t f = 0; f < n_objects; f++)
+      if ((r->etags[f] = dup_str(etags[f] != NULL ? etags[f] : "")) == NULL) goto oom;
+  }
+  if (sizes != NULL) {
+    if ((r->sizes = opt4__malloc(n * sizeof *r->sizes)) == NULL) goto oom;
+    if (n_objects) memcpy(r->sizes, sizes, (size_t)n_objects * sizeof *r->sizes);
+  }
+  return 0;
+oom:
+  if (r->etags != NULL) {
+    for (uint64_t f = 0; f < n_objects; f++) free_str(r->etags[f]);
+    opt4__free(r->etags, n * sizeof *r->etags);
+    r->etags = NULL;
+  }
+  return opt4__fail(OPT4_ENOMEM, "no memory for %llu objects' ETags", (unsigned long long)n_objects);
 }
 
 int opt4_s3_info_get(const opt4_s3 *r, opt4_s3_info *out) {
@@ -615,6 +797,10 @@ int opt4_s3_open(const opt4_s3_config *cfg, const char *const *keys, uint64_t n_
   return NO_S3;
 }
 void opt4_s3_close(opt4_s3 *r) { (void)r; }
+int opt4_s3_expect(opt4_s3 *r, const char *const *etags, const uint64_t *sizes, uint64_t n_objects) {
+  (void)r, (void)etags, (void)sizes, (void)n_objects;
+  return NO_S3;
+}
 int opt4_s3_info_get(const opt4_s3 *r, opt4_s3_info *out) {
   (void)r, (void)out;
   return NO_S3;

@@ -32,6 +32,7 @@ extern const opt4_source_ops opt4__source_s3_ops;
 typedef struct opt4__sigv4_request {
   const char *host, *path, *range, *amz_date, *region;
   const char *access_key, *secret_key, *session_token, *payload_sha256;
+  const char *query; /* the canonical query string (sorted, encoded); NULL: none */
 } opt4__sigv4_request;
 int opt4__sigv4_get(const opt4__sigv4_request *q, char *auth, size_t cap);
 

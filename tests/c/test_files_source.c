@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static void tmp_path(char *buf, size_t cap, const char *name) {
@@ -97,6 +98,76 @@ static void test_ranges(void) {
   const opt4_range bad[] = {{3, 0, 1}};
   ASSERT_ERR(opt4_ranges_open(paths, 3, bad, 1, 0, &r), OPT4_ERANGE);
   ASSERT(r == NULL && strstr(opt4_errdetail(), "file 3") != NULL);
+  for (int f = 0; f < 2; f++) unlink(p[f]);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
+/* A file's identity as opt4_ranges_expect takes it. */
+static opt4_file_ident ident_of(const char *path) {
+  struct stat st;
+  ASSERT(stat(path, &st) == 0);
+  opt4_file_ident id = {(uint64_t)st.st_size, (uint64_t)st.st_ino,
+                        (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec,
+                        (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec};
+  return id;
+}
+
+/* Files that are not what was indexed: a FIFO (the open does not block, the
+ * read is refused), a link to /dev/zero, and a file rewritten in place at
+ * its old size with its mtime put back (ctime tells), with and without
+ * O_DIRECT; a file renamed over the kept one's path is still read from the
+ * inode indexed. */
+static void test_ranges_hostile_files(void) {
+  char p[2][128];
+  const char *paths[2];
+  static uint8_t data[8192];
+  for (size_t k = 0; k < sizeof data; k++) data[k] = byte_at(0, k);
+  for (int f = 0; f < 2; f++) {
+    char name[16];
+    snprintf(name, sizeof name, "h%d.bin", f);
+    tmp_path(p[f], sizeof p[f], name);
+    paths[f] = p[f];
+    write_file(p[f], data, sizeof data);
+  }
+  const opt4_range items[] = {{0, 0, 4096}, {1, 4096, 4096}};
+  static uint8_t buf[4096];
+  uint64_t len = 0;
+  for (int direct = 0; direct < 2; direct++) {
+    write_file(p[0], data, sizeof data);
+    opt4_file_ident ids[2] = {ident_of(p[0]), ident_of(p[1])};
+    opt4_ranges *r = NULL;
+    ASSERT_OK(opt4_ranges_open(paths, 2, items, 2, direct ? OPT4_RANGES_DIRECT : 0, &r));
+    ASSERT_ERR(opt4_ranges_expect(r, ids, 1), OPT4_EINVAL);
+    ASSERT_OK(opt4_ranges_expect(r, ids, 2));
+    ASSERT_OK(opt4_ranges_read(r, 0, buf, sizeof buf, &len));
+    ASSERT(memcmp(buf, data, sizeof buf) == 0);
+    struct timespec sleep = {0, 10 * 1000 * 1000};
+    nanosleep(&sleep, NULL);
+    int fd = open(p[0], O_WRONLY | O_CLOEXEC);
+    ASSERT(fd >= 0);
+    ASSERT(pwrite(fd, "other", 5, 100) == 5);
+    struct timespec times[2] = {{0, UTIME_OMIT}, {ids[0].mtime_ns / 1000000000, ids[0].mtime_ns % 1000000000}};
+    ASSERT(futimens(fd, times) == 0);
+    close(fd);
+    ASSERT_ERR(opt4_ranges_read(r, 0, buf, sizeof buf, &len), OPT4_EIO);
+    ASSERT(strstr(opt4_errdetail(), "was not served: the file changed since it was indexed (another ctime") != NULL);
+    ASSERT_OK(opt4_ranges_read(r, 1, buf, sizeof buf, &len)); /* the other file still reads */
+    opt4_ranges_close(r);
+  }
+  /* A FIFO where a file was: refused at once, not waited on. */
+  ASSERT(unlink(p[1]) == 0 && mkfifo(p[1], 0600) == 0);
+  opt4_ranges *r = NULL;
+  ASSERT_OK(opt4_ranges_open(paths, 2, items, 2, 0, &r));
+  ASSERT_ERR(opt4_ranges_read(r, 1, buf, sizeof buf, &len), OPT4_EIO);
+  ASSERT(strstr(opt4_errdetail(), "is not a regular file (a FIFO (named pipe)) and was not read") != NULL);
+  /* A link to /dev/zero: a device of endless bytes, refused too. */
+  ASSERT(unlink(p[1]) == 0 && symlink("/dev/zero", p[1]) == 0);
+  ASSERT_ERR(opt4_ranges_read(r, 1, buf, sizeof buf, &len), OPT4_EIO);
+  ASSERT(strstr(opt4_errdetail(), "(a character device)") != NULL);
+  opt4_ranges_info in;
+  ASSERT_OK(opt4_ranges_info_get(r, &in));
+  ASSERT_U64_EQ(in.reads, 0);
+  opt4_ranges_close(r);
   for (int f = 0; f < 2; f++) unlink(p[f]);
   ASSERT_NO_ENGINE_MEMORY();
 }
@@ -275,6 +346,7 @@ static void test_tar_refused(void) {
 
 int main(void) {
   RUN(test_ranges);
+  RUN(test_ranges_hostile_files);
   RUN(test_tar_index);
   RUN(test_tar_refused);
   return 0;

@@ -245,3 +245,21 @@ def test_two_threads_list_one_loader_as_in_the_issue() -> None:
         assert loader.cache.stats()["timeouts"] == 0
     finally:
         loader.cache.close()
+
+
+def test_precompute_refuses_capacity_over_100_percent_and_a_folder_as_trace(tmp_path) -> None:
+    """Issue 38's weak spots: `--capacity 150%` was accepted (6 items of 4),
+    and `--trace /tmp` printed IsADirectoryError's traceback."""
+    trace = tmp_path / "t.txt"
+    trace.write_text("1\n2\n3\n1\n")
+    out = str(tmp_path / "p.opt4")
+    for args, want in ((["--trace", str(trace), "--items", "4", "--capacity", "150%"],
+                        "capacity '150%': a percentage of the items must be above 0 % and at most 100 %"),
+                       (["--trace", str(tmp_path), "--capacity", "2"],
+                        f"--trace '{tmp_path}' is a folder; give a trace file")):
+        r = subprocess.run([script("opt4torch"), "precompute", *args, "--output", out], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2 and want in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([script("opt4torch"), "precompute", "--trace", str(trace), "--items", "4", "--capacity",
+                        "100%", "--output", out], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import os
 import stat
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,8 +44,9 @@ from ..io.files import atomic_write
 from .base import IMG_EXTENSIONS, EngineSource, checked_index
 from .formats import decompress_command, decompressed_name, sniff
 from .shardnames import expand_shards
+from .tarindex import INDEX_SUFFIX, read_index, write_index
 
-__all__ = ["IMG_EXTENSIONS", "ImageFolder", "LayoutError", "TarShards", "find_classes", "make_dataset", "shard_index"]
+__all__ = ["IMG_EXTENSIONS", "FolderLoopError", "ImageFolder", "LayoutError", "TarShards", "find_classes", "make_dataset", "shard_index"]
 
 
 class _RangeDataset:
@@ -66,7 +65,10 @@ class _RangeDataset:
         raise NotImplementedError
 
     def _open_ranges(self) -> None:
-        self._r = _engine.Ranges(self._files, self._rows, direct=self.direct)
+        # Each file's (size, inode, mtime, ctime) as indexed: every read checks
+        # its file is still that one (a rewrite in place is refused, naming it).
+        self._r = _engine.Ranges(self._files, self._rows, direct=self.direct,
+                                 ident=getattr(self, "_idents", None))
         if self.latency:
             self._r.set_latency(self.latency)
 
@@ -125,8 +127,9 @@ class ImageFolder(_RangeDataset):
     folder with no file kept is refused unless ``allow_empty``). The same
     rule numbers ``opt4torch pack`` (:func:`find_classes`,
     :func:`make_dataset`). ``ds[i]`` is ``(bytes, label)``: the file's bytes
-    as stored. Files are sized once here; a file changed afterwards is read
-    at its old length (shorter: the read fails, naming it).
+    as stored. Files are sized once here, and each read checks its file is
+    still the one sized (size, inode, mtime, ctime) and a regular file: a
+    file changed, replaced or turned into a FIFO fails the read, naming it.
 
     torchvision's ``transform``, ``target_transform`` and ``loader`` are
     refused, saying where they go: what is cached is the file's bytes, and
@@ -156,12 +159,14 @@ class ImageFolder(_RangeDataset):
         self.targets = [label for _, label in self.samples]
         self._labels = np.asarray(self.targets, dtype=np.int64)
         rows = np.zeros((len(self.samples), 3), dtype=np.int64)
+        self._idents = np.zeros((len(self.samples), 4), dtype=np.int64)
         for k, (path, _) in enumerate(self.samples):
             st = os.stat(path)
             if not stat.S_ISREG(st.st_mode):
                 raise ValueError(f"{path} is not a regular file: an image folder read in place holds files only; "
                                  "move it out of the folder")
             rows[k] = (k, 0, st.st_size)
+            self._idents[k] = _ident_row(st)
         self._files = [path for path, _ in self.samples]
         self._rows = rows
         self._open_ranges()
@@ -229,7 +234,11 @@ def make_dataset(root: str | os.PathLike[str], class_to_idx: dict[str, int], *,
     one, when its name ends with one of ``extensions`` (default
     :data:`IMG_EXTENSIONS`), case-insensitively; giving both is refused, as
     torchvision refuses it. A class with no file kept is refused unless
-    ``allow_empty`` (it then keeps its number and has no sample)."""
+    ``allow_empty`` (it then keeps its number and has no sample). A folder
+    that is a link back to its own ancestor is refused
+    (:class:`FolderLoopError`, naming it), as is one that cannot be listed:
+    torchvision walks the first until the paths are too long, and skips the
+    second silently."""
     root = os.fspath(root)
     if extensions is not None and is_valid_file is not None:
         raise ValueError("give extensions or is_valid_file, not both (torchvision refuses both too): "
@@ -249,7 +258,7 @@ def make_dataset(root: str | os.PathLike[str], class_to_idx: dict[str, int], *,
         target_dir = os.path.join(root, target_class)
         if not os.path.isdir(target_dir):
             continue
-        for dirpath, _, fnames in sorted(os.walk(target_dir, followlinks=True)):
+        for dirpath, _, fnames in sorted(_walk_without_loops(target_dir)):
             for fname in sorted(fnames):
                 path = os.path.join(dirpath, fname)
                 if is_valid_file(path) if is_valid_file is not None else path.lower().endswith(exts):
@@ -271,6 +280,40 @@ def make_dataset(root: str | os.PathLike[str], class_to_idx: dict[str, int], *,
     return instances
 
 
+class FolderLoopError(LayoutError):
+    """A folder of an image folder that is a link back to one of its own
+    ancestors: walked with links followed (as torchvision walks), it would
+    repeat the same files under ever longer paths."""
+
+
+def _walk_without_loops(top: str) -> list[tuple[str, list[str], list[str]]]:
+    """``os.walk(top, followlinks=True)`` as a list, refusing a folder that
+    is one of its own ancestors (device and inode, so a link loop is found
+    the first time it closes, whatever its names), and a folder that cannot
+    be listed (os.walk skips those silently, and their images with them)."""
+    ident: dict[str, tuple[int, int]] = {}
+
+    def unreadable(exc: OSError) -> None:
+        raise PermissionError(exc.errno, f"cannot list the folder {exc.filename} ({exc.strerror}): its images "
+                              "would be left out silently (torchvision leaves them out); make it readable, or "
+                              "move it out of the image folder") from None
+
+    out = []
+    for dirpath, dirnames, fnames in os.walk(top, followlinks=True, onerror=unreadable):
+        st = os.stat(dirpath)
+        me = (st.st_dev, st.st_ino)
+        up = dirpath
+        while len(up) > len(top):  # its ancestors inside the walk, top included
+            up = os.path.dirname(up)
+            if ident.get(up) == me:
+                raise FolderLoopError(f"{dirpath} is the folder {up} again (a symbolic link back to its own "
+                                      "ancestor): walked with links followed, as torchvision walks, it would "
+                                      "repeat the same images under ever longer paths; remove the link")
+        ident[dirpath] = me
+        out.append((dirpath, dirnames, fnames))
+    return out
+
+
 def _extensions(extensions: str | Sequence[str]) -> tuple[str, ...]:
     """Extensions as a lower-case tuple (a single one may be a str, as
     torchvision allows). torchvision lower-cases only the file name, so an
@@ -283,11 +326,6 @@ def _extensions(extensions: str | Sequence[str]) -> tuple[str, ...]:
 
 # ---- tar shards ----
 
-_INDEX_FORMAT = "opt4torch-tar-index"
-_INDEX_VERSION = 1
-_INDEX_SUFFIX = ".opt4idx.json"
-
-
 class TarShards(_RangeDataset):
     """WebDataset tar shards read in place: ``ds[i]`` is sample ``i``,
     ``{"__key__": key, "<field>": bytes, ...}``, as WebDataset's raw samples
@@ -299,7 +337,7 @@ class TarShards(_RangeDataset):
     (``"shards/train-{000000..000147}.tar"``, ``"{a,b}.tar"``), and here
     also globs (``"shards/*.tar"``, sorted); a name that exists as written
     is taken as written, and a pattern that matches nothing is refused
-    naming it (``opt4torch._shardnames``). ``self.paths`` is the list.
+    naming it (``opt4torch.sources.shardnames``). ``self.paths`` is the list.
 
     Each shard is indexed once by the C indexer (regular members only; ustar,
     GNU long names and pax headers; members grouped into samples by key as
@@ -310,8 +348,10 @@ class TarShards(_RangeDataset):
     The index is cached beside the shard as ``<shard>.opt4idx.json`` (in
     ``cache_dir``, default ``~/.cache/opt4torch``, when the shard's folder is
     not writable), written atomically, and used only while the shard's size,
-    mtime and inode are those it was made from: a stale index is rebuilt, a
-    corrupt one rebuilt with a warning.
+    mtime, ctime and inode are those it was made from: a stale index is
+    rebuilt. An index is read as a hostile file (``sources.tarindex``: a regular
+    file only, size-capped, parsed with limits, every range checked against
+    the shard and the others); one that fails is rebuilt with a warning.
     """
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, direct: bool = False,
@@ -325,13 +365,16 @@ class TarShards(_RangeDataset):
         self.keys: list[str] = []
         self._members: list[tuple[tuple[str, int, int], ...]] = []
         rows: list[tuple[int, int, int]] = []
+        idents: list[dict[str, int]] = []
         for k, shard in enumerate(self.paths):
-            for key, off, length, members in _shard_index(shard, self.cache_dir):
+            for key, off, length, members in _shard_index(shard, self.cache_dir, idents=idents):
                 self.keys.append(key)
                 self._members.append(tuple((f, o, s) for f, o, s in members))
                 rows.append((k, off, length))
         self._files = list(self.paths)
         self._rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+        self._idents = np.asarray([[d["size"], d["ino"], d["mtime_ns"], d["ctime_ns"]] for d in idents],
+                                  dtype=np.int64).reshape(-1, 4)
         self._open_ranges()
 
     def __getitem__(self, index: int) -> dict[str, Any]:
@@ -386,13 +429,20 @@ def _index_path(shard: str, cache_dir: str) -> str:
     a name made from the shard's absolute path."""
     folder = os.path.dirname(os.path.abspath(shard))
     if os.access(folder, os.W_OK | os.X_OK):
-        return shard + _INDEX_SUFFIX
+        return shard + INDEX_SUFFIX
     tag = hashlib.sha256(os.fsencode(os.path.abspath(shard))).hexdigest()[:16]
     return os.path.join(cache_dir, f"{os.path.basename(shard)}-{tag}.opt4idx.json")
 
 
+def _ident_row(st: os.stat_result) -> tuple[int, int, int, int]:
+    """A file's identity as the C reader checks it (opt4_file_ident)."""
+    return (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _shard_id(st: os.stat_result) -> dict[str, int]:
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+    # ctime too: a rewrite in place with the same size, its mtime put back
+    # (touch -d, rsync -t), still moves ctime, which no user call can set.
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
 
 
 def shard_index(shard: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None, *,
@@ -412,10 +462,12 @@ def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "opt4torch")
 
 
-def _shard_index(shard: str, cache_dir: str, *, write: bool = True) -> list[Any]:
+def _shard_index(shard: str, cache_dir: str, *, write: bool = True,
+                 idents: list[dict[str, int]] | None = None) -> list[Any]:
     """The shard's samples, [(key, offset, length, [(field, offset, size)])],
     from its cached index when that is current, else from the C indexer
-    (then cached)."""
+    (then cached). The shard's identity they hold for is appended to
+    ``idents``."""
     try:
         st = os.stat(shard)
     except FileNotFoundError:
@@ -424,7 +476,9 @@ def _shard_index(shard: str, cache_dir: str, *, write: bool = True) -> list[Any]
         raise ValueError(f"tar shard {shard} is not a regular file")
     where = _index_path(shard, cache_dir)
     ident = _shard_id(st)
-    samples = _read_index(where, shard, ident)
+    if idents is not None:
+        idents.append(ident)
+    samples = read_index(where, shard, ident)
     if samples is not None:
         return samples
     check_tar(shard)
@@ -432,14 +486,14 @@ def _shard_index(shard: str, cache_dir: str, *, write: bool = True) -> list[Any]
     if _shard_id(os.stat(shard)) != ident:
         raise ValueError(f"tar shard {shard} changed while it was being indexed; try again once it is written")
     if write:
-        _write_index(where, shard, ident, samples)
+        write_index(where, shard, ident, samples)
     return samples
 
 
 def _glob_shards(pattern: str) -> list[str]:
     """The files a glob matches, sorted (``**`` spans folders), without the
     index caches written beside shards (``shards/*`` must not take them)."""
-    return sorted(p for p in glob.glob(pattern, recursive=True) if not p.endswith(_INDEX_SUFFIX))
+    return sorted(p for p in glob.glob(pattern, recursive=True) if not p.endswith(INDEX_SUFFIX))
 
 
 def check_tar(path: str, name: str | None = None, *, in_store: bool = False) -> None:
@@ -465,53 +519,3 @@ def check_tar(path: str, name: str | None = None, *, in_store: bool = False) -> 
     hint = {"records": "read it with opt4torch.RecordFile", "plan": "open it with opt4torch.load_plan"}.get(
         fmt.kind, "WebDataset shards are tar files (tar cf shard.tar ..., or webdataset.ShardWriter)")
     raise ValueError(f"tar shard {name} is {fmt.what}, not a tar archive: {hint}")
-
-
-def _write_index(where: str, shard: str, ident: dict[str, Any], samples: list[Any]) -> None:
-    """Cache an index at ``where`` (atomically; a place that cannot be
-    written is warned about). ``ident`` names the shard's version: a later
-    read uses the index only while the shard still has it."""
-    body = {"format": _INDEX_FORMAT, "version": _INDEX_VERSION, "shard": ident,
-            "samples": [[k, o, n, [list(m) for m in ms]] for k, o, n, ms in samples]}
-    try:
-        os.makedirs(os.path.dirname(where) or ".", exist_ok=True)
-        with atomic_write(where, "w", no_symlink=True) as f:
-            # ASCII, with \u escapes: names that are not UTF-8 (decoded with
-            # surrogateescape) round-trip, where UTF-8 text could not hold them.
-            json.dump(body, f, separators=(",", ":"), ensure_ascii=True)
-    except (OSError, ValueError) as exc:  # a read-only place: index again next time
-        warnings.warn(f"could not cache the index of tar shard {shard} at {where}: {exc}; it will be "
-                      "indexed again next time", RuntimeWarning, stacklevel=4)
-
-
-def _read_index(where: str, shard: str, ident: dict[str, Any]) -> list[Any] | None:
-    """A cached index if it is there, well formed and made from this version
-    of the shard; None otherwise (a corrupt one with a warning)."""
-    try:
-        with open(where, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        warnings.warn(f"cannot read the cached index {where} of tar shard {shard} ({exc}): indexing the shard "
-                      "again", RuntimeWarning, stacklevel=4)
-        return None
-    try:
-        body = json.loads(raw.decode("utf-8"))
-        if not isinstance(body, dict) or body.get("format") != _INDEX_FORMAT:
-            raise ValueError("not an opt4torch tar index")
-        if body.get("version") != _INDEX_VERSION:
-            return None  # another version's cache: rebuilt, no warning
-        if body.get("shard") != ident:
-            return None  # stale: the shard changed since
-        samples = [(str(k), int(o), int(n), [(str(f), int(mo), int(ms)) for f, mo, ms in members])
-                   for k, o, n, members in body["samples"]]
-        for k, o, n, members in samples:
-            if o < 0 or n < 0 or o + n > ident["size"] or any(mo < 0 or ms < 0 or mo + ms > n
-                                                              for _, mo, ms in members):
-                raise ValueError(f"sample {k!r} lies outside the shard")
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
-        warnings.warn(f"the cached index {where} of tar shard {shard} is corrupt ({exc}): rebuilding it",
-                      RuntimeWarning, stacklevel=4)
-        return None
-    return samples

@@ -57,7 +57,8 @@ import numpy as np
 
 from .shardnames import expand_shards, has_glob
 from .base import IMG_EXTENSIONS, EngineSource, checked_index
-from .local import _read_index, _write_index, check_tar, record_size
+from .local import check_tar, record_size
+from .tarindex import read_index, write_index
 
 __all__ = ["S3ImageFolder", "S3TarShards", "ObjectStoreError"]
 
@@ -246,9 +247,34 @@ class _ObjectDataset:
         keys, rows = self._objects()
         creds = None if self.unsigned else _static_credentials(self.profile)
         key, secret, token = creds if creds is not None else (None, None, None)
+        # Each object's ETag and size as listed: every GET sends If-Match, and
+        # an answer for another version, range, size or length is refused.
         return _engine.S3Ranges(self.endpoint_url, self.bucket, keys, np.ascontiguousarray(rows, dtype=np.int64),
                                 region=self.region, access_key=key, secret_key=secret, session_token=token,
-                                path_style=self.path_style, max_attempts=self.max_attempts)
+                                path_style=self.path_style, max_attempts=self.max_attempts, timeout=self.timeout,
+                                deadline=self.deadline, min_rate=self.min_rate, etags=self._etags,
+                                sizes=self._object_sizes(), ca_bundle=self.ca_bundle)
+
+    def _set_waits(self, timeout: float, deadline: float, min_rate: int,
+                   ca_bundle: str | os.PathLike[str] | None = None) -> None:
+        """The ends of the engine's GETs: a try slower than ``min_rate`` bytes
+        a second over ``timeout`` seconds fails (and is tried again), and a
+        GET, its tries included, ends after ``deadline`` seconds; and the CA
+        certificates its https is verified against (None: the system's)."""
+        if ca_bundle is not None and not os.path.isfile(ca_bundle):
+            raise FileNotFoundError(f"ca_bundle {os.fspath(ca_bundle)!r} is not a file: give the PEM file of the "
+                                    "CA certificates the store's certificate is verified against")
+        self.ca_bundle = None if ca_bundle is None else os.path.abspath(os.fspath(ca_bundle))
+        for name, value, top in (("timeout", timeout, 86400.0), ("deadline", deadline, 604800.0)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= top:
+                raise ValueError(f"{name} must be a number of seconds in (0, {top:g}], got {value!r}")
+        if isinstance(min_rate, bool) or not isinstance(min_rate, int) or not 1 <= min_rate <= 1 << 40:
+            raise ValueError(f"min_rate must be an int of bytes a second in [1, 2**40], got {min_rate!r}")
+        self.timeout, self.deadline, self.min_rate = float(timeout), float(deadline), min_rate
+
+    def _object_sizes(self) -> list[int]:
+        """Each object's size as listed."""
+        raise NotImplementedError
 
     def _read_item(self, i: int) -> bytes:
         """Item i's bytes through this process's C reader (one ranged GET)."""
@@ -443,6 +469,21 @@ class S3ImageFolder(_ObjectDataset):
     ``endpoint_url``, as MinIO, Ceph or moto expect). ``max_attempts`` bounds
     the tries of a request (connection errors and 5xx are retried).
 
+    Every GET of the engine's ends: a try slower than ``min_rate`` bytes a
+    second (default 1024) over ``timeout`` seconds (default 60) fails and is
+    tried again, and a GET, its tries included, fails after ``deadline``
+    seconds (default 300), naming the object. Each GET sends the listed
+    ETag as ``If-Match``, and its answer must carry exactly the bytes asked
+    for (``Content-Range``, ``Content-Length``, the body) of an object of the
+    listed size and ETag: an object changed since the listing raises
+    :class:`ObjectStoreError` naming it, never returning other bytes.
+    s3torchconnector's GETs (``client="s3torchconnector"``) are checked for
+    their length only: its ``get_object`` takes no ``If-Match`` and shows no
+    headers (1.5), and its waits are its own. ``ca_bundle`` (a PEM file)
+    is what the engine's https GETs verify the store's certificate against
+    (default: the system's CAs); the LIST is s3torchconnector's, which
+    verifies against the system's.
+
     ``latency`` (seconds) sleeps before every GET: an emulated slower store.
     ``info()`` counts ``reads``, ``bytes_read`` and ``requests`` (GETs and
     LIST pages) in shared memory, so DataLoader workers and the prefetch
@@ -466,11 +507,15 @@ class S3ImageFolder(_ObjectDataset):
 
     def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
                  profile: str | None = None, unsigned: bool = False, path_style: bool | None = None,
-                 max_attempts: int = 3, latency: float = 0.0, client: str = "auto") -> None:
+                 max_attempts: int = 3, latency: float = 0.0, client: str = "auto", timeout: float = 60.0,
+                 deadline: float = 300.0, min_rate: int = 1024,
+                 ca_bundle: str | os.PathLike[str] | None = None) -> None:
         self.url = url
+        self._set_waits(timeout, deadline, min_rate, ca_bundle)
         bucket, self.prefix = _split_url(url)
         self._setup(bucket, endpoint_url, region, profile, unsigned, path_style, max_attempts, latency, client)
-        listing = {k: size for k, (size, _) in self._list(self.prefix).items()}
+        listed = self._list(self.prefix)
+        listing = {k: size for k, (size, _) in listed.items()}
         if not listing:
             raise FileNotFoundError(f"no object under s3://{self.bucket}/{self.prefix} {self._where()}: "
                                     "expected s3://bucket/prefix/<class>/<image files>")
@@ -480,6 +525,8 @@ class S3ImageFolder(_ObjectDataset):
         self._labels = np.asarray(self.targets, dtype=np.int64)
         self._sizes = np.asarray([listing[key] for key, _ in self.samples], dtype=np.int64)
         self._keys = [key for key, _ in self.samples]
+        _refuse_items_past_memory(self._sizes, self._keys, self.bucket)
+        self._etags = [listed[key][1] for key in self._keys]
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -490,6 +537,9 @@ class S3ImageFolder(_ObjectDataset):
         if self._uses_c():
             return self._read_item(i)
         return self._get(self._keys[i], 0, int(self._sizes[i]))
+
+    def _object_sizes(self) -> list[int]:
+        return [int(n) for n in self._sizes]
 
     def _objects(self) -> tuple[list[str], np.ndarray]:
         n = len(self._keys)
@@ -551,7 +601,9 @@ class S3TarShards(_ObjectDataset):
     def __init__(self, urls: str | Sequence[str], *, cache_dir: str | os.PathLike[str] | None = None,
                  endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
                  unsigned: bool = False, path_style: bool | None = None, max_attempts: int = 3,
-                 latency: float = 0.0, client: str = "auto") -> None:
+                 latency: float = 0.0, client: str = "auto", timeout: float = 60.0, deadline: float = 300.0,
+                 min_rate: int = 1024, ca_bundle: str | os.PathLike[str] | None = None) -> None:
+        self._set_waits(timeout, deadline, min_rate, ca_bundle)
         if not isinstance(urls, str) and not urls:
             raise ValueError("S3TarShards needs at least one shard")
         # One bucket, checked before anything is listed: the parts as
@@ -592,6 +644,8 @@ class S3TarShards(_ObjectDataset):
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else os.path.join(
             os.path.expanduser("~"), ".cache", "opt4torch")
         self._shard_keys = [k for _, k in places]
+        self._etags: list[str] = []
+        self._shard_sizes: list[int] = []
         self.index_bytes = 0
         self.keys: list[str] = []
         self._members: list[tuple[tuple[str, int, int], ...]] = []
@@ -600,6 +654,8 @@ class S3TarShards(_ObjectDataset):
             if key not in listing(_folder(key)):
                 raise FileNotFoundError(f"no object s3://{self.bucket}/{key} {self._where()} (a tar shard)")
             size, etag = listing(_folder(key))[key]
+            self._etags.append(etag)
+            self._shard_sizes.append(size)
             for skey, off, length, members in self._shard_index(key, size, etag):
                 self.keys.append(skey)
                 self._members.append(tuple((f, o, n) for f, o, n in members))
@@ -615,7 +671,7 @@ class S3TarShards(_ObjectDataset):
         ident = {"url": url, "endpoint": self.endpoint_url or "", "size": size, "etag": etag}
         tag = hashlib.sha256(f"{self.endpoint_url}|{self.bucket}|{key}".encode("utf-8", "surrogatepass")).hexdigest()
         where = os.path.join(self.cache_dir, f"{posixpath.basename(key)}-{tag[:16]}.opt4idx.json")
-        samples = _read_index(where, url, ident)
+        samples = read_index(where, url, ident)
         if samples is not None:
             return samples
         os.makedirs(self.cache_dir, exist_ok=True)
@@ -630,7 +686,7 @@ class S3TarShards(_ObjectDataset):
                 samples = _engine.tar_index(tmp.name)
             except Exception as exc:  # the indexer names the temporary file: name the object
                 raise ValueError(f"tar shard {url}: {exc}".replace(tmp.name, url)) from None
-        _write_index(where, url, ident, samples)
+        write_index(where, url, ident, samples)
         return samples
 
     def __len__(self) -> int:
@@ -650,6 +706,9 @@ class S3TarShards(_ObjectDataset):
 
     def _objects(self) -> tuple[list[str], np.ndarray]:
         return self._shard_keys, self._rows
+
+    def _object_sizes(self) -> list[int]:
+        return list(self._shard_sizes)
 
     def engine_source(self) -> EngineSource | None:
         """As TarShards': each sample laid out as the codec stores the dict
@@ -711,6 +770,20 @@ def _counts_add(counts: Any, reads: int, nbytes: int, requests: int) -> None:
 def _counts_get(counts: Any) -> tuple[int, int, int]:
     with counts.get_lock():
         return int(counts[0]), int(counts[1]), int(counts[2])
+
+
+def _refuse_items_past_memory(sizes: np.ndarray, keys: Sequence[str], bucket: str) -> None:
+    """Refuse, naming it, an object listed larger than this machine's memory:
+    an item is read whole into memory, so the first read of it would end in
+    a bare MemoryError (a listing that lies, or the wrong prefix)."""
+    if not len(sizes):
+        return
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    k = int(np.argmax(sizes))
+    if int(sizes[k]) > memory:
+        raise ValueError(f"s3://{bucket}/{keys[k]} is listed as {int(sizes[k]):,} bytes, more than this machine's "
+                         f"memory ({memory:,} bytes): an item is read whole into memory, so it cannot be one; "
+                         "check the prefix, or the store's listing")
 
 
 # ---- the image-folder layout, from a listing ----

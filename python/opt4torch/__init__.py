@@ -49,6 +49,7 @@ _LAZY = {
     "cluster_plan": "opt4torch.cluster",
     "S3ImageFolder": "opt4torch.objstore",
     "S3TarShards": "opt4torch.objstore",
+    "HFDataset": "opt4torch.hfdatasets",
 }
 
 
@@ -64,7 +65,8 @@ _LAZY_MODULES = {
 
 #: Optional packages a lazily imported name may need, and the extra that
 #: installs each (docs/dependencies.md lists what is lost without them).
-_EXTRAS = {"torch": "torch", "safetensors": "compat", "cachetools": "compat", "matplotlib": "plot"}
+_EXTRAS = {"torch": "torch", "safetensors": "compat", "cachetools": "compat", "matplotlib": "plot",
+           "datasets": "hf", "pyarrow": "hf"}
 
 
 def __getattr__(name: str) -> object:
@@ -132,6 +134,7 @@ __all__ = [
     "TarShards",
     "S3ImageFolder",
     "S3TarShards",
+    "HFDataset",
     "reference",
     "traces",
     "write_records",

@@ -39,6 +39,7 @@ from . import _engine, _live, _messages
 from ._codec import decode, decode_at, encode, encoded_size, make_arrays
 from ._plan import ADMIT, HIT, Plan, choose_page, plan as build_plan
 from .capture import capture_epochs
+from .hfdatasets import adapt_for_loader
 
 __all__ = [
     "DataLoader",
@@ -1361,6 +1362,9 @@ class DataLoader(tud.DataLoader):
         # them with the seed of a state saved under a drawn one.
         self._init_args: dict[str, Any] = {
             k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")} | kwargs
+        # A Hugging Face datasets.Dataset is cached as its encoded rows and
+        # formatted after the cache (opt4torch.hfdatasets).
+        dataset, transform = adapt_for_loader(dataset, transform)
         if isinstance(dataset, tud.IterableDataset):
             raise TypeError("the OPT cache needs a map-style dataset (with __getitem__ and __len__): "
                             "an IterableDataset has no indices to plan over")

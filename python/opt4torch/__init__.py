@@ -50,6 +50,7 @@ _LAZY = {
     "S3ImageFolder": "opt4torch.objstore",
     "S3TarShards": "opt4torch.objstore",
     "HFDataset": "opt4torch.hfdatasets",
+    "Parquet": "opt4torch.parquet",
 }
 
 
@@ -135,6 +136,7 @@ __all__ = [
     "S3ImageFolder",
     "S3TarShards",
     "HFDataset",
+    "Parquet",
     "reference",
     "traces",
     "write_records",

@@ -578,7 +578,9 @@ class PlannedDataset(tud.Dataset):
             out.extend(got)
             start += served
         if self.transform is not None:
-            out = [self.transform(x) for x in out]
+            # A transform that needs the position (a row taken from its read unit) says so.
+            at = getattr(self.transform, "at_positions", None)
+            out = at(out, positions) if at is not None else [self.transform(x) for x in out]
         return out
 
     @staticmethod
@@ -1419,6 +1421,13 @@ class DataLoader(tud.DataLoader):
         per_epoch_idx, per_epoch_lengths, desc_sampler, used_seed = self._capture(
             dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, generator, epochs, seed,
             progress)
+        read_units = getattr(dataset, "opt4_read_units", None)
+        if read_units is not None:
+            # Rows smaller than a read (opt4torch.Parquet): the plan is over
+            # what a read fetches, and the row is taken from it after the
+            # cache, at its position (docs/algorithm.md, "Read units").
+            dataset, transform, per_epoch_idx = read_units(per_epoch_idx, transform, share_across_ranks)
+            n_items = len(dataset)
         group = None
         if share_across_ranks:
             group, rank, world = _node_group()
@@ -1575,7 +1584,7 @@ class DataLoader(tud.DataLoader):
         # pool they are in). ``seen``: how the epochs ended; ``said``: the
         # one warning given.
         self._replan_from: dict[str, Any] | None = None
-        if group is None and batched:
+        if group is None and batched and read_units is None:
             self._replan_from = dict(seq=seq, starts=list(starts), lengths=list(own), make_plan=make_plan,
                                      pool_page=pool_page, wait_timeout=wait_timeout,
                                      staging_slots=staging_slots, spare_pages=spare_pages,

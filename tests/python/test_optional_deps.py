@@ -95,3 +95,16 @@ def test_without_datasets_or_pyarrow_hf_datasets_say_what_to_install(missing: li
     assert out.returncode == 0, out.stderr
     assert f"error: opt4torch.HFDataset needs {missing[0]}" in out.stdout, out.stdout
     assert "pip install 'opt4torchdataset[hf]'" in out.stdout, out.stdout
+
+
+def test_without_pyarrow_parquet_says_what_to_install() -> None:
+    out = run_without(["pyarrow"], """
+        import opt4torch
+        try:
+            opt4torch.Parquet("x.parquet")
+        except ModuleNotFoundError as e:
+            print("error:", e)
+        """)
+    assert out.returncode == 0, out.stderr
+    assert "error: opt4torch.Parquet needs pyarrow" in out.stdout, out.stdout
+    assert "pip install 'opt4torchdataset[hf]'" in out.stdout, out.stdout

@@ -47,7 +47,7 @@ import posixpath
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -350,6 +350,40 @@ class _ObjectDataset:
                                    "dataset was made")
         return data
 
+    def _expand_urls(self, urls: str | Sequence[str], who: str, what: str,
+                     ext: str) -> tuple[list[str], Callable[[str], dict[str, tuple[int, str]]]]:
+        """Object URLs spelled as WebDataset spells shards (a list, ``::``,
+        braces, a glob in the last part of a name), each folder listed once;
+        the URLs, and the listing of a folder (key -> (size, ETag))."""
+        listings: dict[str, dict[str, tuple[int, str]]] = {}
+
+        def listing(folder: str) -> dict[str, tuple[int, str]]:
+            if folder not in listings:
+                listings[folder] = self._list(folder)
+            return listings[folder]
+
+        def exists(url: str) -> bool:
+            bucket, key = _split_object_url(url)
+            return bucket == self.bucket and key in listing(_folder(key))
+
+        def match(url: str) -> list[str]:
+            bucket, pattern = _split_object_url(url)
+            folder = _folder(pattern)
+            if bucket != self.bucket:
+                return []
+            if has_glob(folder):
+                raise ValueError(f"{url!r}: a glob is matched against the objects of one folder of the {what}' "
+                                 f"bucket, in the last part of the name only (s3://bucket/{what}/*{ext}); name "
+                                 "other folders with braces ({a,b}) or list them")
+            return [f"s3://{self.bucket}/{key}" for key in sorted(listing(folder))
+                    if "/" not in key[len(folder):] and fnmatch.fnmatchcase(key, pattern)]
+
+        expanded = expand_shards(urls, exists=exists, match=match)
+        buckets = {_split_object_url(u)[0] for u in expanded}
+        if buckets != {self.bucket}:
+            raise ValueError(f"{who} reads {what} of one bucket, got {', '.join(sorted(buckets))}")
+        return expanded, listing
+
     def __len__(self) -> int:
         raise NotImplementedError
 
@@ -550,41 +584,10 @@ class S3TarShards(_ObjectDataset):
                  latency: float = 0.0, client: str = "auto") -> None:
         if not isinstance(urls, str) and not urls:
             raise ValueError("S3TarShards needs at least one shard")
-        # One bucket, checked before anything is listed: the parts as
-        # written (a pattern's bucket is not expanded).
-        buckets = {_split_url(u)[0] for u in (urls.split("::") if isinstance(urls, str) else urls)}
-        if len(buckets) != 1:
-            raise ValueError(f"S3TarShards reads shards of one bucket, got {', '.join(sorted(buckets))}")
-        self._setup(buckets.pop(), endpoint_url, region, profile, unsigned, path_style, max_attempts, latency,
-                    client)
-        listings: dict[str, dict[str, tuple[int, str]]] = {}
-
-        def listing(folder: str) -> dict[str, tuple[int, str]]:
-            if folder not in listings:
-                listings[folder] = self._list(folder)
-            return listings[folder]
-
-        def exists(url: str) -> bool:
-            bucket, key = _split_object_url(url)
-            return bucket == self.bucket and key in listing(_folder(key))
-
-        def match(url: str) -> list[str]:
-            bucket, pattern = _split_object_url(url)
-            folder = _folder(pattern)
-            if bucket != self.bucket:
-                return []
-            if has_glob(folder):
-                raise ValueError(f"{url!r}: a glob is matched against the objects of one folder of the shards' "
-                                 "bucket, in the last part of the name only (s3://bucket/shards/*.tar); name "
-                                 "other folders with braces ({a,b}) or list them")
-            return [f"s3://{self.bucket}/{key}" for key in sorted(listing(folder))
-                    if "/" not in key[len(folder):] and fnmatch.fnmatchcase(key, pattern)]
-
-        self.urls = expand_shards(urls, exists=exists, match=match)
+        self._setup(_one_bucket(urls, "S3TarShards", "shards"), endpoint_url, region, profile, unsigned, path_style,
+                    max_attempts, latency, client)
+        self.urls, listing = self._expand_urls(urls, "S3TarShards", "shards", ".tar")
         places = [_split_object_url(u) for u in self.urls]
-        if {b for b, _ in places} != {self.bucket}:
-            raise ValueError(f"S3TarShards reads shards of one bucket, got "
-                             f"{', '.join(sorted({b for b, _ in places}))}")
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else os.path.join(
             os.path.expanduser("~"), ".cache", "opt4torch")
         self._shard_keys = [k for _, k in places]
@@ -673,6 +676,15 @@ class S3TarShards(_ObjectDataset):
 
     def __repr__(self) -> str:
         return f"S3TarShards({len(self.urls)} shards, {len(self)} samples, {self._where()})"
+
+
+def _one_bucket(urls: str | Sequence[str], who: str, what: str) -> str:
+    """The one bucket of ``urls``, checked before anything is listed: the
+    parts as written (a pattern's bucket is not expanded)."""
+    buckets = {_split_url(u)[0] for u in (urls.split("::") if isinstance(urls, str) else urls)}
+    if len(buckets) != 1:
+        raise ValueError(f"{who} reads {what} of one bucket, got {', '.join(sorted(buckets))}")
+    return buckets.pop()
 
 
 def _folder(key: str) -> str:

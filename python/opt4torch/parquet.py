@@ -1,6 +1,7 @@
 """Parquet read in place: ``opt4torch.Parquet(paths)``, rows as dicts.
 
-A Parquet file is read by row group: a row group's column chunks lie one
+Local paths and ``s3://`` URLs (the object store's client, as
+``S3TarShards`` uses it). A Parquet file is read by row group: a row group's column chunks lie one
 after another in the file, so the row group is one byte range, and a row
 cannot be decoded without its column chunks' pages. A miss therefore reads
 the row group that holds its row, through the engine's byte-range reader
@@ -38,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ._shardnames import expand_shards
+from .objstore import _folder, _ObjectDataset, _one_bucket, _split_object_url
 from .sources import _RangeDataset, checked_index
 
 __all__ = ["Parquet", "ParquetError"]
@@ -81,15 +83,65 @@ class _RowGroups(_RangeDataset):
         return f"Parquet row groups ({len(self)} in {len(self._files)} files)"
 
 
+class _S3RowGroups(_ObjectDataset):
+    """The read units of Parquet files kept as objects: item ``u`` is row
+    group ``u``'s bytes, one ranged GET (the engine's, where it can, and the
+    C prefetcher's; else s3torchconnector's), as ``S3TarShards`` reads a
+    sample. Where the store is and who asks: as :class:`opt4torch.S3TarShards`."""
+
+    def __init__(self, urls: str | Sequence[str], *, endpoint_url: str | None = None, region: str | None = None,
+                 profile: str | None = None, unsigned: bool = False, path_style: bool | None = None,
+                 max_attempts: int = 3, latency: float = 0.0, client: str = "auto") -> None:
+        self._setup(_one_bucket(urls, "Parquet", "files"), endpoint_url, region, profile, unsigned, path_style,
+                    max_attempts, latency, client)
+        self.urls, listing = self._expand_urls(urls, "Parquet", "files", ".parquet")
+        self.keys = [_split_object_url(u)[1] for u in self.urls]
+        self.listing: dict[str, tuple[int, str]] = {}
+        for url, key in zip(self.urls, self.keys):
+            if key not in listing(_folder(key)):
+                raise FileNotFoundError(f"no object {url} {self._where()} (a Parquet file)")
+            self.listing[key] = listing(_folder(key))[key]
+        self._rows = np.empty((0, 3), dtype=np.int64)
+
+    def set_rows(self, rows: np.ndarray) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return int(self._rows.shape[0])
+
+    def __getitem__(self, index: int) -> bytes:
+        u = self._index(index)
+        if self._uses_c():
+            return self._read_item(u)
+        f, off, length = (int(x) for x in self._rows[u])
+        return self._get(self.keys[f], off, length)
+
+    def _objects(self) -> tuple[list[str], np.ndarray]:
+        return self.keys, self._rows
+
+    def _prefetch_source(self) -> dict[str, Any] | None:
+        return self._c_prefetch_source()
+
+    def opt4_item_bytes(self, index: int) -> int:
+        return int(self._rows[int(index), 2])
+
+    def item_sizes(self) -> np.ndarray:
+        return self._rows[:, 2].copy()
+
+    def info(self) -> dict[str, Any]:
+        return {"count": len(self), "files": len(self.urls), **self._info()}
+
+
 class _Decoder:
     """Row group bytes -> rows, with pyarrow, from the footer kept here and
     the cached bytes only. Picklable; keeps the last row group it decoded
     (rows of one row group often come together)."""
 
-    def __init__(self, files: list[str], idents: list[tuple[int, int, int]], footers: list[bytes],
+    def __init__(self, files: list[str], sizes: list[int], idents: list[Any], footers: list[bytes],
                  units: np.ndarray) -> None:
         self.files = files
-        self.idents = idents
+        self.sizes = sizes
+        self.idents = idents  # a local file's (size, mtime_ns, inode); None for an object
         self.footers = footers
         self.units = units  # per unit: file, offset, length, row group in its file
         self._last: tuple[int, Any] | None = None
@@ -101,23 +153,29 @@ class _Decoder:
         state["_meta"] = {}
         return state
 
-    def table(self, unit: int, blob: Any) -> Any:
-        if self._last is not None and self._last[0] == unit:
-            return self._last[1]
-        f, off, length, rg = (int(x) for x in self.units[unit])
-        path = self.files[f]
+    @staticmethod
+    def _check_unchanged(path: str, ident: tuple[int, int, int]) -> None:
+        """A local file still as indexed (size, mtime, inode), or ParquetError."""
         try:
             st = os.stat(path)
         except OSError as e:
             raise ParquetError(f"Parquet file {path} can no longer be read ({e}); it was indexed when "
                                "this dataset was made: make it again") from None
-        if (st.st_size, st.st_mtime_ns, st.st_ino) != self.idents[f]:
+        if (st.st_size, st.st_mtime_ns, st.st_ino) != ident:
             raise ParquetError(f"Parquet file {path} changed after it was indexed (size, mtime or inode differ): "
                                "its row groups may no longer be where the index says; make the dataset again")
+
+    def table(self, unit: int, blob: Any) -> Any:
+        if self._last is not None and self._last[0] == unit:
+            return self._last[1]
+        f, off, length, rg = (int(x) for x in self.units[unit])
+        path = self.files[f]
+        if self.idents[f] is not None:
+            self._check_unchanged(path, self.idents[f])
         if len(blob) != length:
             raise ParquetError(f"row group {rg} of Parquet file {path}: {len(blob)} bytes read where the index "
                                f"says {length}; the file changed or was cut short")
-        view = _CachedView(path, self.idents[f][0], self.footers[f], off, blob)
+        view = _CachedView(path, self.sizes[f], self.footers[f], off, blob)
         try:
             meta = self._meta.get(f)
             if meta is None:
@@ -195,55 +253,58 @@ class Parquet:
     read fetches: docs/algorithm.md, "Read units"), the cache holds row
     groups' bytes as stored (compressed), and the prefetcher's C threads
     read them. ``direct`` and ``latency`` are as for ``ImageFolder``.
+
+    ``s3://bucket/...`` URLs read the files as objects in an S3-compatible
+    store (one bucket; braces, and globs in the last part of a name): each
+    footer by ranged GETs here, each row group by one ranged GET, the
+    engine's own where it can; ``store`` takes ``endpoint_url``, ``region``,
+    ``profile``, ``unsigned``, ``path_style``, ``max_attempts`` and
+    ``client``, as :class:`opt4torch.S3TarShards` does.
     """
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, direct: bool = False,
-                 latency: float = 0.0) -> None:
+                 latency: float = 0.0, **store: Any) -> None:
         pq = _pq()
         if not isinstance(paths, (str, os.PathLike)) and not paths:
             raise ValueError("Parquet needs at least one file")
-        self.paths = expand_shards(paths, exists=os.path.exists, match=lambda p: sorted(glob.glob(p, recursive=True)))
-        idents: list[tuple[int, int, int]] = []
-        footers: list[bytes] = []
-        units: list[tuple[int, int, int, int]] = []
-        first_row: list[int] = []
-        self.schema: Any = None
-        rows = 0
-        for f, path in enumerate(self.paths):
-            ident, footer, meta = _read_footer(pq, path)
-            schema = meta.schema.to_arrow_schema()
-            if self.schema is None:
-                self.schema = schema
-            elif not schema.equals(self.schema):
-                raise ParquetError(f"Parquet file {path} has another schema than {self.paths[0]}: every file of "
-                                   f"one dataset must have the same columns and types.\n{self.paths[0]}:\n"
-                                   f"{self.schema}\n{path}:\n{schema}")
-            data_end = ident[0] - len(footer)
-            for rg in range(meta.num_row_groups):
-                g = meta.row_group(rg)
-                lo, hi = _row_group_range(g)
-                if not 4 <= lo <= hi <= data_end:
-                    raise ParquetError(f"Parquet file {path}: row group {rg} lies at bytes {lo}-{hi}, outside the "
-                                       f"file's data (4-{data_end}): the file is cut short or its footer is "
-                                       "damaged; write it again")
-                units.append((f, lo, hi - lo, rg))
-                first_row.append(rows)
-                rows += g.num_rows
-            if sum(meta.row_group(k).num_rows for k in range(meta.num_row_groups)) != meta.num_rows:
-                raise ParquetError(f"Parquet file {path}: its row groups' rows do not add up to its row count; "
-                                   "the footer is damaged")
-            idents.append(ident)
-            footers.append(footer)
-        self._n = rows
-        u = np.asarray(units, dtype=np.int64).reshape(-1, 4)
-        self._first_row = np.asarray(first_row + [rows], dtype=np.int64)
-        counts = np.diff(self._first_row)
-        #: The row group (read unit) of every row.
-        self.unit_of = np.repeat(np.arange(len(units), dtype=np.int64), counts)
+        first = os.fspath(paths if isinstance(paths, (str, os.PathLike)) else paths[0])
         self.direct = bool(direct)
         self.latency = float(latency)
-        self._groups = _RowGroups(list(self.paths), np.ascontiguousarray(u[:, :3]), self.direct, self.latency)
-        self._decoder = _Decoder(list(self.paths), idents, footers, u)
+        footers: list[tuple[bytes, Any]] = []
+        idents: list[Any] = []
+        if str(first).startswith("s3://"):
+            if direct:
+                raise ValueError("direct=True reads local files with O_DIRECT; objects in a store have no such read")
+            groups = _S3RowGroups(paths, latency=self.latency, **store)
+            self.paths = list(groups.urls)
+            for key in groups.keys:
+                size, etag = groups.listing[key]
+                url = f"s3://{groups.bucket}/{key}"
+                footers.append(_footer(pq, url, size, lambda off, n, k=key: groups._get(k, off, n, count=False)))
+                idents.append(None)  # an object is checked by its length on every GET
+            sizes = [groups.listing[k][0] for k in groups.keys]
+        else:
+            if store:
+                raise TypeError(f"Parquet got {', '.join(sorted(store))}: these are for s3:// URLs only")
+            self.paths = expand_shards(paths, exists=os.path.exists,
+                                       match=lambda p: sorted(glob.glob(p, recursive=True)))
+            for path in self.paths:
+                ident, footer, meta = _read_footer(pq, path)
+                idents.append(ident)
+                footers.append((footer, meta))
+            sizes = [ident[0] for ident in idents]
+        units, first_row, self.schema = _row_groups(self.paths, sizes, footers)
+        self._n = int(first_row[-1])
+        self._first_row = first_row
+        #: The row group (read unit) of every row.
+        self.unit_of = np.repeat(np.arange(len(units), dtype=np.int64), np.diff(first_row))
+        rows = np.ascontiguousarray(units[:, :3])
+        if str(first).startswith("s3://"):
+            groups.set_rows(rows)
+            self._groups: Any = groups
+        else:
+            self._groups = _RowGroups(list(self.paths), rows, self.direct, self.latency)
+        self._decoder = _Decoder(list(self.paths), sizes, idents, [f for f, _ in footers], units)
 
     def __len__(self) -> int:
         return self._n
@@ -306,6 +367,41 @@ class _RowAt:
         raise TypeError("a Parquet row is decoded at its position: PlannedDataset calls at_positions")
 
 
+def _row_groups(paths: list[str], sizes: list[int], footers: list[tuple[bytes, Any]]) -> tuple[np.ndarray,
+                                                                                             np.ndarray, Any]:
+    """Every file's row groups as read units, int64 rows (file, offset,
+    length, row group in its file); the first row of each unit (and the
+    count after the last); the schema, which every file must share."""
+    units: list[tuple[int, int, int, int]] = []
+    first_row: list[int] = []
+    schema: Any = None
+    rows = 0
+    for f, (path, size, (footer, meta)) in enumerate(zip(paths, sizes, footers)):
+        this = meta.schema.to_arrow_schema()
+        if schema is None:
+            schema = this
+        elif not this.equals(schema):
+            raise ParquetError(f"Parquet file {path} has another schema than {paths[0]}: every file of one "
+                               f"dataset must have the same columns and types.\n{paths[0]}:\n{schema}\n"
+                               f"{path}:\n{this}")
+        data_end = size - len(footer)
+        for rg in range(meta.num_row_groups):
+            g = meta.row_group(rg)
+            lo, hi = _row_group_range(g)
+            if not 4 <= lo <= hi <= data_end:
+                raise ParquetError(f"Parquet file {path}: row group {rg} lies at bytes {lo}-{hi}, outside the "
+                                   f"file's data (4-{data_end}): the file is cut short or its footer is damaged; "
+                                   "write it again")
+            units.append((f, lo, hi - lo, rg))
+            first_row.append(rows)
+            rows += g.num_rows
+        if sum(meta.row_group(k).num_rows for k in range(meta.num_row_groups)) != meta.num_rows:
+            raise ParquetError(f"Parquet file {path}: its row groups' rows do not add up to its row count; the "
+                               "footer is damaged")
+    return (np.asarray(units, dtype=np.int64).reshape(-1, 4), np.asarray(first_row + [rows], dtype=np.int64),
+            schema)
+
+
 def _row_group_range(g: Any) -> tuple[int, int]:
     """The byte range of a row group's column chunks (each from its
     dictionary page, where it has one, to its last data page)."""
@@ -321,9 +417,8 @@ def _row_group_range(g: Any) -> tuple[int, int]:
 
 
 def _read_footer(pq: Any, path: str) -> tuple[tuple[int, int, int], bytes, Any]:
-    """A file's identity (size, mtime_ns, inode), its footer (metadata,
-    length and magic) and the parsed metadata; every way it can be wrong
-    is a ParquetError naming it."""
+    """A local file's identity (size, mtime_ns, inode), its footer and the
+    parsed metadata (:func:`_footer`)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -332,27 +427,35 @@ def _read_footer(pq: Any, path: str) -> tuple[tuple[int, int, int], bytes, Any]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ParquetError(f"{path} is not a regular file: Parquet files are read in place")
-        head = os.pread(fd, 4, 0)
-        tail = os.pread(fd, 8, max(st.st_size - 8, 0)) if st.st_size >= 12 else b""
-        if head != _MAGIC or tail[4:] != _MAGIC:
-            raise ParquetError(f"{path} is not a Parquet file (it does not begin and end with PAR1, "
-                               f"{st.st_size} bytes): give Parquet files only")
-        flen = int.from_bytes(tail[:4], "little")
-        if flen + 12 > st.st_size:
-            raise ParquetError(f"Parquet file {path}: its footer claims {flen} bytes, more than the file holds "
-                               f"({st.st_size}): the footer is corrupt or the file cut short; write it again")
-        footer = os.pread(fd, flen + 8, st.st_size - flen - 8)
+        footer, meta = _footer(pq, path, st.st_size, lambda off, n: os.pread(fd, n, off))
         if os.fstat(fd).st_mtime_ns != st.st_mtime_ns:
             raise ParquetError(f"Parquet file {path} changed while its footer was read; try again once it is "
                                "written")
     finally:
         os.close(fd)
+    return (st.st_size, st.st_mtime_ns, st.st_ino), footer, meta
+
+
+def _footer(pq: Any, name: str, size: int, read: Callable[[int, int], bytes]) -> tuple[bytes, Any]:
+    """A file's footer (metadata, its length and the magic) read with
+    ``read(offset, length)``, and the parsed metadata; every way it can be
+    wrong is a ParquetError naming the file."""
+    head = read(0, 4) if size >= 12 else b""
+    tail = read(size - 8, 8) if size >= 12 else b""
+    if head != _MAGIC or tail[4:] != _MAGIC:
+        raise ParquetError(f"{name} is not a Parquet file (it does not begin and end with PAR1, {size} bytes): "
+                           "give Parquet files only")
+    flen = int.from_bytes(tail[:4], "little")
+    if flen + 12 > size:
+        raise ParquetError(f"Parquet file {name}: its footer claims {flen} bytes, more than the file holds "
+                           f"({size}): the footer is corrupt or the file cut short; write it again")
+    footer = read(size - flen - 8, flen + 8)
     try:
         meta = _parse_footer(pq, footer)
     except Exception as e:
-        raise ParquetError(f"Parquet file {path}: its footer is corrupt ({type(e).__name__}: {e}); write it "
+        raise ParquetError(f"Parquet file {name}: its footer is corrupt ({type(e).__name__}: {e}); write it "
                            "again") from e
-    return (st.st_size, st.st_mtime_ns, st.st_ino), footer, meta
+    return footer, meta
 
 
 def _parse_footer(pq: Any, footer: bytes) -> Any:

@@ -199,3 +199,58 @@ def test_a_cached_view_serves_only_what_was_read() -> None:
     v.seek(240)
     with pytest.raises(ParquetError, match="x.parquet: the reader asked for bytes 240-260, outside"):
         v.read(20)
+
+
+# ---- objects in an S3-compatible store (the loopback server the object-store tests use) ----
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    boto3 = pytest.importorskip("boto3")
+    from s3store import Server
+
+    key, secret = "opt4-test-key", "opt4-test-secret"
+    server = Server(0.002, key, secret=secret)
+    try:
+        folder = tmp_path_factory.mktemp("s3pq")
+        paths = [write(folder, f"part-{k}.parquet", n, k, row_group_size=9, write_page_index=k == 1,
+                       compression="zstd" if k else "snappy") for k, n in enumerate((30, 41, 17))]
+        client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1", aws_access_key_id=key,
+                              aws_secret_access_key=secret)
+        client.create_bucket(Bucket="tables")
+        for p in paths:
+            client.put_object(Bucket="tables", Key=f"train/{os.path.basename(p)}", Body=open(p, "rb").read())
+        client.put_object(Bucket="tables", Key="train/readme.txt", Body=b"not a table")
+        yield server, paths, key, secret
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_env(store, monkeypatch: pytest.MonkeyPatch):
+    _, _, key, secret = store
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
+                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.usefixtures("s3_env")
+def test_s3_rows_equal_the_local_files_and_the_loader_is_exact(store) -> None:
+    server, paths, _, _ = store
+    for url in ("s3://tables/train/part-{0..2}.parquet", "s3://tables/train/*.parquet"):
+        ds = opt4torch.Parquet(url, endpoint_url=server.endpoint)
+        assert ds.paths == [f"s3://tables/train/{os.path.basename(p)}" for p in paths]
+        local = opt4torch.Parquet(paths)
+        assert len(ds) == len(local)
+        assert all(ds[i] == local[i] for i in range(len(ds)))
+    ds = opt4torch.Parquet("s3://tables/train/*.parquet", endpoint_url=server.endpoint)
+    ds.paths = paths  # run() compares with pyarrow's reading of the local copies
+    sizes = ds.unit_sizes()
+    run(ds, context="fork", cache_bytes=max(int(sizes.sum()) // 3, 2 * int(sizes.max()) + 1024), prefetch_threads=2)
+    with pytest.raises(ParquetError, match="s3://tables/train/readme.txt is not a Parquet file"):
+        opt4torch.Parquet("s3://tables/train/{part-0.parquet,readme.txt}", endpoint_url=server.endpoint)

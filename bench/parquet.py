@@ -53,8 +53,9 @@ class CropFlip:
         self.crop = crop
 
     def __call__(self, sample: Any) -> Any:
-        import torch
         from PIL import Image
+
+        from opt4torch.lab.e2e import crop_flip
 
         if isinstance(sample, tuple):
             image, label = sample
@@ -64,15 +65,7 @@ class CropFlip:
             image = image["bytes"]
         if isinstance(image, (bytes, bytearray, memoryview)):
             image = Image.open(io.BytesIO(image))
-        img = np.asarray(image.convert("RGB"))
-        h, w = img.shape[:2]
-        c = self.crop
-        top = int(torch.randint(0, h - c + 1, ()).item())
-        left = int(torch.randint(0, w - c + 1, ()).item())
-        img = img[top:top + c, left:left + c]
-        if torch.rand(()).item() < 0.5:
-            img = img[:, ::-1]
-        return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).float().div_(255.0), int(label)
+        return crop_flip(image, self.crop), int(label)
 
 
 class _Mapped:

@@ -56,6 +56,8 @@ _LAZY = {
     "cluster_plan": "opt4torch.planning.cluster",
     "S3ImageFolder": "opt4torch.sources.s3",
     "S3TarShards": "opt4torch.sources.s3",
+    "HFDataset": "opt4torch.sources.hfdatasets",
+    "Parquet": "opt4torch.sources.parquet",
 }
 
 
@@ -71,7 +73,8 @@ _LAZY_MODULES = {
 
 #: Optional packages a lazily imported name may need, and the extra that
 #: installs each (docs/dependencies.md lists what is lost without them).
-_EXTRAS = {"torch": "torch", "safetensors": "compat", "cachetools": "compat", "matplotlib": "plot"}
+_EXTRAS = {"torch": "torch", "safetensors": "compat", "cachetools": "compat", "matplotlib": "plot",
+           "datasets": "hf", "pyarrow": "hf"}
 
 
 def __getattr__(name: str) -> object:
@@ -139,6 +142,8 @@ __all__ = [
     "TarShards",
     "S3ImageFolder",
     "S3TarShards",
+    "HFDataset",
+    "Parquet",
     "reference",
     "traces",
     "write_records",

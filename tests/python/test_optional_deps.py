@@ -61,7 +61,7 @@ def test_without_matplotlib_simulate_prints_its_table_and_plots_say_what_to_inst
 
 
 @pytest.mark.parametrize("missing", [["PIL"], ["tensorboard", "torch.utils.tensorboard"], ["s3torchconnector"],
-                                     ["safetensors", "cachetools"]])
+                                     ["safetensors", "cachetools"], ["datasets"], ["pyarrow"]])
 def test_the_loader_needs_none_of_the_optional_packages(missing: list[str]) -> None:
     out = run_without(missing, """
         import opt4torch
@@ -80,3 +80,31 @@ def test_the_loader_needs_none_of_the_optional_packages(missing: list[str]) -> N
     served, distinct, hits, plan_hits = (int(words[i]) for i in (1, 3, 5, 7))
     assert served == 80 and distinct == 40
     assert hits == plan_hits > 0, out.stdout
+
+
+
+@pytest.mark.parametrize("missing", [["datasets"], ["pyarrow"]])
+def test_without_datasets_or_pyarrow_hf_datasets_say_what_to_install(missing: list[str]) -> None:
+    out = run_without(missing, """
+        import opt4torch
+        try:
+            opt4torch.HFDataset([1, 2])
+        except ModuleNotFoundError as e:
+            print("error:", e)
+        """)
+    assert out.returncode == 0, out.stderr
+    assert f"error: opt4torch.HFDataset needs {missing[0]}" in out.stdout, out.stdout
+    assert "pip install 'opt4torchdataset[hf]'" in out.stdout, out.stdout
+
+
+def test_without_pyarrow_parquet_says_what_to_install() -> None:
+    out = run_without(["pyarrow"], """
+        import opt4torch
+        try:
+            opt4torch.Parquet("x.parquet")
+        except ModuleNotFoundError as e:
+            print("error:", e)
+        """)
+    assert out.returncode == 0, out.stderr
+    assert "error: opt4torch.Parquet needs pyarrow" in out.stdout, out.stdout
+    assert "pip install 'opt4torchdataset[hf]'" in out.stdout, out.stdout

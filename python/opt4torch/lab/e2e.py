@@ -353,20 +353,25 @@ class DecodeCropFlip:
         self.crop = int(crop)
 
     def __call__(self, sample: Any) -> Any:
-        import torch
         from PIL import Image
 
         data, label = sample
-        img = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
-        h, w = img.shape[:2]
-        c = self.crop
-        top = int(torch.randint(0, h - c + 1, ()).item())
-        left = int(torch.randint(0, w - c + 1, ()).item())
-        img = img[top:top + c, left:left + c]
-        if torch.rand(()).item() < 0.5:
-            img = img[:, ::-1]
-        x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).float().div_(255.0)
-        return x, int(label)
+        return crop_flip(Image.open(io.BytesIO(data)), self.crop), int(label)
+
+
+def crop_flip(image: Any, crop: int) -> Any:
+    """A PIL image -> a float tensor 3 x crop x crop: a random crop and a
+    random horizontal flip (torch's RNG)."""
+    import torch
+
+    img = np.asarray(image.convert("RGB"))
+    h, w = img.shape[:2]
+    top = int(torch.randint(0, h - crop + 1, ()).item())
+    left = int(torch.randint(0, w - crop + 1, ()).item())
+    img = img[top:top + crop, left:left + crop]
+    if torch.rand(()).item() < 0.5:
+        img = img[:, ::-1]
+    return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).float().div_(255.0)
 
 
 def make_model(classes: int) -> Any:

@@ -29,6 +29,7 @@ from ..planning.plan import Plan, plan as build_plan
 from ..planning.sizing import choose_page, handover_spare, item_sizes, parse_bytes, staging_slots
 from ..pool.cache import OPTCache
 from ..pool.codec import encode, encoded_size
+from ..sources.base import ReadUnits
 from .checks import Options, refuse_one_shot
 from .replan import ReplanContext
 
@@ -57,6 +58,10 @@ class Built:
     #: A cluster's plan and this rank's node in it (cluster=True), else None.
     cluster_plan: Any = None
     node: int | None = None
+    #: What the pool holds items of, and the transform after the cache,
+    #: where they differ from the loader's (a :class:`ReadUnits` source's
+    #: units, and the step that takes a position's row from its unit).
+    units: tuple[Any, Any] | None = None
 
     @property
     def rank(self) -> int:
@@ -149,15 +154,14 @@ def capture_order(dataset: Any, batch_size: int | None, shuffle: bool | None, sa
     return idx, lengths, type(sampler).__name__, used
 
 
-def sequence_of(dataset: Any, o: Options) -> tuple[np.ndarray, list[np.ndarray], list[int], list[np.ndarray],
-                                                   str, int | None, tuple[Any, int, int] | None]:
+def sequence_of(dataset: Any, o: Options, per_epoch: tuple[list[np.ndarray], list[np.ndarray], str, int | None]
+                ) -> tuple[np.ndarray, list[np.ndarray], list[int], list[np.ndarray], str, int | None,
+                           tuple[Any, int, int] | None]:
     """Step 1: the index order for every epoch, as one sequence. Returns the
     sequence, this loader's batch starts and lengths per epoch, the epochs'
     first positions, the sampler's name, the seed used, and (ranks sharing
     a pool) the node's group, this rank and their count."""
-    per_epoch_idx, per_epoch_lengths, desc_sampler, used_seed = capture_order(
-        dataset, o.batch_size, o.shuffle, o.sampler, o.batch_sampler, o.drop_last, o.generator, o.epochs, o.seed,
-        o.progress)
+    per_epoch_idx, per_epoch_lengths, desc_sampler, used_seed = per_epoch
     node = None
     if o.share_across_ranks:
         from ..distributed.node import interleave_ranks, node_group
@@ -261,10 +265,20 @@ def make_pool(plan: Plan, pool_page: int, o: Options, staging: int, spare: int,
     return cache
 
 
-def build_local(dataset: Any, o: Options) -> Built:
+def build_local(dataset: Any, o: Options, transform: Callable[[Any], Any] | None = None) -> Built:
     """A loader's plan and pool, on this machine (alone, or shared by the
     node's ranks)."""
-    seq, starts, floors, own, desc_sampler, used_seed, node = sequence_of(dataset, o)
+    per_epoch = capture_order(dataset, o.batch_size, o.shuffle, o.sampler, o.batch_sampler, o.drop_last,
+                              o.generator, o.epochs, o.seed, o.progress)
+    units = None
+    if isinstance(dataset, ReadUnits):
+        # Rows smaller than a read (opt4torch.Parquet): the plan is over what
+        # a read fetches, and each position's row is taken from its unit
+        # after the cache (docs/algorithm.md, "Read units").
+        dataset, after, unit_idx = dataset.opt4_read_units(per_epoch[0], transform, o.share_across_ranks)
+        per_epoch = (unit_idx, *per_epoch[1:])
+        units = (dataset, after)
+    seq, starts, floors, own, desc_sampler, used_seed, node = sequence_of(dataset, o, per_epoch)
     desc = json.dumps({"sampler": desc_sampler, "epochs": o.epochs, "seed": used_seed,
                        "shared_ranks": o.share_across_ranks})
     make_plan, pool_page = planner(dataset, o, seq, desc, node)
@@ -288,7 +302,7 @@ def build_local(dataset: Any, o: Options) -> Built:
     # positions go to workers one by one, with nothing to say which pool
     # they are in).
     replan = None
-    if node is None and o.batched:
+    if node is None and o.batched and units is None:
         replan = ReplanContext(seq=seq, starts=list(starts), lengths=list(own), make_plan=make_plan,
                                pool_page=pool_page, wait_timeout=o.wait_timeout, staging_slots=staging,
                                spare_pages=spare, spare_window=spare_window,
@@ -300,7 +314,8 @@ def build_local(dataset: Any, o: Options) -> Built:
     # (std::terminate; seen as rank 1 of a torchrun test dying of SIGABRT).
     group = (weakref.ref(node[0]), node[1], node[2]) if node is not None else None
     return Built(cache=cache, starts=starts, own=own, floors=floors, seed=used_seed,
-                 seed_drawn=o.seed is None and used_seed is not None, group=group, replan=replan)
+                 seed_drawn=o.seed is None and used_seed is not None, group=group, replan=replan,
+                 units=units)
 
 
 def build_cluster(dataset: Any, o: Options, reader: Callable[[str, int], Any]) -> Built:
@@ -315,6 +330,9 @@ def build_cluster(dataset: Any, o: Options, reader: Callable[[str, int], Any]) -
 
     if o.share_across_ranks:
         raise ValueError("cluster=True plans every node's pool itself: leave share_across_ranks off")
+    if isinstance(dataset, ReadUnits):
+        raise ValueError(f"{type(dataset).__name__} plans over read units, which cluster=True does not take yet: "
+                         "give each node its own loader (cluster=False)")
     if o.batch_sampler is not None or o.batch_size is None or o.drop_last:
         raise ValueError("cluster=True needs batch_size= (a DistributedSampler's batches, the last one "
                          "short): batch_sampler, batch_size=None and drop_last are not supported with it")

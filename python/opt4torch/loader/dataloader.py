@@ -25,6 +25,7 @@ import torch.utils.data as tud
 
 from .. import _engine, _messages
 from ..sources.base import counts_storage
+from ..sources.hfdatasets import adapt_for_loader
 from .build import Built, build_cluster, build_local, layout_digest
 from .checkpoint import Checkpoints
 from .checks import check_options
@@ -147,6 +148,9 @@ class DataLoader(Checkpoints, Replans, tud.DataLoader[Any]):
         # them with the seed of a state saved under a drawn one.
         self._init_args: dict[str, Any] = {
             k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")} | kwargs
+        # A Hugging Face datasets.Dataset is cached as its encoded rows and
+        # formatted after the cache (sources/hfdatasets.py).
+        dataset, transform = adapt_for_loader(dataset, transform)
         o = check_options(
             dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
             num_workers=num_workers, drop_last=drop_last, generator=generator, prefetch_factor=prefetch_factor,
@@ -161,7 +165,9 @@ class DataLoader(Checkpoints, Replans, tud.DataLoader[Any]):
         def reader(pool_name: str, accesses: int) -> PlannedDataset:  # a cluster's transfers read as workers do
             return PlannedDataset(dataset, pool_name, accesses, len(dataset), allow_pickle=allow_pickle)
 
-        built = build_cluster(dataset, o, reader) if cluster else build_local(dataset, o)
+        built = build_cluster(dataset, o, reader) if cluster else build_local(dataset, o, transform)
+        if built.units is not None:
+            dataset, transform = built.units
         self._wire(dataset, built, batched=o.batched or cluster,
                    prefetch_opts=o.prefetch_opts if o.prefetch else None)
         cached = PlannedDataset(dataset, self.cache.name, self.cache.plan.accesses, len(dataset),

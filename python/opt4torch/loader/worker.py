@@ -136,7 +136,9 @@ class PlannedDataset(tud.Dataset[Any]):
             out.extend(got)
             start += served
         if self.transform is not None:
-            out = [self.transform(x) for x in out]
+            # A transform that needs the position (a row taken from its read unit) says so.
+            at = getattr(self.transform, "at_positions", None)
+            out = at(out, positions) if at is not None else [self.transform(x) for x in out]
         return out
 
     @staticmethod

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["EngineSource", "IMAGE_EXTENSIONS", "IMG_EXTENSIONS", "Source", "checked_index", "counts_storage",
-           "engine_source", "prefetch_by_default"]
+__all__ = ["EngineSource", "IMAGE_EXTENSIONS", "IMG_EXTENSIONS", "ReadUnits", "Source", "checked_index",
+           "counts_storage", "engine_source", "prefetch_by_default"]
 
 #: The image files an image folder takes by default: torchvision's
 #: ``IMG_EXTENSIONS``, under that name and under ``IMAGE_EXTENSIONS``
@@ -64,6 +64,22 @@ class Source(Protocol):
     def info(self) -> dict[str, Any]:
         """The read counters (``reads``, ``bytes_read``; an object store's
         ``requests`` too), summed over every process that read."""
+        ...
+
+
+@runtime_checkable
+class ReadUnits(Protocol):
+    """A dataset whose items are smaller than what one read fetches
+    (``opt4torch.Parquet``: rows in row groups). The loader plans over the
+    read units, and takes each position's item from its unit after the
+    cache (docs/algorithm.md, "Read units")."""
+
+    def opt4_read_units(self, per_epoch: list[Any], transform: Any,
+                        shared: bool) -> tuple[Any, Any, list[Any]]:
+        """Given each epoch's captured item indices: the dataset of read
+        units the loader plans over, the transform that takes a position's
+        item from its unit (an ``at_positions(blobs, positions)`` method),
+        and each epoch's unit indices."""
         ...
 
 

@@ -49,7 +49,7 @@ from .tarindex import INDEX_SUFFIX, read_index, write_index
 __all__ = ["IMG_EXTENSIONS", "FolderLoopError", "ImageFolder", "LayoutError", "TarShards", "find_classes", "make_dataset", "shard_index"]
 
 
-class _RangeDataset:
+class RangeDataset:
     """What both datasets share: the engine's reader over (file, offset,
     length) rows, reopened after pickling (a spawned worker), the counters
     and the latency. A :class:`~opt4torch.sources.base.Source`: the engine
@@ -114,7 +114,7 @@ class _RangeDataset:
         self._r.close()
 
 
-class ImageFolder(_RangeDataset):
+class ImageFolder(RangeDataset):
     """An image folder (``root/<class>/**/<file>``) read in place.
 
     ``classes``, ``class_to_idx``, ``samples`` (``(path, label)`` pairs),
@@ -326,7 +326,7 @@ def _extensions(extensions: str | Sequence[str]) -> tuple[str, ...]:
 
 # ---- tar shards ----
 
-class TarShards(_RangeDataset):
+class TarShards(RangeDataset):
     """WebDataset tar shards read in place: ``ds[i]`` is sample ``i``,
     ``{"__key__": key, "<field>": bytes, ...}``, as WebDataset's raw samples
     (fields lower-cased, e.g. ``"jpg"``, ``"cls"``, ``"seg.png"``), samples

@@ -50,7 +50,7 @@ import posixpath
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -102,7 +102,7 @@ def _client_module() -> Any:
 
 #: The environment the client's credential chain reads, in the process that
 #: makes the client. A worker process gets these as the process that pickled
-#: the dataset had them (see _ObjectDataset.__getstate__).
+#: the dataset had them (see ObjectDataset.__getstate__).
 _CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
                    "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_EC2_METADATA_DISABLED",
                    "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_ROLE_SESSION_NAME",
@@ -174,7 +174,7 @@ def _split_url(url: str) -> tuple[str, str]:
     return bucket, prefix + "/" if prefix else ""
 
 
-class _ObjectDataset:
+class ObjectDataset:
     """What the object-store datasets share: where the store is, one client
     per process, the shared counters, errors that name the request, ranged
     GETs, pickling to worker processes."""
@@ -380,6 +380,40 @@ class _ObjectDataset:
                                    "dataset was made")
         return data
 
+    def _expand_urls(self, urls: str | Sequence[str], who: str, what: str,
+                     ext: str) -> tuple[list[str], Callable[[str], dict[str, tuple[int, str]]]]:
+        """Object URLs spelled as WebDataset spells shards (a list, ``::``,
+        braces, a glob in the last part of a name), each folder listed once;
+        the URLs, and the listing of a folder (key -> (size, ETag))."""
+        listings: dict[str, dict[str, tuple[int, str]]] = {}
+
+        def listing(folder: str) -> dict[str, tuple[int, str]]:
+            if folder not in listings:
+                listings[folder] = self._list(folder)
+            return listings[folder]
+
+        def exists(url: str) -> bool:
+            bucket, key = split_object_url(url)
+            return bucket == self.bucket and key in listing(folder_of(key))
+
+        def match(url: str) -> list[str]:
+            bucket, pattern = split_object_url(url)
+            folder = folder_of(pattern)
+            if bucket != self.bucket:
+                return []
+            if has_glob(folder):
+                raise ValueError(f"{url!r}: a glob is matched against the objects of one folder of the {what}' "
+                                 f"bucket, in the last part of the name only (s3://bucket/{what}/*{ext}); name "
+                                 "other folders with braces ({a,b}) or list them")
+            return [f"s3://{self.bucket}/{key}" for key in sorted(listing(folder))
+                    if "/" not in key[len(folder):] and fnmatch.fnmatchcase(key, pattern)]
+
+        expanded = expand_shards(urls, exists=exists, match=match)
+        buckets = {split_object_url(u)[0] for u in expanded}
+        if buckets != {self.bucket}:
+            raise ValueError(f"{who} reads {what} of one bucket, got {', '.join(sorted(buckets))}")
+        return expanded, listing
+
     def __len__(self) -> int:
         raise NotImplementedError
 
@@ -445,7 +479,7 @@ class _ObjectDataset:
             self._counts = _new_counts()
 
 
-class S3ImageFolder(_ObjectDataset):
+class S3ImageFolder(ObjectDataset):
     """An image folder kept as objects: ``s3://bucket/prefix/<class>/**/<file>``.
 
     ``classes``, ``class_to_idx``, ``samples`` (``(key, label)`` pairs),
@@ -577,7 +611,7 @@ class S3ImageFolder(_ObjectDataset):
                 f"{self._where()})")
 
 
-class S3TarShards(_ObjectDataset):
+class S3TarShards(ObjectDataset):
     """WebDataset tar shards kept as objects (``s3://bucket/.../shard-000.tar``),
     read in place: ``ds[i]`` is sample ``i``, ``{"__key__": key, "<field>":
     bytes, ...}``, exactly as :class:`opt4torch.TarShards` gives for the same
@@ -606,41 +640,10 @@ class S3TarShards(_ObjectDataset):
         self._set_waits(timeout, deadline, min_rate, ca_bundle)
         if not isinstance(urls, str) and not urls:
             raise ValueError("S3TarShards needs at least one shard")
-        # One bucket, checked before anything is listed: the parts as
-        # written (a pattern's bucket is not expanded).
-        buckets = {_split_url(u)[0] for u in (urls.split("::") if isinstance(urls, str) else urls)}
-        if len(buckets) != 1:
-            raise ValueError(f"S3TarShards reads shards of one bucket, got {', '.join(sorted(buckets))}")
-        self._setup(buckets.pop(), endpoint_url, region, profile, unsigned, path_style, max_attempts, latency,
-                    client)
-        listings: dict[str, dict[str, tuple[int, str]]] = {}
-
-        def listing(folder: str) -> dict[str, tuple[int, str]]:
-            if folder not in listings:
-                listings[folder] = self._list(folder)
-            return listings[folder]
-
-        def exists(url: str) -> bool:
-            bucket, key = _split_object_url(url)
-            return bucket == self.bucket and key in listing(_folder(key))
-
-        def match(url: str) -> list[str]:
-            bucket, pattern = _split_object_url(url)
-            folder = _folder(pattern)
-            if bucket != self.bucket:
-                return []
-            if has_glob(folder):
-                raise ValueError(f"{url!r}: a glob is matched against the objects of one folder of the shards' "
-                                 "bucket, in the last part of the name only (s3://bucket/shards/*.tar); name "
-                                 "other folders with braces ({a,b}) or list them")
-            return [f"s3://{self.bucket}/{key}" for key in sorted(listing(folder))
-                    if "/" not in key[len(folder):] and fnmatch.fnmatchcase(key, pattern)]
-
-        self.urls = expand_shards(urls, exists=exists, match=match)
-        places = [_split_object_url(u) for u in self.urls]
-        if {b for b, _ in places} != {self.bucket}:
-            raise ValueError(f"S3TarShards reads shards of one bucket, got "
-                             f"{', '.join(sorted({b for b, _ in places}))}")
+        self._setup(one_bucket(urls, "S3TarShards", "shards"), endpoint_url, region, profile, unsigned, path_style,
+                    max_attempts, latency, client)
+        self.urls, listing = self._expand_urls(urls, "S3TarShards", "shards", ".tar")
+        places = [split_object_url(u) for u in self.urls]
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else os.path.join(
             os.path.expanduser("~"), ".cache", "opt4torch")
         self._shard_keys = [k for _, k in places]
@@ -651,9 +654,9 @@ class S3TarShards(_ObjectDataset):
         self._members: list[tuple[tuple[str, int, int], ...]] = []
         rows: list[tuple[int, int, int]] = []
         for k, key in enumerate(self._shard_keys):
-            if key not in listing(_folder(key)):
+            if key not in listing(folder_of(key)):
                 raise FileNotFoundError(f"no object s3://{self.bucket}/{key} {self._where()} (a tar shard)")
-            size, etag = listing(_folder(key))[key]
+            size, etag = listing(folder_of(key))[key]
             self._etags.append(etag)
             self._shard_sizes.append(size)
             for skey, off, length, members in self._shard_index(key, size, etag):
@@ -738,12 +741,21 @@ class S3TarShards(_ObjectDataset):
         return f"S3TarShards({len(self.urls)} shards, {len(self)} samples, {self._where()})"
 
 
-def _folder(key: str) -> str:
+def one_bucket(urls: str | Sequence[str], who: str, what: str) -> str:
+    """The one bucket of ``urls``, checked before anything is listed: the
+    parts as written (a pattern's bucket is not expanded)."""
+    buckets = {_split_url(u)[0] for u in (urls.split("::") if isinstance(urls, str) else urls)}
+    if len(buckets) != 1:
+        raise ValueError(f"{who} reads {what} of one bucket, got {', '.join(sorted(buckets))}")
+    return buckets.pop()
+
+
+def folder_of(key: str) -> str:
     """The folder part of a key, with its slash ("" at the top): what is listed."""
     return key.rsplit("/", 1)[0] + "/" if "/" in key else ""
 
 
-def _split_object_url(url: str) -> tuple[str, str]:
+def split_object_url(url: str) -> tuple[str, str]:
     bucket, prefix = _split_url(url)
     key = url[len("s3://") + len(bucket) + 1:]
     if not key or key.endswith("/"):

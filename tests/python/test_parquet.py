@@ -1,4 +1,4 @@
-"""opt4torch.Parquet: Parquet files read in place (python/opt4torch/parquet.py).
+"""opt4torch.Parquet: Parquet files read in place (python/opt4torch/sources/parquet.py).
 
 The files are written by pyarrow with several row-group and page sizes, with
 and without an offset index (the page index), snappy and zstd; every row must

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import opt4torch
 from opt4torch import sources
+from opt4torch.sources import local
 from opt4torch.sources import tarindex as _tarindex
 
 pytestmark = pytest.mark.timeout(60)
@@ -113,7 +114,7 @@ def test_numbers_an_index_never_holds_are_refused(shard: str, number: str) -> No
 
 def test_swapped_ranges_under_the_right_identity_are_refused(shard: str) -> None:
     body = _index(shard)
-    assert body["shard"] == sources._shard_id(os.stat(shard))  # the identity stays right throughout
+    assert body["shard"] == local._shard_id(os.stat(shard))  # the identity stays right throughout
     s = body["samples"]
     s[0][1:], s[1][1:] = s[1][1:], s[0][1:]  # k0 would read k1's bytes
     _plant(shard, json.dumps(body))

@@ -2,7 +2,9 @@
 per kind: base.py (the :class:`Source` contract, :class:`EngineSource`, the
 image extensions), local.py (ImageFolder and TarShards, read in place),
 records.py (RecordFile, the record file), s3.py (objects in an S3-compatible
-store); and what they share: shardnames.py (WebDataset's shard names),
+store), parquet.py (Parquet read in place, over row groups), hfdatasets.py
+(a Hugging Face datasets.Dataset as it is); and what they share:
+tarindex.py (the cached tar index, read as a hostile file), shardnames.py (WebDataset's shard names),
 formats.py (what a file is, from its first bytes). Imports only io/ and the
 binding.
 
@@ -11,7 +13,8 @@ binding.
 
 from .. import _engine  # noqa: F401  (tests patch opt4torch.sources._engine)
 from .base import IMAGE_EXTENSIONS, IMG_EXTENSIONS, EngineSource, Source, checked_index
-from .local import ImageFolder, LayoutError, TarShards, check_tar, find_classes, make_dataset, shard_index
+from .local import (FolderLoopError, ImageFolder, LayoutError, TarShards, check_tar, find_classes, make_dataset,
+                    shard_index)
 
-__all__ = ["EngineSource", "IMAGE_EXTENSIONS", "IMG_EXTENSIONS", "ImageFolder", "LayoutError", "Source", "TarShards",
-           "check_tar", "checked_index", "find_classes", "make_dataset", "shard_index"]
+__all__ = ["EngineSource", "FolderLoopError", "IMAGE_EXTENSIONS", "IMG_EXTENSIONS", "ImageFolder", "LayoutError",
+           "Source", "TarShards", "check_tar", "checked_index", "find_classes", "make_dataset", "shard_index"]

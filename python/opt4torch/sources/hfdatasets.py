@@ -108,7 +108,8 @@ class HFDataset:
         # A slice of one row: Arrow's IPC writer keeps only that row's part
         # of every buffer (measured: a row of a 20-row table takes its JPEG
         # plus about 580 bytes of header and padding).
-        return table.slice(k, 1).to_batches()[0].serialize().to_pybytes()
+        data: bytes = table.slice(k, 1).to_batches()[0].serialize().to_pybytes()
+        return data
 
     def __getitem__(self, index: int) -> bytes:
         if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):

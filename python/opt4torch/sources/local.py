@@ -40,13 +40,13 @@ from typing import Any
 import numpy as np
 
 from .. import _engine
-from ..io.files import atomic_write
 from .base import IMG_EXTENSIONS, EngineSource, checked_index
 from .formats import decompress_command, decompressed_name, sniff
 from .shardnames import expand_shards
 from .tarindex import INDEX_SUFFIX, read_index, write_index
 
-__all__ = ["IMG_EXTENSIONS", "FolderLoopError", "ImageFolder", "LayoutError", "TarShards", "find_classes", "make_dataset", "shard_index"]
+__all__ = ["IMG_EXTENSIONS", "FolderLoopError", "ImageFolder", "LayoutError", "TarShards", "find_classes",
+           "make_dataset", "shard_index"]
 
 
 class RangeDataset:

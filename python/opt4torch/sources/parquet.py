@@ -30,6 +30,7 @@ schema that differs between files, and a file changed after it was indexed
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import stat
@@ -38,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import checked_index
+from .base import EngineSource, checked_index
 from .local import RangeDataset
 from .s3 import ObjectDataset, folder_of, one_bucket, split_object_url
 from .shardnames import expand_shards
@@ -67,18 +68,24 @@ class _RowGroups(RangeDataset):
     its file, read by the engine (and by the prefetcher's C threads, framed
     as these bytes)."""
 
-    def __init__(self, files: list[str], rows: np.ndarray, direct: bool, latency: float) -> None:
+    def __init__(self, files: list[str], rows: np.ndarray, direct: bool, latency: float,
+                 idents: np.ndarray) -> None:
         self._files = files
         self._rows = rows
         self.direct = direct
         self.latency = latency
+        # Each file's (size, inode, mtime, ctime) when its footer was read:
+        # the engine checks every read against it, so a file changed since
+        # is refused naming it, never read as the old row groups.
+        self._idents = idents
         self._open_ranges()
 
     def __getitem__(self, index: int) -> bytes:
-        return self._r.read(checked_index(index, len(self)))
+        data: bytes = self._r.read(checked_index(index, len(self)))
+        return data
 
-    def _prefetch_source(self) -> dict[str, Any]:
-        return {"records": self._r, "frame": "bytes"}
+    def engine_source(self) -> EngineSource:
+        return EngineSource(self._r, frame="bytes")
 
     def __repr__(self) -> str:
         return f"Parquet row groups ({len(self)} in {len(self._files)} files)"
@@ -92,7 +99,10 @@ class _S3RowGroups(ObjectDataset):
 
     def __init__(self, urls: str | Sequence[str], *, endpoint_url: str | None = None, region: str | None = None,
                  profile: str | None = None, unsigned: bool = False, path_style: bool | None = None,
-                 max_attempts: int = 3, latency: float = 0.0, client: str = "auto") -> None:
+                 max_attempts: int = 3, latency: float = 0.0, client: str = "auto", timeout: float = 60.0,
+                 deadline: float = 300.0, min_rate: int = 1024, ca_bundle: str | os.PathLike[str] | None = None
+                 ) -> None:
+        self._set_waits(timeout, deadline, min_rate, ca_bundle)
         self._setup(one_bucket(urls, "Parquet", "files"), endpoint_url, region, profile, unsigned, path_style,
                     max_attempts, latency, client)
         self.urls, listing = self._expand_urls(urls, "Parquet", "files", ".parquet")
@@ -102,7 +112,15 @@ class _S3RowGroups(ObjectDataset):
             if key not in listing(folder_of(key)):
                 raise FileNotFoundError(f"no object {url} {self._where()} (a Parquet file)")
             self.listing[key] = listing(folder_of(key))[key]
+        # Every GET sends the listed ETag (If-Match) and checks the size.
+        self._etags = [self.listing[k][1] for k in self.keys]
         self._rows = np.empty((0, 3), dtype=np.int64)
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of object ``key`` from ``offset`` (a footer's
+        read, not counted as a row group's)."""
+        data: bytes = self._get(key, offset, length, count=False)
+        return data
 
     def set_rows(self, rows: np.ndarray) -> None:
         self._rows = rows
@@ -120,8 +138,12 @@ class _S3RowGroups(ObjectDataset):
     def _objects(self) -> tuple[list[str], np.ndarray]:
         return self.keys, self._rows
 
-    def _prefetch_source(self) -> dict[str, Any] | None:
-        return self._c_prefetch_source()
+    def _object_sizes(self) -> list[int]:
+        return [self.listing[k][0] for k in self.keys]
+
+    def engine_source(self) -> EngineSource | None:
+        reader = self._engine_reader()
+        return None if reader is None else EngineSource(reader, frame="bytes")
 
     def opt4_item_bytes(self, index: int) -> int:
         return int(self._rows[int(index), 2])
@@ -276,12 +298,13 @@ class Parquet:
         if str(first).startswith("s3://"):
             if direct:
                 raise ValueError("direct=True reads local files with O_DIRECT; objects in a store have no such read")
-            groups = _S3RowGroups(paths, latency=self.latency, **store)
+            urls = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+            groups = _S3RowGroups(urls if len(urls) > 1 else urls[0], latency=self.latency, **store)
             self.paths = list(groups.urls)
             for key in groups.keys:
                 size, etag = groups.listing[key]
                 url = f"s3://{groups.bucket}/{key}"
-                footers.append(_footer(pq, url, size, lambda off, n, k=key: groups._get(k, off, n, count=False)))
+                footers.append(_footer(pq, url, size, functools.partial(groups.get_range, key)))
                 idents.append(None)  # an object is checked by its length on every GET
             sizes = [groups.listing[k][0] for k in groups.keys]
         else:
@@ -304,7 +327,12 @@ class Parquet:
             groups.set_rows(rows)
             self._groups: Any = groups
         else:
-            self._groups = _RowGroups(list(self.paths), rows, self.direct, self.latency)
+            files = np.asarray([(st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+                                for st in map(os.stat, self.paths)], dtype=np.int64).reshape(-1, 4)
+            if not np.array_equal(files[:, 0], np.asarray(sizes, dtype=np.int64)):
+                changed = self.paths[int(np.flatnonzero(files[:, 0] != np.asarray(sizes))[0])]
+                raise ParquetError(f"{changed}: the file changed while it was being indexed; try again")
+            self._groups = _RowGroups(list(self.paths), rows, self.direct, self.latency, files)
         self._decoder = _Decoder(list(self.paths), sizes, idents, [f for f, _ in footers], units)
 
     def __len__(self) -> int:
@@ -317,19 +345,23 @@ class Parquet:
 
     def _row(self, unit: int, blob: Any, row: int) -> dict[str, Any]:
         table = self._decoder.table(unit, blob)
-        return table.slice(row - int(self._first_row[unit]), 1).to_pylist()[0]
+        got: dict[str, Any] = table.slice(row - int(self._first_row[unit]), 1).to_pylist()[0]
+        return got
 
-    def _prefetch_source(self) -> dict[str, Any]:
+    def engine_source(self) -> EngineSource | None:
         """Prefetch is on by default: the loader's C threads read the row groups."""
-        return self._groups._prefetch_source()
+        result: EngineSource | None = self._groups.engine_source()
+        return result
 
     def unit_sizes(self) -> np.ndarray:
         """Every row group's bytes as read (int64)."""
-        return self._groups.item_sizes()
+        sizes: np.ndarray = self._groups.item_sizes()
+        return sizes
 
     def info(self) -> dict[str, Any]:
         """The reader's counters (reads, bytes_read) and what it is."""
-        return self._groups.info()
+        got: dict[str, Any] = self._groups.info()
+        return got
 
     def opt4_read_units(self, per_epoch: list[np.ndarray], transform: Callable[[Any], Any] | None,
                         shared: bool) -> tuple[Any, Any, list[np.ndarray]]:

@@ -182,6 +182,10 @@ class ObjectDataset:
     # A Source (sources/base.py): it counts its reads, and the DataLoader
     # prefetches it by default, through the engine's GETs or the callback.
 
+    #: Each object's ETag as listed, in the order of ``_objects()``' keys:
+    #: every GET of the engine's sends it as If-Match.
+    _etags: list[str]
+
     def _setup(self, bucket: str, endpoint_url: str | None, region: str | None, profile: str | None,
                unsigned: bool, path_style: bool | None, max_attempts: int, latency: float,
                client: str = "auto") -> None:

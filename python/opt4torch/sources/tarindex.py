@@ -189,7 +189,7 @@ def check_samples(rows: Any, shard_size: int) -> list[Any]:
         if end > shard_size:
             raise IndexRefused(f"sample {key!r} ({length} bytes at {off}) lies outside the shard "
                                f"({shard_size} bytes)")
-        members = []
+        members: list[tuple[Any, Any, Any]] = []
         at = 0
         for m in fields:
             if not (type(m) is list and len(m) == 3 and type(m[0]) is str and type(m[1]) is int

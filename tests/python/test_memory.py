@@ -62,7 +62,7 @@ def test_memory_beyond_the_cache(big_records: str, tmp_path) -> None:
 
 
 _PLAN_COST = """
-import json, resource, sys
+import json, sys
 import torch, opt4torch
 from opt4torch.data import _resident_bytes, plan_cost
 
@@ -75,7 +75,10 @@ n, epochs, sized = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "sized"
 before = _resident_bytes()
 kw = dict(cache_bytes=n * 1100 // 4, item_bytes=lambda i: 1000 + i % 200) if sized else dict(cache_items=n // 4)
 loader = opt4torch.DataLoader(Tiny(n), batch_size=256, shuffle=True, seed=0, epochs=epochs, **kw)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, this process's own high-water mark: not ru_maxrss, which a child
+# started by vfork (subprocess does) inherits from its parent at exec, so a
+# large pytest-xdist worker's peak showed as this loader's (1.44 GB).
+peak = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 after = _resident_bytes()
 assert loader.cache.plan.sized == sized
 print(json.dumps({"peak": peak - before, "kept": after - before, "estimate": plan_cost(n * epochs, n, sized)}))
@@ -87,7 +90,7 @@ loader.cache.close()
 def test_plan_cost_estimate_is_what_building_takes(items: int, epochs: int, kind: str) -> None:
     """The estimate the large-plan warning gives (plan_cost) against the
     resident memory a new process gains by building the loader: its peak
-    (ru_maxrss, before capture and planning free their scratch) and what it
+    (VmHWM, before capture and planning free their scratch) and what it
     keeps. Within 25 % either way (a 20 M-access loader peaked at 1.47 GB
     in all while the warning said 1.2 GiB: the process's own memory was not
     counted, and per-item sizes cost twice as much per access)."""

@@ -40,6 +40,15 @@ def forked_loader(epochs: int = 2, **kw) -> opt4torch.DataLoader:
         ({"cache_items": 3, "wait_timeout": -1}, r"wait_timeout must be a number of seconds from 0.001 to "
                                                  r"1e9, got -1"),
         ({"cache_items": 3, "wait_timeout": float("inf")}, r"wait_timeout must be a number of seconds .*got inf"),
+        ({"cache_items": 3, "prefetch": True, "prefetch_threads": 2.5},
+         r"prefetch_threads must be between 1 and \d+, got 2.5"),
+        ({"cache_items": 3, "prefetch": True, "prefetch_threads": "4"},
+         r"prefetch_threads must be between 1 and \d+, got '4'"),
+        ({"cache_items": 3, "prefetch": True, "prefetch_max_threads": 8.0},
+         r"prefetch_max_threads must be between prefetch_threads \(\d+\) and \d+, got 8.0"),
+        ({"cache_items": 3, "shuffle": True, "seed": "abc"}, r"seed must be an integer \(or None to draw one\), "
+                                                             r"got 'abc' \(str\)"),
+        ({"cache_items": 3, "shuffle": True, "seed": 1.5}, r"seed must be an integer .*got 1.5 \(float\)"),
         ({"cache_items": 3, "lookahead": 10**30, "prefetch": True},
          r"lookahead must be a positive integer number of positions up to 2\*\*63 - 1, got 10{30}"),
     ],

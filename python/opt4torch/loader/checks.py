@@ -76,6 +76,9 @@ def check_options(dataset: Any, **given: Any) -> Options:
     epochs = given["epochs"]
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
+    seed = given["seed"]
+    if seed is not None and not is_int(seed):
+        raise ValueError(f"seed must be an integer (or None to draw one), got {seed!r} ({type(seed).__name__})")
     check_arguments(given["batch_size"], given["cache_bytes"], given["cache_items"], given["wait_timeout"],
                     given["lookahead"])
     if given["prefetch"] is None:  # on for a Source (the engine reads it, or an object store); opt-in otherwise
@@ -98,11 +101,11 @@ def check_prefetch(given: dict[str, Any]) -> None:
     fills in ``prefetch_max_threads``."""
     prefetch, threads, most = given["prefetch"], given["prefetch_threads"], given["prefetch_max_threads"]
     limit = _engine.MAX_PREFETCH_THREADS
-    if prefetch and (isinstance(threads, bool) or not 1 <= int(threads) <= limit):
+    if prefetch and (not is_int(threads) or not 1 <= int(threads) <= limit):
         raise ValueError(f"prefetch_threads must be between 1 and {limit}, got {threads!r}")
     if most is None:
         most = given["prefetch_max_threads"] = max(int(threads), PREFETCH_MAX_THREADS)
-    if prefetch and (isinstance(most, bool) or not int(threads) <= int(most) <= limit):
+    if prefetch and (not is_int(most) or not int(threads) <= int(most) <= limit):
         raise ValueError(f"prefetch_max_threads must be between prefetch_threads ({threads}) and {limit}, "
                          f"got {most!r}")
     lookahead = given["lookahead"]

@@ -39,6 +39,7 @@ from .. import _engine
 from ..pool.codec import encode
 from ..io.forksafe import ForkGate
 from ..planning.cluster import ADMIT, FROM_PEER, FROM_STORAGE, PEER_HIT, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
+from .node import release_group
 
 __all__ = ["ClusterFollower", "ClusterRuntime", "Exchange", "plan_keys", "record_of"]
 
@@ -115,12 +116,13 @@ class Exchange:
         self.closed = False
 
     def close(self) -> None:
-        """No more collectives: the group is let go (it is the user's to
-        destroy, with destroy_process_group; a reference kept here would
-        keep gloo's threads alive into the interpreter's finalization,
-        docs/testing.md)."""
+        """No more collectives: the loader's group is destroyed here (a
+        group kept alive would keep gloo's threads into the interpreter's
+        finalization, or under the user's destroy_process_group(); docs/
+        testing.md). Called once no collective of it is in flight."""
         self.closed = True
-        self.group = None
+        group, self.group = self.group, None
+        release_group(group)
 
     def keep_forward(self, node_index: int, record: bytes) -> None:
         """The item at this node-plan position was read from storage for

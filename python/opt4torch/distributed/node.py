@@ -12,7 +12,7 @@ import numpy as np
 
 from ..planning.cluster import interleave
 
-__all__ = ["interleave_ranks", "node_group"]
+__all__ = ["interleave_ranks", "node_group", "release_group"]
 
 
 def node_group() -> tuple[Any, int, int]:
@@ -44,3 +44,19 @@ def interleave_ranks(per_epoch_idx: list[np.ndarray], per_epoch_lengths: list[np
     dist.all_gather_object(everyone, (per_epoch_idx, per_epoch_lengths), group=group)
     timeline, starts, floors = interleave([e[0] for e in everyone], [e[1] for e in everyone])
     return timeline.seq, starts[rank], floors, per_epoch_lengths
+
+
+def release_group(group: Any) -> None:
+    """Destroy a process group the loader made for itself, once nothing of
+    the loader's uses it: its gloo threads end here, not in the
+    interpreter's finalization or under a later ``destroy_process_group()``
+    (issue 39). Local (no collective). Nothing to do when the default group
+    is gone already: destroying it destroyed this one too."""
+    import torch.distributed as dist
+
+    if group is None or not (dist.is_available() and dist.is_initialized()) or group is dist.group.WORLD:
+        return
+    try:
+        dist.destroy_process_group(group)
+    except ValueError:  # "Invalid process group specified": destroyed already
+        pass

@@ -21,6 +21,7 @@ from ..planning.plan import Plan
 from ..planning.sizing import CODEC_MARGIN, STAGING_MIN_CLUSTER, item_sizes, parse_bytes, staging_slots
 from ..pool.cache import OPTCache
 from .exchange import ClusterFollower, ClusterRuntime
+from .node import release_group
 
 __all__ = ["ClusterSetup", "cluster_pool", "cluster_setup"]
 
@@ -160,6 +161,8 @@ def cluster_pool(c: ClusterSetup, dataset: Any, *, reader: Any, allow_pickle: bo
             allow_pickle=allow_pickle, group=c.exchange_group, peers=c.peers, storage_sizes=c.storage_sizes,
             timeout=timeout)
     dist.all_gather_object(name, cache.name if cache is not None else None, group=c.group)
+    if c.group is not c.exchange_group:
+        release_group(c.group)  # planned and shared: the exchange has a group of its own
     if cache is None:
         cache = OPTCache.attach(name[c.leader], plan, c.pool_page or plan.page_size)
         cache.transfers = ClusterFollower(c.cp, c.node_plan, c.storage_sizes, c.leader)

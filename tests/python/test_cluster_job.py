@@ -90,6 +90,22 @@ def test_node_of_this_rank() -> None:
             node_of_this_rank(0, {"OPT4TORCH_NODE": bad})
 
 
+def test_nodes_that_disagree_on_their_numbering_are_refused() -> None:
+    """Issue 36: two machines whose ranks number nodes differently (here
+    rank 2 left OPT4TORCH_NODE unset, so it took GROUP_RANK 0 on machine b)
+    would share a pool that only one of them has."""
+    from opt4torch.cluster import check_nodes, this_host
+
+    a, b = "a/boot-1", "b/boot-2"
+    check_nodes([0, 0, 1, 1], [a, a, b, b])  # one node a machine
+    check_nodes([0, 1, 2, 3], [a, a, a, a])  # several nodes on one machine: each its own pool
+    with pytest.raises(ValueError, match=r"ranks 0 and 2 both say they are node 0, but run on different machines "
+                                         r"\(a and b\).*set OPT4TORCH_NODE the same way on every rank"):
+        check_nodes([0, 1, 0, 3], [a, a, b, b])
+    host = this_host()
+    assert host.split("/")[0] and host == this_host()  # a name, the same each time
+
+
 def test_job_plan_needs_torch_distributed() -> None:
     from opt4torch.cluster import job_plan
 

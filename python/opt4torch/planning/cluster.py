@@ -48,7 +48,7 @@ from .plan import plan as build_plan
 
 __all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_ENV", "NODE_KEYS", "ClusterPlan", "NodePlan",
            "Timeline", "WORKER", "RECEIVE", "SEND", "FROM_POOL", "FROM_STORAGE", "FROM_PEER",
-           "cluster_plan", "global_timeline", "interleave", "job_plan", "node_of_this_rank"]
+           "check_nodes", "cluster_plan", "global_timeline", "interleave", "job_plan", "node_of_this_rank", "this_host"]
 
 LOCAL_HIT: int = _engine.CLUSTER_LOCAL_HIT
 PEER_HIT: int = _engine.CLUSTER_PEER_HIT
@@ -675,6 +675,39 @@ def node_of_this_rank(rank: int, environ: Any = None) -> int:
     return int(group_rank) if group_rank is not None and group_rank.isdigit() else 0
 
 
+def this_host() -> str:
+    """What names this machine among a job's: its host name and the
+    kernel's boot id (two containers may share a host name, never a boot
+    id and a /dev/shm)."""
+    import socket
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def check_nodes(nodes: Sequence[int], hosts: Sequence[str]) -> None:
+    """Every rank's node id (``nodes[r]``) against the machine it runs on
+    (``hosts[r]``): a node's ranks share one pool in shared memory, so a
+    node id on two machines means the ranks disagree on how nodes are
+    numbered (``OPT4TORCH_NODE`` set on some ranks and not others, or set
+    differently), and is refused naming the ranks. Several nodes on one
+    machine are fine (each its own pool)."""
+    first: dict[int, int] = {}
+    for r, (n, h) in enumerate(zip(nodes, hosts)):
+        r0 = first.setdefault(int(n), r)
+        if hosts[r0] != h:
+            raise ValueError(
+                f"ranks {r0} and {r} both say they are node {n}, but run on different machines "
+                f"({hosts[r0].split('/')[0]} and {h.split('/')[0]}): a node's ranks share one pool in shared "
+                f"memory. The ranks disagree on how nodes are numbered: set {NODE_ENV} the same way on every "
+                "rank ('rank', 'rank//K', or unset to take torchrun's GROUP_RANK), or give each machine its "
+                "own node ids")
+
+
 def _sampler_facts(sampler: Any) -> dict[str, Any]:
     """What every rank's copy of the sampler must agree on."""
     facts: dict[str, Any] = {"sampler": f"{type(sampler).__module__}.{type(sampler).__qualname__}"}
@@ -742,13 +775,14 @@ def job_plan(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: A
              "page_size": page_size, "item_bytes": item_bytes, "window": window,
              "item_sizes": None if sizes is None else int(sizes.size)}
     everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, {"node": node, "facts": facts}, group=group)
+    dist.all_gather_object(everyone, {"node": node, "host": this_host(), "facts": facts}, group=group)
     differs = _disagreement([e["facts"] for e in everyone])
     if differs is not None:
         raise ValueError(
             f"the ranks of this job disagree on {differs}: one cluster plan needs the same sampler, "
             "seed, dataset, epochs, batch size and cache on every rank (a rank started with other "
             "arguments, or another version of the data?)")
+    check_nodes([int(e["node"]) for e in everyone], [str(e["host"]) for e in everyone])
     node_ids = sorted({int(e["node"]) for e in everyone})
     node_of_rank = [node_ids.index(int(e["node"])) for e in everyone]
     seqs = capture_ranks(sampler, epochs, progress=progress)

@@ -5,10 +5,10 @@
 #   make install build the package (C engine + extension) into .venv
 #   make demo    capture a seeded sampler, plan, compare OPT with LRU/FIFO; then train a
 #                small CNN end to end against no cache, LRU and in memory (tables, plots in out/)
-#   make test    every test: C (plain, ASan+UBSan, TSan, built without libcurl), the binding
-#                under ASan+UBSan, fuzzing
-#                (corpus replay, then FUZZ_SECONDS=10 a target), Python; every stage runs, then
-#                one summary table (scripts/test_stages.py); budgets per stage in docs/testing.md
+#   make test    every test: ruff and mypy, C (plain, ASan+UBSan, TSan, built without libcurl),
+#                the binding under ASan+UBSan, fuzzing (corpus replay, then FUZZ_SECONDS=10 a
+#                target), the cluster loader under torchrun, Python; every stage runs, then one
+#                summary table (scripts/test_stages.py); budgets per stage in docs/testing.md
 #   make fuzz-long  each fuzz target for 10 minutes, what it finds merged into tests/fuzz/corpus/
 #   make bench   the benchmarks (writes bench/results/*.json)
 #   make bench-e2e  a real training loop on an emulated slow store, every cache side by side
@@ -29,6 +29,7 @@ JOBS   ?= 2
 FUZZ_SECONDS ?= 10
 
 .PHONY: all help demo install test lint test-c test-without test-asan test-asan-binding test-tsan test-fuzz test-python \
+	test-cluster-loader \
 	bench bench-e2e clean fuzz-long test-kill-long bench-env bench-e2e-full bench-e2e-s3
 
 # The default goal: the list of targets (this file's header), nothing built
@@ -63,7 +64,7 @@ demo: install
 # TEST_BESIDE runs from the start beside the others, which run one after
 # another: the Python tests keep about one of two cores busy, the rest fill the
 # other (docs/testing.md, "Time budget"). TEST_BESIDE= runs every stage in turn.
-TEST_STAGES := lint test-c test-without test-asan test-asan-binding test-tsan test-fuzz test-python
+TEST_STAGES := lint test-c test-without test-asan test-asan-binding test-tsan test-fuzz test-cluster-loader test-python
 TEST_BESIDE ?= test-python
 test: install
 	@$(PY) scripts/test_stages.py $(if $(TEST_BESIDE),--beside $(TEST_BESIDE),) $(TEST_STAGES)
@@ -198,8 +199,15 @@ test-kill-long: $(STAMP)
 # -n 2 is understood (docs/testing.md); PYTEST_PROCS=2 turns it on.
 PYTEST_PROCS ?= 0
 PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_PROCS)),-n $(PYTEST_PROCS) --dist loadfile,)
+# The cluster loader end to end under torchrun (several processes a job, both
+# cores): a stage of its own, in make test's other lane, so that the two lanes
+# end together (docs/testing.md, "Time budget"). test-python runs the rest.
+CLUSTER_LOADER_TESTS := tests/python/test_cluster_exit.py tests/python/test_cluster_loader.py
 test-python: install
-	$(PY) -m pytest -q $(PYTEST_XDIST) -m "slow or not slow" tests/python
+	$(PY) -m pytest -q $(PYTEST_XDIST) -m "slow or not slow" $(addprefix --ignore=,$(CLUSTER_LOADER_TESTS)) tests/python
+
+test-cluster-loader: install
+	$(PY) -m pytest -q $(PYTEST_XDIST) -m "slow or not slow" $(CLUSTER_LOADER_TESTS)
 
 # The benchmarks (each prints a markdown table and writes bench/results/*.json;
 # bench/RESULTS.md records the medians with the machine and the command).

@@ -64,6 +64,10 @@ def main() -> None:
         write(args.records, args.items)
     dist.barrier()
     ds = opt4torch.RecordFile(args.records)
+    # The process groups registered before the loader (torch's own table):
+    # a closed loader leaves none of its own behind (issue 39).
+    groups_before = len(dist.distributed_c10d._world.pg_map)
+    groups_after_close = None
     loader = opt4torch.DataLoader(
         ds, cluster=True, cluster_window=args.window, cluster_timeout=args.timeout, wait_timeout=args.timeout, shuffle=True, seed=5,
         epochs=args.epochs, batch_size=args.batch, cache_bytes=sum(size_of(x) for x in range(len(ds))) // 4,
@@ -87,6 +91,7 @@ def main() -> None:
         warnings.simplefilter("always")
         if args.end == "close+destroy":
             loader.cache.close()
+            groups_after_close = len(dist.distributed_c10d._world.pg_map)
             dist.destroy_process_group()
         elif args.end == "destroy":
             dist.destroy_process_group()
@@ -110,6 +115,7 @@ def main() -> None:
             json.dump({"rank": rank, "batches": batches, "per_epoch": per_epoch, "state": state,
                        "end_seconds": time.monotonic() - t0,
                        "thread_ended": thread_ended, "destroy_seconds": destroyed,
+                       "groups_before": groups_before, "groups_after_close": groups_after_close,
                        "warnings": [str(w.message) for w in said]}, f)
 
 

@@ -87,5 +87,7 @@ def test_a_cut_epoch_ends_cleanly(runs, job: tuple[str, str, str]) -> None:
         assert x["end_seconds"] < (3 * TIMEOUT if end == "destroy" else TIMEOUT) + 10
         for w in x["warnings"]:
             assert w.startswith("opt4torch cluster loader:") and "\n" not in w
+        if end == "close+destroy":  # the loader destroyed the groups it made (its plan's, its exchange's)
+            assert x["groups_after_close"] == x["groups_before"], x
         if end == "destroy":  # the loader noticed the group gone: its transfer thread ended by itself
             assert x["thread_ended"] is True

@@ -96,7 +96,7 @@ def rank_main(args: argparse.Namespace) -> None:
                            "storage_reads": after["reads"] - before["reads"],
                            "storage_bytes": after["bytes_read"] - before["bytes_read"]}
     if isinstance(loader, opt4torch.DataLoader):
-        rt = loader.cache._prefetch_box[1]
+        rt = loader.cache.transfers
         if rt is not None:
             rt.finish()  # its last windows, before the figures
         st = loader.cache.stats()

@@ -100,7 +100,7 @@ def main() -> None:
             # once out of the store or read it was in (its waits for the workers'
             # reads, each bounded by wait_timeout: the loader is not closed, so
             # the workers may still read, and nothing interrupts them).
-            rt = loader.cache._prefetch_box[1]
+            rt = loader.cache.transfers
             while not rt.done and time.monotonic() - t0 < 3 * args.timeout + 10:
                 time.sleep(0.05)
             thread_ended = rt.done

@@ -88,7 +88,7 @@ def main() -> None:
                 samples += 1
                 wrong += not np.array_equal(got, content(int(x)))
                 seen.append(int(x))
-    rt = loader.cache._prefetch_box[1]
+    rt = loader.cache.transfers
     rt.finish()  # its last windows, after the last batch here (the node's first rank's)
     if args.vanish_rank < 0:
         dist.barrier()  # every rank of the node done: the pool's counters are the node's

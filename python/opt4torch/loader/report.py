@@ -67,7 +67,7 @@ class Reporter:
             fig["storage_bytes"] = int(storage)
             if last is not None and now > last[0]:
                 fig["storage_mb_per_s"] = (storage - last[2]) / (now - last[0]) / 1e6
-        pf = cache._prefetch_box[0]
+        pf = cache.prefetcher
         if pf is not None:
             fig["prefetch_threads"] = int(pf.stats().get("active", 0))
         self._last = (now, view, int(storage or 0))

@@ -175,12 +175,6 @@ class OPTCache:
         self.helpers.transfers = runtime
 
     @property
-    def _prefetch_box(self) -> list[Any]:
-        """[prefetcher, transfers]: the earlier spelling, read by scripts of
-        this release's tests and benchmarks; kept one release."""
-        return [self.helpers.prefetcher, self.helpers.transfers]
-
-    @property
     def pool(self) -> Any:
         """This process's handle on the pool (the binding's Pool)."""
         return self._pool

@@ -278,6 +278,7 @@ def _traces(args: argparse.Namespace) -> tuple[int, list[tuple[int, str]], _Trac
                 raise UsageError(f"{args.trace} is empty: give --items to simulate it")
             items = int(seq.max()) + 1
         capacities = _capacities_asked(args.capacity or _DEFAULT_SWEEP_CAPACITIES, items)
+
         def loaded(trace: np.ndarray = seq) -> np.ndarray:
             return trace
 
@@ -349,7 +350,6 @@ def _simulate_epilog() -> str:
               "  opt4torch simulate --pattern zipf --param alpha=0.6,0.8,1.0,1.2 --policy all --out out/zipf",
               "  opt4torch simulate --pattern all --items 100000 --epochs 3 --out out/all"]
     return "\n".join(lines)
-
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

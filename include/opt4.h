@@ -951,7 +951,10 @@ int opt4_pool_interrupt(opt4_pool *pool);
  * of both segments. A nonzero return from visit stops the listing and is
  * returned. Listing only tests locks, never takes them. Stale pools can be
  * removed with opt4_pool_remove(). Only the pools of this process's namespace
- * (OPT4TORCH_POOL_NAMESPACE, see opt4_pool_create) are visited. */
+ * (OPT4TORCH_POOL_NAMESPACE, see opt4_pool_create) are visited. A meta
+ * segment whose main segment is gone (a removal killed between its two
+ * unlinks, a segment removed by hand) is visited under its own name
+ * ("/opt4-...meta"), stale (state 0), with its own bytes. */
 typedef int (*opt4_pool_visit_fn)(void *ctx, const char *name, uint32_t owner_pid,
                                   int owner_state, uint64_t bytes);
 int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx);
@@ -962,7 +965,10 @@ int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx);
  * before its lock starts over under another name). Refused with OPT4_EPOOL
  * (opt4_errdetail() says why) while the owner is alive, while the pool is
  * being created, and when the owner is in another PID namespace without a
- * lock. force removes it whatever its state (never another user's). */
+ * lock. force removes it whatever its state (never another user's). A
+ * name ending in ".meta" is an orphan meta segment as opt4_pool_list names
+ * it: removed while its main segment is gone, else refused (OPT4_EPOOL:
+ * remove the pool itself). */
 int opt4_pool_remove(const char *name, int force);
 
 /* ------------------------------------------------------------------------ */

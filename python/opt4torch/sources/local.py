@@ -44,7 +44,7 @@ from .base import IMG_EXTENSIONS, EngineSource, checked_index
 from .folders import FolderLoopError, LayoutError, find_classes, make_dataset
 from .formats import decompress_command, decompressed_name, sniff
 from .shardnames import expand_shards
-from .tarindex import INDEX_SUFFIX, read_index, write_index
+from .tarindex import INDEX_SUFFIX, load_index, write_index
 
 __all__ = ["IMG_EXTENSIONS", "FolderLoopError", "ImageFolder", "LayoutError", "TarShards", "find_classes",
            "make_dataset", "shard_index"]
@@ -61,15 +61,33 @@ class RangeDataset:
     _r: Any
     direct: bool
     latency: float
+    #: Each item's XXH3-64 as indexed (``checksum=True``), or None.
+    _sums: np.ndarray | None = None
 
     def __getitem__(self, index: int) -> Any:
         raise NotImplementedError
 
+    def _checksum_items(self) -> None:
+        """Record each item's XXH3-64, read from storage now (the files as
+        sized or indexed: a file already changed fails here, naming it), and
+        reopen the reader to check every read against them."""
+        self._sums = np.frombuffer(self._r.checksums(), dtype=np.uint64).copy()
+        self._r.close()
+        self._open_ranges()
+
+    @property
+    def checksum(self) -> bool:
+        """Whether every read from storage is checked against the item's
+        XXH3-64 recorded at indexing (``checksum=True``)."""
+        return self._sums is not None
+
     def _open_ranges(self) -> None:
         # Each file's (size, inode, mtime, ctime) as indexed: every read checks
         # its file is still that one (a rewrite in place is refused, naming it).
+        # With checksum=True, each item's XXH3-64 as indexed too: every read
+        # from storage hashes what it read (a change the identity misses).
         self._r = _engine.Ranges(self._files, self._rows, direct=self.direct,
-                                 ident=getattr(self, "_idents", None))
+                                 ident=getattr(self, "_idents", None), sums=self._sums)
         if self.latency:
             self._r.set_latency(self.latency)
 
@@ -137,6 +155,15 @@ class ImageFolder(RangeDataset):
     decoding and augmentation run after the cache, in
     ``opt4torch.DataLoader(..., transform=...)``.
 
+    ``checksum=True`` also reads every file once here and records its
+    XXH3-64 (the record file's checksum); every read from storage after
+    (``ds[i]``, the prefetch threads, workers) hashes what it read and
+    raises ``Opt4IOError`` naming the item unless it matches: a change the
+    identity cannot show (a filesystem whose ctime means nothing, an
+    identity put back) is never served. A hit from the cache is not read
+    again, so not checked again. Off by default: it costs a read of the
+    whole folder here and a hash at memory speed per read (bench/RESULTS.md).
+
     ``direct=True`` reads with ``O_DIRECT`` where the filesystem allows it
     (``info()["note"]`` says how reads are done). ``latency`` (seconds) sleeps
     before every read: an emulated slow store.
@@ -145,7 +172,7 @@ class ImageFolder(RangeDataset):
     def __init__(self, root: str | os.PathLike[str], transform: None = None, target_transform: None = None,
                  loader: None = None, is_valid_file: Callable[[str], bool] | None = None,
                  allow_empty: bool = False, *, extensions: str | Sequence[str] | None = None,
-                 direct: bool = False, latency: float = 0.0) -> None:
+                 direct: bool = False, latency: float = 0.0, checksum: bool = False) -> None:
         for name, value in (("transform", transform), ("target_transform", target_transform), ("loader", loader)):
             if value is not None:
                 raise TypeError(_REFUSED[name])
@@ -171,6 +198,8 @@ class ImageFolder(RangeDataset):
         self._files = [path for path, _ in self.samples]
         self._rows = rows
         self._open_ranges()
+        if bool_arg(checksum, "checksum"):
+            self._checksum_items()
 
     def __getitem__(self, index: int) -> tuple[bytes, int]:
         i = self._index(index)
@@ -182,7 +211,8 @@ class ImageFolder(RangeDataset):
         return EngineSource(self._r, frame="bytes", labels=self._labels)
 
     def __repr__(self) -> str:
-        return f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, direct={self.direct})"
+        return (f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, direct={self.direct}, "
+                f"checksum={self.checksum})")
 
 
 _AFTER_THE_CACHE = ("opt4torch.ImageFolder returns each file as stored, ds[i] == (bytes, label), so that the "
@@ -226,10 +256,18 @@ class TarShards(RangeDataset):
     rebuilt. An index is read as a hostile file (``sources.tarindex``: a regular
     file only, size-capped, parsed with limits, every range checked against
     the shard and the others); one that fails is rebuilt with a warning.
+
+    ``checksum=True`` records each sample's XXH3-64 in the index when it is
+    made (a current index without them has them added: the shard is read
+    once), and every read from storage hashes the sample it read and raises
+    ``Opt4IOError`` naming it unless it matches: bytes changed in a way the
+    shard's identity does not show are never served. Hits are not read
+    again. Off by default (bench/RESULTS.md has the cost).
     """
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, direct: bool = False,
-                 latency: float = 0.0, cache_dir: str | os.PathLike[str] | None = None) -> None:
+                 latency: float = 0.0, cache_dir: str | os.PathLike[str] | None = None,
+                 checksum: bool = False) -> None:
         if not isinstance(paths, (str, os.PathLike)) and not paths:
             raise ValueError("TarShards needs at least one shard")
         self.paths = expand_shards(paths, exists=os.path.exists, match=_glob_shards)
@@ -240,8 +278,9 @@ class TarShards(RangeDataset):
         self._members: list[tuple[tuple[str, int, int], ...]] = []
         rows: list[tuple[int, int, int]] = []
         idents: list[dict[str, int]] = []
+        sums: list[np.ndarray] | None = [] if bool_arg(checksum, "checksum") else None
         for k, shard in enumerate(self.paths):
-            for key, off, length, members in _shard_index(shard, self.cache_dir, idents=idents):
+            for key, off, length, members in _shard_index(shard, self.cache_dir, idents=idents, sums=sums):
                 self.keys.append(key)
                 self._members.append(tuple((f, o, s) for f, o, s in members))
                 rows.append((k, off, length))
@@ -249,6 +288,8 @@ class TarShards(RangeDataset):
         self._rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
         self._idents = np.asarray([[d["size"], d["ino"], d["mtime_ns"], d["ctime_ns"]] for d in idents],
                                   dtype=np.int64).reshape(-1, 4)
+        if sums is not None:
+            self._sums = np.concatenate(sums).astype(np.uint64) if sums else np.zeros(0, np.uint64)
         self._open_ranges()
 
     def __getitem__(self, index: int) -> dict[str, Any]:
@@ -273,7 +314,8 @@ class TarShards(RangeDataset):
         return EngineSource(self._r, frame="tar", samples=(self.keys, self._members))
 
     def __repr__(self) -> str:
-        return f"TarShards({len(self.paths)} shards, {len(self)} samples, direct={self.direct})"
+        return (f"TarShards({len(self.paths)} shards, {len(self)} samples, direct={self.direct}, "
+                f"checksum={self.checksum})")
 
 
 def record_size(key: str, members: Sequence[tuple[str, int, int]]) -> int:
@@ -337,11 +379,12 @@ def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> str:
 
 
 def _shard_index(shard: str, cache_dir: str, *, write: bool = True,
-                 idents: list[dict[str, int]] | None = None) -> list[Any]:
+                 idents: list[dict[str, int]] | None = None, sums: list[np.ndarray] | None = None) -> list[Any]:
     """The shard's samples, [(key, offset, length, [(field, offset, size)])],
     from its cached index when that is current, else from the C indexer
     (then cached). The shard's identity they hold for is appended to
-    ``idents``."""
+    ``idents``; with ``sums`` (a list), the samples' XXH3-64 too, from the
+    index, or read from the shard now and added to the index."""
     try:
         st = os.stat(shard)
     except FileNotFoundError:
@@ -352,16 +395,42 @@ def _shard_index(shard: str, cache_dir: str, *, write: bool = True,
     ident = _shard_id(st)
     if idents is not None:
         idents.append(ident)
-    samples = read_index(where, shard, ident)
-    if samples is not None:
-        return samples
-    check_tar(shard)
-    samples = _engine.tar_index(shard)
-    if _shard_id(os.stat(shard)) != ident:
-        raise ValueError(f"tar shard {shard} changed while it was being indexed; try again once it is written")
-    if write:
-        write_index(where, shard, ident, samples)
+    got = load_index(where, shard, ident)
+    samples, have = got if got is not None else (None, None)
+    if samples is None:
+        check_tar(shard)
+        samples = _engine.tar_index(shard)
+        if _shard_id(os.stat(shard)) != ident:
+            raise ValueError(f"tar shard {shard} changed while it was being indexed; try again once it is written")
+    if sums is not None:
+        if have is None:
+            have = sample_sums(shard, samples, ident)
+        sums.append(have)
+    if write and (got is None or have is not got[1]):  # new, or its checksums added
+        write_index(where, shard, ident, samples, have)
     return samples
+
+
+def sample_sums(path: str, samples: list[Any], ident: dict[str, int] | None) -> np.ndarray:
+    """Each sample's XXH3-64, read from the shard at ``path`` now by the
+    engine's range reader (checked against ``ident`` when given, so a shard
+    changed since it was indexed fails here): what ``checksum=True``
+    records."""
+    rows = np.asarray([(0, off, length) for _, off, length, _ in samples], dtype=np.int64).reshape(-1, 3)
+    idrow = None if ident is None else np.asarray(
+        [[ident["size"], ident["ino"], ident["mtime_ns"], ident["ctime_ns"]]], dtype=np.int64)
+    r = _engine.Ranges([path], rows, ident=idrow)
+    try:
+        return np.frombuffer(r.checksums(), dtype=np.uint64).copy()
+    finally:
+        r.close()
+
+
+def bool_arg(value: Any, name: str) -> bool:
+    """A bool argument, refused when it is anything else (a string "False" is true)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return bool(value)
 
 
 def _glob_shards(pattern: str) -> list[str]:

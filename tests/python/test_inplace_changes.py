@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import re
 import tarfile
 import time
@@ -203,6 +204,8 @@ def test_an_image_rewritten_under_a_forced_identity_is_caught_by_its_checksum(fo
         checked[5]
     assert checked[6][0] == open(checked.samples[6][0], "rb").read()
     assert checked.info()["reads"] == 1  # (the reader was made anew above) a refusal is not counted
+    with pytest.raises(opt4torch.Opt4Error, match=_CHANGED):  # a spawned worker's copy checks too
+        pickle.loads(pickle.dumps(checked))[5]
 
 
 def test_checksumming_at_indexing_is_not_counted_as_reads(folder: str) -> None:

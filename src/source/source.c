@@ -126,7 +126,7 @@ int opt4_source_read_one(opt4_source *src, uint64_t item, void *dst, size_t cap,
 /* ---- per-item checksums (XXH3-64, the record file's), for the in-place readers ---- */
 
 int opt4__item_sums_set(uint64_t **dst, uint64_t count, const uint64_t *sums, uint64_t n) {
-  if (dst == NULL || sums == NULL) return opt4__fail(OPT4_EINVAL, "reader or sums is NULL");
+  if (dst == NULL || (sums == NULL && n > 0)) return opt4__fail(OPT4_EINVAL, "reader or sums is NULL");
   if (n != count)
     return opt4__fail(OPT4_EINVAL, "%llu checksums for %llu items: give one an item", (unsigned long long)n,
                       (unsigned long long)count);

@@ -156,8 +156,7 @@ NOT_RUNTIME = ("lab", "compat")
 OVER_THE_LIMITS_FOR_NOW = {
     "planning/cluster.py": "803 lines, cluster_plan() 101: being split on the branch resume",
     "distributed/exchange.py": "550 lines: being split on the branch exchange",
-    "sources/s3.py": "836 lines: being split on another branch",
-    "sources/local.py": "521 lines: being split on another branch",
+    "sources/s3.py": "867 lines (836 before the checksums of issue 38): being split on another branch",
 }
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 from typing import Any
 
 import numpy as np
@@ -26,33 +25,7 @@ import torch.distributed as dist
 from torch.utils.data.distributed import DistributedSampler
 
 import opt4torch
-
-
-def size_of(x: int) -> int:
-    return 64 + (x * 7919) % 1000
-
-
-def content(x: int) -> np.ndarray:
-    return np.random.default_rng(x).integers(0, 256, size=size_of(x), dtype=np.uint8)
-
-
-class Items:
-    """x -> (x, its bytes); counts reads in shared memory."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.reads = multiprocessing.Value("q", 0)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, x: int) -> tuple[int, np.ndarray]:
-        with self.reads.get_lock():
-            self.reads.value += 1
-        return x, content(x)
-
-    def opt4_item_bytes(self, x: int) -> int:
-        return size_of(x)
+from cluster_loader_run import Items, content, size_of  # the dataset test_cluster_loader.py reads
 
 
 def cluster_loader(ds: Items, seed: int, args: argparse.Namespace) -> opt4torch.DataLoader:
@@ -125,7 +98,7 @@ def main() -> None:
             out["own_refused_seed"] = refused(lambda: own_loader(ds, 6, args), saved["own_state"])
         # What a fresh run on this world plans, beside the resumed one.
         out["fresh_plan"] = {"hits": cl.cluster_plan.hits, "accesses": cl.cluster_plan.accesses}
-        reads_before = ds.reads.value
+        reads_before = ds.counts[0]
         cl.load_state_dict(saved["cluster_state"])
         own.load_state_dict(saved["own_state"])
         out["resumed_at"] = cl.resumed_at
@@ -145,7 +118,7 @@ def main() -> None:
         st = cl.cache.stats()
         out["stats"] = {k: v for k, v in st.items() if isinstance(v, (int, float, str, list, type(None)))}
         out["node_stats"] = cl.cluster_plan.node_stats()[cl.node]
-        out["reads"] = ds.reads.value - reads_before
+        out["reads"] = ds.counts[0] - reads_before
         out["thread_error"] = repr(rt.error) if rt.error else None
         out["state_after"] = cl.state_dict()
     with open(f"{args.dir}/{args.phase}.{rank}.json", "w") as f:

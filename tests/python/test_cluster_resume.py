@@ -2,7 +2,7 @@
 torchrun (cluster_resume_run.py), each rank a node of its own
 (OPT4TORCH_NODE=rank): a cluster=True loader, and beside it a loader of the
 rank's own pool over a DistributedSampler given as sampler=. 242 items of
-64-1,063 bytes, batches of 4, 2 epochs, saved after 5 batches of epoch 0
+64-2,063 bytes, batches of 4, 2 epochs, saved after 5 batches of epoch 0
 (80 samples of its global order consumed).
 
 Every sample is the source's. Over the two runs, each sample of the cut
@@ -96,3 +96,62 @@ def test_saved_on_4_nodes_resumes_on_2_and_refuses_another_seed_or_dataset(saved
         assert r["refused_seed"].startswith("the seed differs: state['distributed']['seed'] is 3")
         assert r["refused_dataset"].startswith("the dataset differs: state['items'] is 242")
         assert r["own_refused_seed"].startswith("the seed differs: state['distributed']['seed'] is 5")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_distributed_sampler_run_resumes_on_another_world_in_one_process(drop_last: bool) -> None:
+    """No cluster: 4 loaders of their own pools play 4 ranks (batches of 3,
+    50 items), save after 2 batches (24 consumed), and 3 loaders with
+    batches of 5 resume: the cut epoch's rest once over the 3 ranks, padded
+    from the order's start (1 sample) or cut (drop_last: the last 2 of the
+    order, which 4 ranks dropped too), every sample the source's, the plan's
+    hits; then the next epoch is the 3 ranks' DistributedSampler's. A state
+    saved at the end of the run resumes to nothing more."""
+    import numpy as np
+
+    import opt4torch
+
+    n = 50
+    data = [np.full(4, x, dtype=np.int64) for x in range(n)]
+
+    def loader(world: int, rank: int, batch: int) -> opt4torch.DataLoader:
+        s = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=7, drop_last=drop_last)
+        return opt4torch.DataLoader(data, sampler=s, batch_size=batch, cache_items=8, epochs=2, collate_fn=list)
+
+    first, states, cut = [loader(4, r, 3) for r in range(4)], [], collections.Counter()
+    for ld in first:
+        for b, batch in enumerate(ld):
+            cut.update(int(x[0]) for x in batch)
+            if b == 1:
+                break
+        states.append(ld.state_dict())
+        ld.cache.close()
+    assert all(s["distributed"]["consumed"] == 24 and s["distributed"]["world"] == 4 for s in states)
+    perm = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=7)
+    perm = list(perm)
+    nxt = collections.Counter()
+    for r in range(3):
+        ld = loader(3, r, 5)
+        ld.load_state_dict(states[r])
+        for batch in ld:
+            cut.update(int(x[0]) for x in batch)
+            assert all((x == x[0]).all() for x in batch)
+        for batch in ld:
+            nxt.update(int(x[0]) for x in batch)
+        st = ld.cache.stats()
+        assert st["hits"] == ld.cache.plan.hits and st["fallbacks"] == 0
+        end = ld.state_dict()
+        assert end["epoch"] == 1 and end["distributed"]["consumed"] == n
+        ld.cache.close()
+        over = loader(3, r, 5)
+        over.load_state_dict(end)
+        with pytest.raises(RuntimeError, match="all used"):
+            next(iter(over))
+        over.cache.close()
+    expect = collections.Counter(perm[:48]) if drop_last else collections.Counter(perm) + collections.Counter(perm[:1])
+    assert cut == expect
+    s3 = [DistributedSampler(data, num_replicas=3, rank=r, shuffle=True, seed=7, drop_last=drop_last) for r in range(3)]
+    for s in s3:
+        s.set_epoch(1)
+    assert nxt == collections.Counter(x for s in s3 for x in s)

@@ -12,8 +12,9 @@ the cut epoch split over this world, then the later epochs as a
 DistributedSampler of this world gives them. The one way in is the
 loader's rebuild (``_rebuilt``), as for a state saved under another drawn
 seed; a cluster loader's rebuild plans the rest of the timeline over the
-nodes of this job. May touch: the loader (rebuilt and adopted), the
-default process group of a cluster job (one all_gather to agree).
+nodes of this job. May touch: the loader (rebuilt and adopted), a gloo
+group of a cluster job's ranks (made for one all_gather to agree, then
+destroyed).
 """
 
 from __future__ import annotations
@@ -186,9 +187,10 @@ class ElasticResume:
 
     def _agreed(self, state: Any) -> tuple[int, int]:
         """:meth:`_check_elastic` on every rank of a cluster job at once (a
-        collective on the default group): a state one rank refuses is
+        collective): a state one rank refuses is
         refused on every rank, and ranks whose states stopped at different
-        places (they did not step together) are refused."""
+        places (they did not step together) are refused. On a gloo group of
+        its own, destroyed after."""
         import torch.distributed as dist
 
         try:
@@ -196,8 +198,16 @@ class ElasticResume:
             error: BaseException | None = None
         except (TypeError, ValueError) as exc:
             at, error = None, exc
+        from ..distributed.node import release_group
+
+        # A gloo group of its own, as every collective of the loader's: the
+        # job's default group may be NCCL's.
+        group = dist.new_group(backend="gloo")
         outcomes: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(outcomes, at if error is None else str(error))
+        try:
+            dist.all_gather_object(outcomes, at if error is None else str(error), group=group)
+        finally:
+            release_group(group)
         if error is not None:
             try:
                 raise error

@@ -107,7 +107,8 @@ def test_a_distributed_sampler_run_resumes_on_another_world_in_one_process(drop_
     from the order's start (1 sample) or cut (drop_last: the last 2 of the
     order, which 4 ranks dropped too), every sample the source's, the plan's
     hits; then the next epoch is the 3 ranks' DistributedSampler's. A state
-    saved at the end of the run resumes to nothing more."""
+    saved at the end of the run resumes to nothing more; a loader serving
+    its plan (a live iterator) refuses to plan again."""
     import numpy as np
 
     import opt4torch
@@ -131,6 +132,13 @@ def test_a_distributed_sampler_run_resumes_on_another_world_in_one_process(drop_
     perm = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=7)
     perm = list(perm)
     nxt = collections.Counter()
+    busy = loader(3, 0, 5)
+    live = iter(busy)
+    next(live)
+    with pytest.raises(RuntimeError, match="under an iterator"):  # its plan is being served
+        busy.load_state_dict(states[0])
+    del live
+    busy.cache.close()
     for r in range(3):
         ld = loader(3, r, 5)
         ld.load_state_dict(states[r])

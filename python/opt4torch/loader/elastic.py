@@ -142,7 +142,8 @@ class ElasticResume:
 
     def _check_elastic(self, state: Any) -> tuple[int, int]:
         """The (epoch, samples of its global order consumed) a state
-        resumes at, or a refusal naming the fact at fault. Changes nothing."""
+        resumes at, or a refusal naming the fact at fault (a RuntimeError
+        when this loader is serving its plan). Changes nothing."""
         if not isinstance(state, Mapping):
             raise TypeError(f"load_state_dict takes the dict state_dict() returned, got {type(state).__name__}")
         s = self._dist_sampler
@@ -159,10 +160,10 @@ class ElasticResume:
             if not is_int(d.get(key)):
                 raise TypeError(f"state['distributed'][{key!r}] must be an integer, got {d.get(key)!r}")
         n = len(s.dataset)  # type: ignore[arg-type]
-        if int(state["items"]) != n:
+        if int(state["items"]) != self._items:
             raise ValueError(
                 f"the dataset differs: state['items'] is {int(state['items'])}, the items of the dataset the "
-                f"state was saved with, and this loader's dataset has {n}. Resume with that dataset")
+                f"state was saved with, and this loader's dataset has {self._items}. Resume with that dataset")
         mine = _facts(s)
         for key, what in (("shuffle", "shuffle"), ("drop_last", "drop_last")):
             if bool(d.get(key)) != mine[key]:
@@ -183,6 +184,11 @@ class ElasticResume:
         if not 0 <= consumed <= n or int(d["world"]) < 1:
             raise ValueError(f"state['distributed'] says {consumed} samples consumed on {int(d['world'])} ranks, "
                              f"which no run over {n} items saves: the state was edited, or is another run's")
+        live = self._live() if self._live is not None else None
+        if live is not None or self._iterator is not None:
+            raise RuntimeError("resuming this state means planning the rest of the run again, which cannot happen "
+                               "under an iterator or persistent workers that serve this plan: call "
+                               "load_state_dict before iterating (or on a loader built for it)")
         return epoch, consumed
 
     def _agreed(self, state: Any) -> tuple[int, int]:
@@ -196,7 +202,7 @@ class ElasticResume:
         try:
             at: tuple[int, int] | None = self._check_elastic(state)
             error: BaseException | None = None
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RuntimeError) as exc:
             at, error = None, exc
         from ..distributed.node import release_group
 
@@ -231,11 +237,6 @@ class ElasticResume:
         its first window's reads are its misses)."""
         cluster = getattr(self, "cluster_plan", None) is not None
         epoch, consumed = self._agreed(state) if cluster else self._check_elastic(state)
-        live = self._live() if self._live is not None else None
-        if live is not None or self._iterator is not None:
-            raise RuntimeError("resuming this state means planning the rest of the run again, which cannot happen "
-                               "under an iterator or persistent workers that serve this plan: call "
-                               "load_state_dict before iterating (or on a loader built for it)")
         s = self._dist_sampler
         assert s is not None
         n, world = len(s.dataset), int(s.num_replicas)  # type: ignore[arg-type]

@@ -163,3 +163,27 @@ def test_a_distributed_sampler_run_resumes_on_another_world_in_one_process(drop_
     for s in s3:
         s.set_epoch(1)
     assert nxt == collections.Counter(x for s in s3 for x in s)
+
+
+@pytest.mark.timeout(60)
+def test_a_subclass_of_distributed_sampler_is_not_resumed_on_another_world() -> None:
+    """A subclass may order otherwise than the DistributedSampler's rule
+    the rest is split by: its states name no global order, and resume only
+    as any state does (the same world and plan)."""
+    import opt4torch
+
+    class Reversed(DistributedSampler):
+        def __iter__(self):
+            return reversed(list(super().__iter__()))
+
+    data = list(range(20))
+    ld = opt4torch.DataLoader(data, sampler=Reversed(data, num_replicas=2, rank=0, shuffle=False), batch_size=2,
+                              cache_items=4, collate_fn=list)
+    state = ld.state_dict()
+    ld.cache.close()
+    assert "distributed" not in state
+    other = opt4torch.DataLoader(data, sampler=Reversed(data, num_replicas=4, rank=0, shuffle=False), batch_size=2,
+                                 cache_items=4, collate_fn=list)
+    with pytest.raises(ValueError, match="another plan"):
+        other.load_state_dict(state)
+    other.cache.close()

@@ -31,6 +31,7 @@ from ..pool.cache import OPTCache
 from ..pool.codec import encode, encoded_size
 from ..sources.base import ReadUnits
 from .checks import Options, refuse_one_shot
+from .elastic import resumable
 from .replan import ReplanContext
 
 __all__ = ["Built", "build_cluster", "build_local", "capture_order", "layout_digest", "probe_item_bytes"]
@@ -63,7 +64,8 @@ class Built:
     #: units, and the step that takes a position's row from its unit).
     units: tuple[Any, Any] | None = None
     #: The DistributedSampler whose order this loader replays, rank by rank
-    #: (a cluster's, or one given as sampler= to a loader of its own pool):
+    #: (a cluster's, or one given as sampler= to a loader of its own pool;
+    #: torch's class itself, :func:`~opt4torch.loader.elastic.resumable`):
     #: its states resume on another world (loader/elastic.py). Else None.
     dist_sampler: Any = None
 
@@ -317,10 +319,7 @@ def build_local(dataset: Any, o: Options, transform: Callable[[Any], Any] | None
     # collective's tensors dies taking the GIL and aborts the process
     # (std::terminate; seen as rank 1 of a torchrun test dying of SIGABRT).
     group = (weakref.ref(node[0]), node[1], node[2]) if node is not None else None
-    from torch.utils.data.distributed import DistributedSampler
-
-    dist_sampler = o.sampler if (isinstance(o.sampler, DistributedSampler) and node is None and units is None
-                                 and o.batch_sampler is None) else None
+    dist_sampler = resumable(o.sampler) if node is None and units is None and o.batch_sampler is None else None
     return Built(cache=cache, starts=starts, own=own, floors=floors, seed=used_seed,
                  seed_drawn=o.seed is None and used_seed is not None, group=group, replan=replan,
                  units=units, dist_sampler=dist_sampler)
@@ -357,4 +356,5 @@ def build_cluster(dataset: Any, o: Options, reader: Callable[[str, int], Any]) -
                          staging=o.staging_slots, timeout=timeout)
     seed = None if o.sampler is not None else (0 if o.seed is None else int(o.seed))  # cluster_setup's
     return Built(cache=cache, starts=c.starts, own=c.own, floors=c.floors, seed=seed, seed_drawn=False,
-                 group=None, replan=None, cluster_plan=c.cp, node=c.node, dist_sampler=c.sampler)
+                 group=None, replan=None, cluster_plan=c.cp, node=c.node,
+                 dist_sampler=resumable(c.sampler))

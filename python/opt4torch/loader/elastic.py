@@ -28,7 +28,7 @@ from torch.utils.data.distributed import DistributedSampler
 from ..planning.capture import capture_epochs
 from .checks import is_int
 
-__all__ = ["ElasticResume", "ResumedSampler"]
+__all__ = ["ElasticResume", "ResumedSampler", "resumable"]
 
 
 class ResumedSampler(DistributedSampler[int]):
@@ -81,6 +81,13 @@ class ResumedSampler(DistributedSampler[int]):
     def __len__(self) -> int:
         n = self._count()
         return super().__len__() if n is None else n
+
+
+def resumable(sampler: Any) -> DistributedSampler[int] | None:
+    """``sampler`` if its order is a DistributedSampler's own (the class
+    itself, or a resumed one), whose rest :class:`ResumedSampler` knows;
+    None for anything else, a subclass included (it may order otherwise)."""
+    return sampler if type(sampler) in (DistributedSampler, ResumedSampler) else None
 
 
 def _facts(sampler: DistributedSampler[int]) -> dict[str, Any]:
@@ -148,7 +155,11 @@ class ElasticResume:
             raise TypeError(f"load_state_dict takes the dict state_dict() returned, got {type(state).__name__}")
         s = self._dist_sampler
         d = state.get("distributed")
-        if s is None or not isinstance(d, Mapping):
+        if s is None:
+            raise ValueError("this loader's order is not a DistributedSampler's own (a subclass may order "
+                             "otherwise), so it cannot place the state in the epoch's global order: a "
+                             "cluster=True loader resumes with torch's DistributedSampler only")
+        if not isinstance(d, Mapping):
             raise ValueError(
                 "the state has no 'distributed' (where the epoch's global order stopped): it was saved by a "
                 "loader whose order was not a DistributedSampler's, or by an earlier opt4torch, and a "

@@ -187,3 +187,27 @@ def test_a_subclass_of_distributed_sampler_is_not_resumed_on_another_world() -> 
     with pytest.raises(ValueError, match="another plan"):
         other.load_state_dict(state)
     other.cache.close()
+
+
+def test_a_resumed_sampler_captures_every_rank_as_iterating_it_would() -> None:
+    """capture_ranks of a ResumedSampler (the cut epoch's rest drawn once,
+    later epochs by the DistributedSampler's shared path) equals iterating
+    each rank, epoch by epoch: before, at and after the cut."""
+    import numpy as np
+
+    from opt4torch.loader.elastic import ResumedSampler
+    from opt4torch.planning.capture import capture_ranks
+
+    data = list(range(53))
+    for drop_last in (False, True):
+        rs = ResumedSampler(data, num_replicas=3, rank=0, shuffle=True, seed=9, drop_last=drop_last, cut_epoch=1,
+                            consumed=16)
+        got = capture_ranks(rs, 4)
+        for r in range(3):
+            twin = ResumedSampler(data, num_replicas=3, rank=r, shuffle=True, seed=9, drop_last=drop_last,
+                                  cut_epoch=1, consumed=16)
+            for e in range(4):
+                twin.set_epoch(e)
+                assert np.array_equal(got[r][e], np.array(list(twin), dtype=np.int64)), (drop_last, r, e)
+                assert len(twin) == got[r][e].size
+        assert got[0][0].size == 0 and got[0][1].size == (13 if not drop_last else 12)  # 37 left

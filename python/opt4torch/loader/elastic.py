@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data.distributed import DistributedSampler
 
-from ..planning.capture import capture_epochs
+from ..planning.capture import capture_epochs, capture_ranks
 from .checks import is_int
 
 __all__ = ["ElasticResume", "ResumedSampler", "resumable"]
@@ -81,6 +81,28 @@ class ResumedSampler(DistributedSampler[int]):
     def __len__(self) -> int:
         n = self._count()
         return super().__len__() if n is None else n
+
+    def opt4_capture_ranks(self, epochs: int, *, start_epoch: int = 0, progress: bool | None = None,
+                           fast: bool = True) -> list[list[np.ndarray]]:
+        """Every rank's epochs (:func:`~opt4torch.planning.capture.capture_ranks`):
+        the cut epoch's rest drawn once and split, and the later epochs as
+        a DistributedSampler of this world captures them (one order an
+        epoch, not one a rank)."""
+        world = int(self.num_replicas)
+        out: list[list[np.ndarray]] = [[] for _ in range(world)]
+        later = [e for e in range(start_epoch, start_epoch + epochs) if e > self.cut_epoch]
+        for e in range(start_epoch, start_epoch + epochs - len(later)):
+            rest = self.rest() if e == self.cut_epoch else np.empty(0, np.int64)
+            for r in range(world):
+                out[r].append(np.ascontiguousarray(rest[r::world], dtype=np.int64))
+        if later:
+            plain: DistributedSampler[int] = DistributedSampler(
+                self.dataset, num_replicas=world, rank=0, shuffle=self.shuffle, seed=self.seed,
+                drop_last=self.drop_last)
+            for r, epochs_of_r in enumerate(capture_ranks(plain, len(later), start_epoch=later[0],
+                                                          progress=progress, fast=fast)):
+                out[r].extend(epochs_of_r)
+        return out
 
 
 def resumable(sampler: Any) -> DistributedSampler[int] | None:

@@ -294,11 +294,18 @@ def capture_ranks(
     with its ``rank`` set, so the sampler itself is left as it was. Given the
     seed and the world size, every process computes the same orders, which
     is what a cluster plan (:func:`opt4torch.cluster_plan`) is made from.
+    A sampler with ``opt4_capture_ranks(epochs, start_epoch=, progress=,
+    fast=)`` captures itself (a resumed run's sampler, whose later epochs
+    are a DistributedSampler's and take its shared path).
     """
     world = getattr(sampler, "num_replicas", None)
     if isinstance(world, bool) or not isinstance(world, int) or world < 1 or not hasattr(sampler, "rank"):
         raise ValueError(f"capture_ranks needs a distributed sampler (with num_replicas and rank), "
                          f"got {type(sampler).__name__}")
+    own = getattr(sampler, "opt4_capture_ranks", None)
+    if callable(own):
+        ranks: list[list[np.ndarray]] = own(epochs, start_epoch=start_epoch, progress=progress, fast=fast)
+        return ranks
     if fast and _fast_path(sampler) is _distributed_sampler:
         shared = _ranks_of_one_order(sampler, world, epochs, start_epoch, progress)
         if shared is not None:

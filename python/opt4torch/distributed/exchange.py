@@ -106,6 +106,7 @@ class Exchange:
         self.bytes_sent = self.bytes_received = self.items_sent = self.items_received = 0
         #: Seconds inside the collectives of the windows that worked.
         self.seconds = 0.0
+        self._last_end = time.monotonic()
         self.closed = False
 
     def close(self) -> None:
@@ -147,7 +148,11 @@ class Exchange:
         for d, t, kd in self._out.get(k, []):
             assert kd in (PEER_HIT, ADMIT)
             parts[d].append(read_pool(self._send_at[t]) if kd == PEER_HIT else self.outbox.pop(t, b""))
-        group = None if self.closed else self.groups.current(k)
+        # Only a node that comes late (a timeout or more after its last
+        # collective ended, when the others may have given up on it) looks in
+        # the store whether a node left its group: in step, no one can have.
+        late = time.monotonic() - self._last_end >= self.groups.timeout.total_seconds() / 2
+        group = None if self.closed else self.groups.current(k, look=late)
         if group is None:
             why = "the exchange is closed" if self.closed else (
                 f"a node left the exchange's group; the nodes form it again (generation {self.groups.generation})")
@@ -174,7 +179,8 @@ class Exchange:
             self._lose(k, e)
             self.groups.lost()
             return False
-        self.seconds += time.monotonic() - t0
+        self._last_end = time.monotonic()
+        self.seconds += self._last_end - t0
         self.items_sent += sum(x.size for x in lengths)
         self.bytes_sent += len(blob)
         data = recv.numpy().tobytes()

@@ -78,12 +78,13 @@ class ExchangeGroup:
         """This node left its group and waits for the next generation."""
         return self._waiting
 
-    def current(self, k: int) -> Any:
+    def current(self, k: int, look: bool = True) -> Any:
         """The group window k runs on, or None: the window is read from
         storage (this node waits for the others to come back, or the group
-        is closed). Windows are asked for in order."""
+        is closed). Windows are asked for in order. ``look``: first look
+        whether another node has left the group (a node that may be late)."""
         with self._lock:
-            if not self._waiting and self.generation_left():
+            if not self._waiting and look and self.generation_left():
                 self._leave()
             agreed, posted = self._agreed, self._posted
             if not self._waiting or posted is None or k < posted:

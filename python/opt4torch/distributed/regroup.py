@@ -38,8 +38,8 @@ from .node import release_group
 
 __all__ = ["ExchangeGroup"]
 
-#: Exchanges made in this process: with the plan's checksum, the store prefix
-#: of each (every node makes its loaders' exchanges in the same order).
+#: Exchanges made in this process, by plan checksum and rank: the store
+#: prefix of each (every node makes its loaders' exchanges in the same order).
 _made: dict[str, int] = {}
 
 
@@ -47,7 +47,7 @@ class ExchangeGroup:
     """The group a node's exchange runs its collectives on, one generation
     after another; ``rank`` and ``size`` are the node's in it."""
 
-    def __init__(self, group: Any, rank: int, size: int, timeout: float, key: str) -> None:
+    def __init__(self, group: Any, rank: int, size: int, timeout: float, key: str, store: Any = None) -> None:
         import torch.distributed as dist
 
         self.group = group
@@ -66,12 +66,15 @@ class ExchangeGroup:
         self._builder: threading.Thread | None = None
         self._posted: int | None = None  # the first window this node left to the agreement
         self._agreed = threading.Event()
-        n = _made[key] = _made.get(key, -1) + 1
+        counted = f"{key}@{self.rank}"
+        n = _made[counted] = _made.get(counted, -1) + 1
         self._prefix = f"opt4torch/exchange/{key}/{n}"
-        try:
-            self._store: Any = dist.distributed_c10d._get_default_store()
-        except (RuntimeError, ValueError, AttributeError):  # no default group's store: no new generations
-            self._store = None
+        self._store: Any = store
+        if store is None:
+            try:
+                self._store = dist.distributed_c10d._get_default_store()
+            except (RuntimeError, ValueError, AttributeError):  # no default group's store: no new generations
+                self._store = None
 
     @property
     def waiting(self) -> bool:
@@ -133,21 +136,24 @@ class ExchangeGroup:
         except Exception:  # noqa: BLE001 - the store is gone: no generation comes
             self._store = None
             return
-        if self._builder is None or not self._builder.is_alive():
+        if self._builder is None:  # else the running one goes on with this generation
             self._builder = threading.Thread(target=self._regroup, name="opt4-regroup", daemon=True)
             self._builder.start()
 
     def _regroup(self) -> None:
         """The node's regroup thread: it makes each generation's group as
         it becomes ready, until the node has a group again or is closed."""
-        while not self._closed.is_set():
+        while True:
             with self._lock:
-                if not self._waiting:
+                if not self._waiting or self._closed.is_set():
+                    self._builder = None  # under the lock: a loss after this starts another
                     return
                 generation, agreed = self.generation, self._agreed
             try:
                 ready = self._store.check([self._key("ready", generation)])
             except Exception:  # noqa: BLE001 - the store is gone: no generation comes
+                with self._lock:
+                    self._builder = None
                 return
             if not ready:
                 self._closed.wait(0.25)

@@ -6,24 +6,26 @@ makes; never a pool.
 A collective that times out leaves gloo's connections to the late node
 closed for good: on that group every later collective fails at once
 ("Connection closed by peer"). So a node whose window failed leaves the
-group (destroys it, which makes the others' next collective on it fail at
-once too) and asks for the next *generation*: it adds itself to the
-generation's count in the store. While the count is short, each window it
-comes to is read from storage (no waiting: a node that has left for good,
-never counted, costs one look at the store a window). The node that
-completes the count marks the generation ready. A thread of the node's
-own (started when it left) looks for that mark four times a second (the
-store tells no one; its blocking wait would log a warning at every
+group (drops it) and asks for the next *generation*: it adds itself to the
+generation's count in the store. A node that comes to a collective late
+(half a timeout after its last one) first looks whether another node has
+left, and if so leaves too, at once: the group the others dropped would
+otherwise keep it waiting out its own timeout. While the count is short,
+each window a node comes to is read from storage, without waiting (a node
+that has left for good, never counted, costs the others nothing more). The
+node that completes the count marks the generation ready. A thread of the
+node's own (started when it left) looks for that mark four times a second
+(the store tells no one; its blocking wait would log a warning at every
 timeout) and then makes the new group: a gloo rendezvous under the
 generation's prefix, bounded by the timeout. It runs beside the transfer
 thread, never in it: the transfer thread may be waiting for its workers,
 they for its claims, and through training's all-reduce every node for
 them, so a rendezvous in it could wait for nodes that wait for it. Once
 the group is made, the node writes the first window it has not decided
-yet, and all start at the latest of those: a window is run by every node on the
-same group, or read from storage by all. A build or an agreement that
-fails is one more loss: the next generation. Each node leaves a generation
-at most once, so all of them count generations alike.
+yet, and all start at the latest of those: a window is run by every node
+on the same group, or read from storage by all. A build or an agreement
+that fails is one more loss: the next generation. Each node leaves a
+generation at most once, so all of them count generations alike.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (docs/cluster.md). Every rank builds the same cluster plan from the job's
 DistributedSampler; this rank's node keeps a pool that runs its part, its
 first rank (the leader) runs the transfers to and from the other nodes
-(distributed/exchange.py), the node's other ranks follow. May touch:
+(distributed/runtime.py, distributed/exchange.py), the node's other ranks follow. May touch:
 torch.distributed (groups, collectives), the planner, pools it creates or
 attaches; never a DataLoader (the loader hands in what it needs).
 """
@@ -20,7 +20,7 @@ from ..planning.cluster import ClusterPlan, NodePlan, job_plan
 from ..planning.plan import Plan
 from ..planning.sizing import CODEC_MARGIN, STAGING_MIN_CLUSTER, item_sizes, parse_bytes, staging_slots
 from ..pool.cache import OPTCache
-from .exchange import ClusterFollower, ClusterRuntime
+from .runtime import ClusterFollower, ClusterRuntime
 from .node import release_group
 
 __all__ = ["ClusterSetup", "cluster_pool", "cluster_setup"]

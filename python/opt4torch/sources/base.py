@@ -46,10 +46,18 @@ class EngineSource:
     labels: Any = None
     #: Frame ``"tar"``: (keys, members) as TarShards holds them.
     samples: tuple[Any, Any] | None = None
+    #: Read units of several of the reader's items (pieces): an int64 array
+    #: of each unit's first piece and the count after the last; the engine
+    #: reads unit ``u`` as pieces ``units[u]`` to ``units[u+1] - 1``, one
+    #: after another (``opt4_source_gather``). None: one item a unit.
+    units: Any = None
 
     def prefetcher_args(self) -> dict[str, Any]:
         """The keywords ``_engine.Prefetcher`` takes for this source."""
-        return {"records": self.records, "frame": self.frame, "labels": self.labels, "samples": self.samples}
+        args = {"records": self.records, "frame": self.frame, "labels": self.labels, "samples": self.samples}
+        if self.units is not None:
+            args["units"] = self.units
+        return args
 
 
 @runtime_checkable

@@ -82,12 +82,12 @@ class ReadUnits(Protocol):
     read units, and takes each position's item from its unit after the
     cache (docs/algorithm.md, "Read units")."""
 
-    def opt4_read_units(self, per_epoch: list[Any], transform: Any,
-                        shared: bool) -> tuple[Any, Any, list[Any]]:
-        """Given each epoch's captured item indices: the dataset of read
-        units the loader plans over, the transform that takes a position's
-        item from its unit (an ``at_positions(blobs, positions)`` method),
-        and each epoch's unit indices."""
+    def opt4_read_units(self, rows: Any, transform: Any) -> tuple[Any, Any, Any]:
+        """Given the item at each position of the loader's sequence (every
+        epoch's, and with ``share_across_ranks`` the node's ranks' merged):
+        the dataset of read units the loader plans over, the transform that
+        takes a position's item from its unit (an ``at_positions(blobs,
+        positions)`` method), and the unit at each position."""
         ...
 
 

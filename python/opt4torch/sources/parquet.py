@@ -168,17 +168,15 @@ class Parquet:
         got: dict[str, Any] = self._groups.info()
         return got
 
-    def opt4_read_units(self, per_epoch: list[np.ndarray], transform: Callable[[Any], Any] | None,
-                        shared: bool) -> tuple[Any, Any, list[np.ndarray]]:
-        """The DataLoader's step after capturing the rows (``per_epoch``: each
-        epoch's row indices): the dataset it plans over (row groups), the
-        transform that decodes a position's row from its row group, and each
-        epoch's row groups."""
-        if shared:
-            raise ValueError("opt4torch.Parquet plans over read units, which share_across_ranks does not take "
-                             "yet: give each rank its own loader (share_across_ranks=False)")
-        rows = np.concatenate(per_epoch) if per_epoch else np.empty(0, np.int64)
-        return self._groups, _RowAt(self, rows, transform), [self.unit_of[e] for e in per_epoch]
+    def opt4_read_units(self, rows: np.ndarray, transform: Callable[[Any], Any] | None
+                        ) -> tuple[Any, Any, np.ndarray]:
+        """The DataLoader's step after capturing the rows (``rows``: the row
+        at each position of its sequence, the node's ranks' merged with
+        ``share_across_ranks``): the dataset it plans over (the read units),
+        the transform that decodes a position's row from its unit, and the
+        unit at each position."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        return self._groups, _RowAt(self, rows, transform), self.unit_of[rows]
 
     def __repr__(self) -> str:
         return f"Parquet({len(self.paths)} files, {self._n} rows, {len(self._groups)} read units)"

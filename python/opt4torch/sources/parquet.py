@@ -52,7 +52,7 @@ import numpy as np
 
 from .base import EngineSource, checked_index
 from .parquetindex import ParquetError, footer_of, index_units, pread_exact, pyarrow_parquet, read_footer
-from .parquetread import RowGroupReader, S3RowGroupReader, UnitDecoder, UnitReader
+from .parquetread import PieceReader, S3PieceReader, UnitDecoder, UnitReader
 from .shardnames import expand_shards
 
 __all__ = ["Parquet", "ParquetError"]
@@ -78,7 +78,8 @@ class Parquet:
 
     ``s3://bucket/...`` URLs read the files as objects in an S3-compatible
     store (one bucket; braces, and globs in the last part of a name): each
-    footer by ranged GETs here, each row group by one ranged GET, the
+    footer and offset index by ranged GETs here, each unit by one ranged GET
+    a piece (a row group is one piece), the
     engine's own where it can; ``store`` takes ``endpoint_url``, ``region``,
     ``profile``, ``unsigned``, ``path_style``, ``max_attempts`` and
     ``client``, as :class:`opt4torch.S3TarShards` does.
@@ -99,7 +100,7 @@ class Parquet:
             if direct:
                 raise ValueError("direct=True reads local files with O_DIRECT; objects in a store have no such read")
             urls = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
-            groups = S3RowGroupReader(urls if len(urls) > 1 else urls[0], latency=self.latency, **store)
+            groups = S3PieceReader(urls if len(urls) > 1 else urls[0], latency=self.latency, **store)
             self.paths = list(groups.urls)
             for key in groups.keys:
                 size, etag = groups.listing[key]
@@ -135,7 +136,7 @@ class Parquet:
             if not np.array_equal(files[:, 0], np.asarray(sizes, dtype=np.int64)):
                 changed = self.paths[int(np.flatnonzero(files[:, 0] != np.asarray(sizes))[0])]
                 raise ParquetError(f"{changed}: the file changed while it was being indexed; try again")
-            reader = RowGroupReader(list(self.paths), pieces, self.direct, self.latency, files)
+            reader = PieceReader(list(self.paths), pieces, self.direct, self.latency, files)
         self._groups = UnitReader(reader, first_piece)
         self._decoder = UnitDecoder(list(self.paths), sizes, idents, [f for f, _ in footers], units, pieces,
                                  first_piece, page_info)

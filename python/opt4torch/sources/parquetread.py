@@ -21,13 +21,13 @@ from .parquetindex import PageInfo, ParquetError, parse_footer, pyarrow_parquet
 from .parquetpages import PagesDecoder
 from .s3 import ObjectDataset, folder_of, one_bucket, split_object_url
 
-__all__ = ["CachedView", "RowGroupReader", "S3RowGroupReader", "UnitDecoder", "UnitReader"]
+__all__ = ["CachedView", "PieceReader", "S3PieceReader", "UnitDecoder", "UnitReader"]
 
 
-class RowGroupReader(RangeDataset):
-    """The read units: item ``u`` is row group ``u``'s bytes, one range of
-    its file, read by the engine (and by the prefetcher's C threads, framed
-    as these bytes)."""
+class PieceReader(RangeDataset):
+    """The pieces of the read units: item ``p`` is one byte range of a
+    file (a row group, or a column's run of pages), read by the engine (and
+    by the prefetcher's C threads, gathered into units)."""
 
     def __init__(self, files: list[str], rows: np.ndarray, direct: bool, latency: float,
                  idents: np.ndarray) -> None:
@@ -49,14 +49,15 @@ class RowGroupReader(RangeDataset):
         return EngineSource(self._r, frame="bytes")
 
     def __repr__(self) -> str:
-        return f"Parquet row groups ({len(self)} in {len(self._files)} files)"
+        return f"Parquet pieces ({len(self)} in {len(self._files)} files)"
 
 
-class S3RowGroupReader(ObjectDataset):
-    """The read units of Parquet files kept as objects: item ``u`` is row
-    group ``u``'s bytes, one ranged GET (the engine's, where it can, and the
-    C prefetcher's; else s3torchconnector's), as ``S3TarShards`` reads a
-    sample. Where the store is and who asks: as :class:`opt4torch.S3TarShards`."""
+class S3PieceReader(ObjectDataset):
+    """The pieces of the read units of Parquet files kept as objects: item
+    ``p`` is one byte range of an object, one ranged GET (the engine's, where
+    it can, and the C prefetcher's; else s3torchconnector's), as
+    ``S3TarShards`` reads a sample. Where the store is and who asks: as
+    :class:`opt4torch.S3TarShards`."""
 
     def __init__(self, urls: str | Sequence[str], *, endpoint_url: str | None = None, region: str | None = None,
                  profile: str | None = None, unsigned: bool = False, path_style: bool | None = None,

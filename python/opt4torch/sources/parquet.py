@@ -184,7 +184,7 @@ class Parquet:
 
 
 class _RowAt:
-    """After the cache: the row group a position got -> the row that position
+    """After the cache: the unit a position got -> the row that position
     asked for (``rows[position]``), then the loader's ``transform``."""
 
     def __init__(self, ds: Parquet, rows: np.ndarray, then: Callable[[Any], Any] | None) -> None:
@@ -193,12 +193,15 @@ class _RowAt:
         self.then = then
 
     def at_positions(self, blobs: list[Any], positions: Sequence[int]) -> list[Any]:
-        out = []
-        for blob, t in zip(blobs, positions):
-            row = int(self.rows[int(t)])
-            sample = self.ds._row(int(self.ds.unit_of[row]), blob, row)
-            out.append(self.then(sample) if self.then is not None else sample)
-        return out
+        rows = [int(self.rows[int(t)]) for t in positions]
+        units = [int(self.ds.unit_of[r]) for r in rows]
+        out: list[Any] = [None] * len(rows)
+        # A batch's rows decoded unit by unit: a unit is decoded once for all
+        # its rows in the batch (the decoder keeps the last one). The
+        # transform then runs in the batch's order, as its randomness expects.
+        for k in sorted(range(len(rows)), key=units.__getitem__):
+            out[k] = self.ds._row(units[k], blobs[k], rows[k])
+        return out if self.then is None else [self.then(sample) for sample in out]
 
     def __call__(self, blob: Any) -> Any:
         raise TypeError("a Parquet row is decoded at its position: PlannedDataset calls at_positions")

@@ -116,9 +116,8 @@ class _Reader:
                 n = self.varint()
             self._check_type(etype)
             self.count(n, 1)
-            if etype in (TRUE, FALSE):  # a bool element is one byte: 1 true, 2 (or 0) false
-                return (TRUE, [self.byte() == 1 for _ in range(n)])
-            return (etype, [self.value(etype, depth + 1) for _ in range(n)])
+            etype = TRUE if etype == FALSE else etype
+            return (etype, [self.element(etype, depth + 1) for _ in range(n)])
         if ttype == MAP:
             n = self.count(self.varint(), 2)
             if n == 0:
@@ -127,10 +126,18 @@ class _Reader:
             kt, vt = kv >> 4, kv & 0x0F
             self._check_type(kt)
             self._check_type(vt)
-            return (kt, vt, [(self.value(kt, depth + 1), self.value(vt, depth + 1)) for _ in range(n)])
+            kt, vt = (TRUE if t == FALSE else t for t in (kt, vt))
+            return (kt, vt, [(self.element(kt, depth + 1), self.element(vt, depth + 1)) for _ in range(n)])
         if ttype == STRUCT:
             return self.struct(depth + 1)
         raise self.fail(f"an unknown type {ttype}")
+
+    def element(self, ttype: int, depth: int) -> Any:
+        """A list's, set's or map's element: as a field's value, but a bool
+        is one byte of its own (1 true, 2 or 0 false)."""
+        if ttype == TRUE:
+            return self.byte() == 1
+        return self.value(ttype, depth)
 
     def _check_type(self, t: int) -> None:
         if not TRUE <= t <= STRUCT:
@@ -217,22 +224,26 @@ def _write_value(ttype: int, v: Any, out: bytearray) -> None:
             out.append(0xF0 | etype)
             _varint(len(items), out)
         for item in items:
-            if etype in (TRUE, FALSE):
-                out.append(1 if item else 2)
-            else:
-                _write_value(etype, item, out)
+            _write_element(etype, item, out)
     elif ttype == MAP:
         kt, vt, pairs = v
         _varint(len(pairs), out)
         if pairs:
             out.append((kt << 4) | vt)
             for k, val in pairs:
-                _write_value(kt, k, out)
-                _write_value(vt, val, out)
+                _write_element(kt, k, out)
+                _write_element(vt, val, out)
     elif ttype == STRUCT:
         _write_struct(v, out)
     else:
         raise ValueError(f"cannot write thrift type {ttype}")
+
+
+def _write_element(ttype: int, v: Any, out: bytearray) -> None:
+    if ttype in (TRUE, FALSE):
+        out.append(1 if v else 2)
+    else:
+        _write_value(ttype, v, out)
 
 
 def _write_struct(s: Struct, out: bytearray, last: int = 0) -> None:

@@ -124,6 +124,8 @@ def read_chunks(meta: pm.Struct, rg: int, read: Callable[[int, int], bytes], dat
             return None  # no offset index, or a chunk in another file
         data, dic = pm.field(md, 9, None, pm.I64), pm.field(md, 11, None, pm.I64)
         size, values = pm.field(md, 7, None, pm.I64), pm.field(md, 5, None, pm.I64)
+        if not isinstance(data, int) or not isinstance(dic, (int, type(None))):
+            raise pm.ThriftError(f"column chunk {k} has no data page offset")
         lo = data if dic is None or dic <= 0 else min(data, dic)
         if not all(isinstance(x, int) for x in (lo, size, values, oi, ol)) or not (
                 4 <= lo and size > 0 and lo + size <= data_end and 0 < ol <= 1 << 26 and 4 <= oi

@@ -202,7 +202,8 @@ PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_PROCS)),-n $(PYTEST_PROCS) --dist lo
 # The cluster loader end to end under torchrun (several processes a job, both
 # cores): a stage of its own, in make test's other lane, so that the two lanes
 # end together (docs/testing.md, "Time budget"). test-python runs the rest.
-CLUSTER_LOADER_TESTS := tests/python/test_cluster_exit.py tests/python/test_cluster_loader.py
+CLUSTER_LOADER_TESTS := tests/python/test_cluster_exit.py tests/python/test_cluster_loader.py \
+	tests/python/test_cluster_resume.py tests/python/test_cluster_faults.py
 test-python: install
 	$(PY) -m pytest -q $(PYTEST_XDIST) -m "slow or not slow" $(addprefix --ignore=,$(CLUSTER_LOADER_TESTS)) tests/python
 

@@ -20,14 +20,27 @@ summed over the nodes: bytes read from storage (the record file's counters)
 beside the plan's, bytes between nodes, hit rate (local and peer), and the
 epoch time (each epoch's slowest rank; median over epochs and repeats).
 
+With ``--store s3`` the items are objects on the loopback S3 server
+(bench/s3server.py, one object an item, read by ``opt4torch.S3ImageFolder``
+through the engine's GETs) that every node shares, and ``--link`` gives the
+bytes a second of the one link all its answers share (comma-separated: one
+round of every configuration per speed; 0 is no link): the storage a
+cluster's nodes split. ``--latency`` is then the server's, per request. The
+server's own counters of GET bytes are reported beside the ranks'. With
+several link speeds, ``--plot`` draws the run's time (all epochs) against
+the link speed. "vs no cache" compares the runs' times over all epochs.
+``--slow-rank R`` makes node R's training step ``--slow-factor`` times as
+long (a slow node); every rank's epoch times are kept in the results.
+
     python bench/cluster.py [--items 2000] [--latency 0.010] [--epochs 3]
         [--capacity 0.25,0.5] [--of dataset|stored] [--batch 16] [--workers 2] [--window 8] [--repeats 2]
-        [--out bench/results/cluster.json]
+        [--store records|s3] [--link 0,4e6,16e6] [--plot PNG] [--out bench/results/cluster.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -59,7 +72,10 @@ def rank_main(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(1)
-    ds = opt4torch.RecordFile(args.path, latency=args.latency)
+    if args.store == "s3":  # the endpoint and the keys are in the environment main() gave torchrun
+        ds = opt4torch.S3ImageFolder(args.path, client="c")
+    else:
+        ds = opt4torch.RecordFile(args.path, latency=args.latency)
     total = int(ds.item_sizes().sum())
     sampler = DistributedSampler(ds, num_replicas=dist.get_world_size(), rank=rank, shuffle=True, seed=0)
     common = dict(batch_size=args.batch, num_workers=args.workers, persistent_workers=args.workers > 0,
@@ -88,7 +104,7 @@ def rank_main(args: argparse.Namespace) -> None:
         sampler.set_epoch(e)  # torch's loader needs it; opt4torch's replays what it captured
         t0 = time.perf_counter()
         for batch in loader:
-            for _ in range(len(batch)):
+            for _ in range(len(batch) * (args.slow_factor if rank == args.slow_rank else 1)):
                 a = torch.tanh(a @ a)
         times.append(time.perf_counter() - t0)
     after = ds.info()
@@ -118,10 +134,11 @@ def run_config(args: argparse.Namespace, path: str, config: str, capacity: float
     from opt4torch.lab.launch import rank_errors, torchrun
 
     out = os.path.join(tmp, f"{config}-{capacity}")
+    store = ["--store", args.store, "--slow-rank", str(args.slow_rank), "--slow-factor", str(args.slow_factor)]
     r = torchrun(os.path.abspath(__file__), 4, "--rank-run", "--path", path, "--config", config,
                  "--capacity", str(capacity), "--latency", str(args.latency), "--epochs", str(args.epochs),
                  "--batch", str(args.batch), "--workers", str(args.workers), "--window", str(args.window),
-                 "--of", args.of, "--out", out, node_env="rank", timeout=1800)
+                 "--of", args.of, "--out", out, *store, node_env="rank", timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"{config} at {capacity}: torchrun failed\n{r.stdout[-2000:]}\n{rank_errors(r.stderr)}")
     return [json.load(open(f"{out}.{k}.json")) for k in range(4)]
@@ -131,7 +148,9 @@ def summary(ranks: list[dict]) -> dict[str, Any]:
     per_epoch = [max(r["epoch_seconds"][e] for r in ranks) for e in range(len(ranks[0]["epoch_seconds"]))]
     acc = sum(r["accesses"] for r in ranks)
     out: dict[str, Any] = {"epoch_seconds": per_epoch, "storage_bytes": sum(r["storage_bytes"] for r in ranks),
-                           "storage_reads": sum(r["storage_reads"] for r in ranks), "accesses": acc}
+                           "storage_reads": sum(r["storage_reads"] for r in ranks), "accesses": acc,
+                           # each rank's epochs: with --slow-rank, what the other nodes took
+                           "rank_epoch_seconds": [r["epoch_seconds"] for r in ranks]}
     if "hits" in ranks[0]:
         out["hit_rate"] = sum(r["hits"] for r in ranks) / acc
         out["plan_hits"] = sum(r["plan_hits"] for r in ranks)
@@ -163,6 +182,15 @@ def main() -> None:
                          f"(each item with the codec's margin, in whole pages of {STORED_PAGE} bytes)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--store", choices=["records", "s3"], default="records",
+                    help="a record file with emulated latency, or objects on the loopback S3 server")
+    ap.add_argument("--link", default="0",
+                    help="with --store s3: bytes a second of the server's one shared link, comma-separated "
+                         "(0: no link)")
+    ap.add_argument("--slow-rank", type=int, default=-1,
+                    help="a rank (node) whose training step takes --slow-factor times as long (-1: none)")
+    ap.add_argument("--slow-factor", type=int, default=2)
+    ap.add_argument("--plot", default=None, help="with several --link speeds: a PNG of epoch time against them")
     ap.add_argument("--out", default="bench/results/cluster.json")
     ap.add_argument("--rank-run", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
@@ -178,38 +206,134 @@ def main() -> None:
     configs = [c.strip() for c in args.configs.split(",")]
     caps = [float(c) for c in args.capacity.split(",")]
     results: dict[str, Any] = {"machine": info, "args": vars(args), "runs": {}}
-    with tempfile.TemporaryDirectory(prefix="opt4-bench-cluster-") as tmp:
+    links = [float(x) for x in args.link.split(",")] if args.store == "s3" else [0.0]
+    with tempfile.TemporaryDirectory(prefix="opt4-bench-cluster-") as tmp, contextlib.ExitStack() as stack:
         rng = np.random.default_rng(0)
         sizes = rng.integers(4096, 16384, size=args.items)
-        path = os.path.join(tmp, "items.rec")
-        opt4torch.write_records(path, [rng.bytes(int(s)) for s in sizes], labels=[i % 10 for i in range(args.items)])
-        print(f"{args.items} records, {int(sizes.sum()):,} bytes; {args.latency * 1000:.0f} ms a read; 4 nodes")
+        bodies = [rng.bytes(int(s)) for s in sizes]
+        server = None
+        if args.store == "s3":
+            server = stack.enter_context(_s3_store(bodies, args.latency))
+            path = f"s3://{S3_BUCKET}/images/"
+        else:
+            path = os.path.join(tmp, "items.rec")
+            opt4torch.write_records(path, bodies, labels=[i % 10 for i in range(args.items)])
+        where = f"on the S3 server, {args.latency * 1000:.0f} ms a request" if server else \
+            f"{args.latency * 1000:.0f} ms a read"
+        print(f"{args.items} items, {int(sizes.sum()):,} bytes, {where}; 4 nodes")
         for rep in range(args.repeats):
-            for cap in caps:
-                for config in configs:
-                    t0 = time.perf_counter()
-                    s = summary(run_config(args, path, config, cap, tmp))
-                    results["runs"].setdefault(f"{cap}", {}).setdefault(config, []).append(s)
-                    print(f"  repeat {rep + 1}, {cap:.0%} a node, {config}: epochs "
-                          f"{', '.join(f'{x:.2f}' for x in s['epoch_seconds'])} s, storage "
-                          f"{s['storage_bytes'] / 1e6:.1f} MB, {time.perf_counter() - t0:.0f} s", flush=True)
+            for link in links:
+                if server is not None:
+                    server.call("set", link=link)
+                for cap in caps:
+                    for config in configs:
+                        t0 = time.perf_counter()
+                        served = server.stats()["get_bytes"] if server is not None else 0
+                        s = summary(run_config(args, path, config, cap, tmp))
+                        if server is not None:
+                            s["server_get_bytes"] = server.stats()["get_bytes"] - served
+                        results["runs"].setdefault(_key(cap, link, server is not None), {}).setdefault(
+                            config, []).append(s)
+                        print(f"  repeat {rep + 1}, {_key(cap, link, server is not None)}, {config}: epochs "
+                              f"{', '.join(f'{x:.2f}' for x in s['epoch_seconds'])} s, storage "
+                              f"{s['storage_bytes'] / 1e6:.1f} MB, {time.perf_counter() - t0:.0f} s", flush=True)
     print()
     print(table(results))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     print(f"\nraw results: {args.out}")
+    if args.plot:
+        print("plot:", plot(results, args.plot))
+
+
+#: The bucket of ``--store s3``.
+S3_BUCKET = "opt4-cluster"
+
+
+def _key(capacity: float, link: float, s3: bool) -> str:
+    """A row's name: the capacity, and with S3 the link speed."""
+    if not s3:
+        return f"{capacity}"
+    return f"{capacity} @ " + ("no link" if not link else f"{link / 1e6:g} MB/s")
+
+
+@contextlib.contextmanager
+def _s3_store(bodies: list[bytes], latency: float) -> Any:
+    """The loopback S3 server with the items as an image folder's objects
+    (``images/c<label>/<i>.jpg``, random bytes: nothing decodes them), and the
+    environment torchrun's ranks find it and their keys in."""
+    import boto3
+    from s3server import Server  # type: ignore[import-not-found]
+
+    env = {"AWS_ACCESS_KEY_ID": "opt4-bench", "AWS_SECRET_ACCESS_KEY": "opt4-bench", "AWS_REGION": "us-east-1",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    os.environ.update(env)
+    with Server(latency=0.0) as server:  # latency once the objects are up
+        os.environ["AWS_ENDPOINT_URL"] = server.endpoint
+        client = boto3.client("s3", endpoint_url=server.endpoint)
+        client.create_bucket(Bucket=S3_BUCKET)
+        for i, body in enumerate(bodies):
+            client.put_object(Bucket=S3_BUCKET, Key=f"images/c{i % 10}/{i:06d}.jpg", Body=body)
+        server.call("set", latency=latency)
+        yield server
+
+
+def plot(results: dict[str, Any], out: str) -> str:
+    """The run's time over all its epochs (median of the repeats) against the
+    link's speed, a line per capacity and configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for key, by in results["runs"].items():
+        cap, _, link = key.partition(" @ ")
+        speed = float("inf") if link == "no link" else float(link.split()[0])
+        for config, runs in by.items():
+            t = statistics.median(sum(s["epoch_seconds"]) for s in runs)
+            lines.setdefault((cap, config), []).append((speed, t))
+    finite = [x for pts in lines.values() for x, _ in pts if x != float("inf")]
+    nolink = 2 * max(finite) if finite else 1.0  # "no link" drawn right of the fastest link
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (cap, config), pts in sorted(lines.items()):
+        pts = sorted((nolink if x == float("inf") else x, t) for x, t in pts)
+        ax.plot([x for x, _ in pts], [t for _, t in pts], marker="o", label=f"{config}, {float(cap):.0%} a node")
+    ax.set_xscale("log")
+    ticks = sorted(set(finite)) + ([nolink] if finite else [])
+    from matplotlib.ticker import NullFormatter, NullLocator
+
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks(ticks, [f"{x:g}" for x in sorted(set(finite))] + ["no link"])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("the shared link's speed (MB/s)")
+    ax.set_ylabel("all epochs, slowest rank each (s, median)")
+    ax.set_title("4 nodes over one S3 server: the run's time against its link")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _pretty(key: str) -> str:
+    cap, at, link = key.partition(" @ ")
+    return f"{float(cap):.0%}" + (f", {link}" if at else "")
 
 
 def table(results: dict[str, Any]) -> str:
-    rows = ["| a node holds | configuration | epoch time (median) | vs no cache | read from storage (all nodes) | "
-            "plan's storage bytes | between nodes | hit rate (local + peer) | stall rate |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| a node holds | configuration | epoch time (median) | all epochs (median) | vs no cache | "
+            "read from storage (all nodes) | plan's storage bytes | between nodes | hit rate (local + peer) | "
+            "stall rate |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for cap, by in results["runs"].items():
-        base = statistics.median(x for s in by.get("no cache", []) for x in s["epoch_seconds"]) if "no cache" in by \
-            else None
+        base = statistics.median(sum(s["epoch_seconds"]) for s in by["no cache"]) if "no cache" in by else None
         for config, runs in by.items():
             t = statistics.median(x for s in runs for x in s["epoch_seconds"])
+            run = statistics.median(sum(s["epoch_seconds"]) for s in runs)
             sb = statistics.median(s["storage_bytes"] for s in runs)
             plan = (f"{statistics.median(s['plan_storage_bytes'] for s in runs) / 1e6:.1f} MB"
                     if "plan_storage_bytes" in runs[0] else "–")
@@ -223,8 +347,11 @@ def table(results: dict[str, Any]) -> str:
             else:
                 hr = "0.0%"
             stall = f"{statistics.median(s['stall_rate'] for s in runs):.2%}" if "stall_rate" in runs[0] else "–"
-            rel = f"{base / t:.2f}x" if base else "–"
-            rows.append(f"| {float(cap):.0%} | {config} | {t:.2f} s | {rel} | {sb / 1e6:.1f} MB | {plan} | {peer} | "
+            rel = f"{base / run:.2f}x" if base else "–"
+            if "server_get_bytes" in runs[0]:  # the store's own count beside the ranks'
+                sb_server = statistics.median(s["server_get_bytes"] for s in runs)
+                plan = f"{plan} (server: {sb_server / 1e6:.1f} MB)"
+            rows.append(f"| {_pretty(cap)} | {config} | {t:.2f} s | {run:.2f} s | {rel} | {sb / 1e6:.1f} MB | {plan} | {peer} | "
                         f"{hr} | {stall} |")
     return "\n".join(rows)
 

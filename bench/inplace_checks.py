@@ -15,10 +15,18 @@ imports (run it with two installs to compare):
 * ``tar index load``: ``opt4torch.TarShards(paths)`` with every shard's
   cached index current (the index read and, with the checks, validated).
 
-Each is run R times, interleaved; the median and the spread are printed as
-microseconds an item (or milliseconds a load), with the machine.
+With ``--checksum`` (an install that has it), the same with
+``checksum=True`` beside each (every read hashes what it read, XXH3-64), and
+what recording the checksums costs: ``ImageFolder(root, checksum=True)``
+against ``ImageFolder(root)`` (each file read once more), and the indexes'
+load when they hold the checksums.
 
-    python bench/inplace_checks.py [--items 6000] [--repeats 7] [--out FILE]
+Each is run R times, interleaved; the median and the spread are printed as
+microseconds an item (or milliseconds a load), wall clock and this process's
+CPU time (user + system: less disturbed by other work on a shared machine),
+with the machine.
+
+    python bench/inplace_checks.py [--items 6000] [--repeats 7] [--checksum] [--out FILE]
 """
 
 from __future__ import annotations
@@ -60,17 +68,33 @@ def make_data(folder: str, n: int) -> tuple[str, list[str]]:
     return root, shards
 
 
-def per_item_us(ds, n: int) -> float:
-    t0 = time.perf_counter()
+#: CPU seconds of this process (user + system) of each timed run, beside
+#: the wall clock: on a shared machine the wall clock also counts the time
+#: other processes held the cores.
+CPU: dict[str, list[float]] = {}
+
+
+def per_item_us(ds, n: int, name: str = "") -> float:
+    t0, c0 = time.perf_counter(), time.process_time()
     for i in range(n):
         ds[i]
+    if name:
+        CPU.setdefault(name, []).append((time.process_time() - c0) / n * 1e6)
     return (time.perf_counter() - t0) / n * 1e6
+
+
+def timed_ms(name: str, make) -> float:
+    t0, c0 = time.perf_counter(), time.process_time()
+    make()
+    CPU.setdefault(name, []).append((time.process_time() - c0) * 1e3)
+    return (time.perf_counter() - t0) * 1e3
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--items", type=int, default=6000)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--checksum", action="store_true", help="add the checksum=True rows")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     import opt4torch
@@ -79,23 +103,37 @@ def main() -> None:
         root, shards = make_data(folder, args.items)
         img = opt4torch.ImageFolder(root)
         tar = opt4torch.TarShards(shards)  # writes the cached indexes
-        runs: dict[str, list[float]] = {"imagefolder read (us/item)": [], "tar read (us/item)": [],
-                                        "tar index load (ms)": []}
-        per_item_us(img, len(img))  # warm the page cache and the code
-        per_item_us(tar, len(tar))
+        names = ["imagefolder read (us/item)", "tar read (us/item)", "tar index load (ms)",
+                 "imagefolder made (ms)"]
+        sets = [("", {})]
+        if args.checksum:
+            sets.append((" checksum", {"checksum": True}))
+            img_c = opt4torch.ImageFolder(root, checksum=True)
+            tar_c = opt4torch.TarShards(shards, checksum=True)  # adds the checksums to the indexes
+        runs: dict[str, list[float]] = {name.replace(" (", f"{tag} (", 1): [] for tag, _ in sets for name in names}
+        for ds in (img, tar) + ((img_c, tar_c) if args.checksum else ()):
+            per_item_us(ds, len(ds))  # warm the page cache and the code
         for _ in range(args.repeats):
-            runs["imagefolder read (us/item)"].append(per_item_us(img, len(img)))
-            runs["tar read (us/item)"].append(per_item_us(tar, len(tar)))
-            t0 = time.perf_counter()
-            opt4torch.TarShards(shards)
-            runs["tar index load (ms)"].append((time.perf_counter() - t0) * 1e3)
+            for tag, kw in sets:
+                i, t = (img_c, tar_c) if kw else (img, tar)
+                name = f"imagefolder read{tag} (us/item)"
+                runs[name].append(per_item_us(i, len(i), name))
+                name = f"tar read{tag} (us/item)"
+                runs[name].append(per_item_us(t, len(t), name))
+                name = f"tar index load{tag} (ms)"
+                runs[name].append(timed_ms(name, lambda: opt4torch.TarShards(shards, **kw)))
+                name = f"imagefolder made{tag} (ms)"
+                runs[name].append(timed_ms(name, lambda: opt4torch.ImageFolder(root, **kw)))
     out = {"opt4torch": os.path.dirname(opt4torch.__file__), "items": args.items, "repeats": args.repeats,
            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
                       f"Python {platform.python_version()}",
            "median": {k: statistics.median(v) for k, v in runs.items()},
-           "min": {k: min(v) for k, v in runs.items()}, "max": {k: max(v) for k, v in runs.items()}}
+           "min": {k: min(v) for k, v in runs.items()}, "max": {k: max(v) for k, v in runs.items()},
+           "cpu median": {k: statistics.median(v) for k, v in CPU.items()},
+           "cpu min": {k: min(v) for k, v in CPU.items()}}
     for k in runs:
-        print(f"{k:28s} median {out['median'][k]:8.2f}  (min {out['min'][k]:.2f}, max {out['max'][k]:.2f})")
+        print(f"{k:36s} wall median {out['median'][k]:8.2f} (min {out['min'][k]:.2f}, max {out['max'][k]:.2f})"
+              f"   cpu median {out['cpu median'][k]:8.2f} (min {out['cpu min'][k]:.2f})")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -27,6 +27,8 @@ what a real store costs, at the server, so every client pays it the same way.
   broken or hostile store might (tests of the client's checks): ``range-from-0``
   (the bytes from 0 for any range: a 206 for other bytes than asked),
   ``etag`` (If-Match ignored, and another ETag sent), ``ignore-if-match``,
+  ``no-etag`` (If-Match ignored and no ETag sent: a changed object looks the
+  same to every header check),
   ``long-length`` (a Content-Length 5 bytes over the body), ``grown-total``
   (a Content-Range total 100 bytes over the object's), ``chunked`` (no
   Content-Length: the body goes chunked), ``huge-listing`` (a LIST that says
@@ -231,8 +233,8 @@ class CostMiddleware:
         return [out]
 
 
-_FAULTS = {"", "range-from-0", "etag", "ignore-if-match", "long-length", "grown-total", "chunked", "huge-listing", "redirect",
-           "redirect-loop", "redirect-relative"}
+_FAULTS = {"", "range-from-0", "etag", "ignore-if-match", "no-etag", "long-length", "grown-total", "chunked",
+           "huge-listing", "redirect", "redirect-loop", "redirect-relative"}
 
 
 def _huge_listing(app: Callable[..., Any], environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
@@ -254,13 +256,15 @@ def _faulty(fault: str, environ: dict[str, Any],
     m = re.fullmatch(r"bytes=(\d+)-(\d+)", environ.get("HTTP_RANGE", ""))
     if fault == "range-from-0" and m:
         environ["HTTP_RANGE"] = f"bytes=0-{int(m.group(2)) - int(m.group(1))}"
-    if fault in ("etag", "ignore-if-match"):
+    if fault in ("etag", "ignore-if-match", "no-etag"):
         environ.pop("HTTP_IF_MATCH", None)
 
     def edit(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
         out = []
         for name, value in headers:
             low = name.lower()
+            if fault == "no-etag" and low == "etag":
+                continue
             if fault == "etag" and low == "etag":
                 value = '"0123456789abcdef0123456789abcdef"'
             elif fault == "long-length" and low == "content-length":

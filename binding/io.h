@@ -35,6 +35,11 @@ int opt4py_s3_check(S3RangesObject *self);
  * C-contiguous int64 buffer, checked (what: "file", "object"). 0 with the
  * view held (release it), or -1 with an exception and no view. */
 int opt4py_rows_view(PyObject *items, Py_buffer *view, uint64_t *n, const char *what);
+/* Give a reader its items' checksums from sums (None: none), a contiguous
+ * uint64 buffer of n entries, through expect (opt4_ranges_expect_sums,
+ * opt4_s3_expect_sums). 0, or -1 with an exception set. */
+typedef int (*opt4py_expect_sums_fn)(void *reader, const uint64_t *sums, uint64_t n);
+int opt4py_give_sums(void *reader, PyObject *sums, uint64_t n, opt4py_expect_sums_fn expect);
 /* read(i) of Ranges and S3Ranges: item i as bytes, read with the GIL
  * released, counted in *readers while it reads. */
 typedef int (*opt4py_len_fn)(void *reader, uint64_t i, uint64_t *len);

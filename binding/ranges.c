@@ -37,6 +37,30 @@ int opt4py_rows_view(PyObject *items, Py_buffer *view, uint64_t *n, const char *
   return 0;
 }
 
+int opt4py_give_sums(void *reader, PyObject *sums, uint64_t n, opt4py_expect_sums_fn expect) {
+  if (sums == Py_None) return 0;
+  Py_buffer v;
+  if (PyObject_GetBuffer(sums, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+  int ok = v.itemsize == 8 && v.format != NULL && (strcmp(v.format, "Q") == 0 || strcmp(v.format, "L") == 0) &&
+           (uint64_t)v.len == n * 8;
+  int rc = ok ? expect(reader, v.buf, n) : 0;
+  PyBuffer_Release(&v);
+  if (!ok) {
+    PyErr_Format(PyExc_TypeError, "sums must be a contiguous uint64 array of %llu checksums, one an item",
+                 (unsigned long long)n);
+    return -1;
+  }
+  if (rc != 0) {
+    opt4py_raise(rc, "item checksums");
+    return -1;
+  }
+  return 0;
+}
+
+static int ranges_expect_sums_fn(void *r, const uint64_t *sums, uint64_t n) {
+  return opt4_ranges_expect_sums(r, sums, n);
+}
+
 PyObject *opt4py_read_item(void *reader, Py_ssize_t *readers, PyObject *arg, opt4py_len_fn len_of,
                            opt4py_read_fn read) {
   unsigned long long i = PyLong_AsUnsignedLongLong(arg);
@@ -62,14 +86,17 @@ PyObject *opt4py_read_item(void *reader, Py_ssize_t *readers, PyObject *arg, opt
   return out;
 }
 
-/* Ranges(paths, items, direct=False, ident=None): items is a C-contiguous
- * int64 buffer of (file, offset, length) rows; ident, one (size, inode,
- * mtime_ns, ctime_ns) int64 row a file, as indexed (opt4_ranges_expect). */
+/* Ranges(paths, items, direct=False, ident=None, sums=None): items is a
+ * C-contiguous int64 buffer of (file, offset, length) rows; ident, one
+ * (size, inode, mtime_ns, ctime_ns) int64 row a file, as indexed
+ * (opt4_ranges_expect); sums, one uint64 XXH3-64 an item, as indexed
+ * (opt4_ranges_expect_sums). */
 static PyObject *ranges_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"paths", "items", "direct", "ident", NULL};
-  PyObject *paths, *items, *ident = Py_None;
+  static char *kwlist[] = {"paths", "items", "direct", "ident", "sums", NULL};
+  PyObject *paths, *items, *ident = Py_None, *sums = Py_None;
   int direct = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|pO", kwlist, &paths, &items, &direct, &ident)) return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|pOO", kwlist, &paths, &items, &direct, &ident, &sums))
+    return NULL;
   PyObject *seq = PySequence_Fast(paths, "paths must be a sequence of paths");
   if (seq == NULL) return NULL;
   Py_ssize_t nf = PySequence_Fast_GET_SIZE(seq);
@@ -118,6 +145,10 @@ static PyObject *ranges_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
       opt4py_raise_records(rc, "file identities");
       goto leave;
     }
+  }
+  if (opt4py_give_sums(r, sums, n, ranges_expect_sums_fn) < 0) {
+    opt4_ranges_close(r);
+    goto leave;
   }
   RangesObject *self = (RangesObject *)type->tp_alloc(type, 0);
   if (self == NULL) {
@@ -168,6 +199,25 @@ static PyObject *ranges_read(RangesObject *self, PyObject *arg) {
   return opt4py_read_item(self->r, &self->readers, arg, ranges_len_fn, ranges_read_fn);
 }
 
+/* checksums() -> bytes: each item's XXH3-64 as a native uint64 array's
+ * bytes, read from storage now (opt4_ranges_sums; not counted as reads). */
+static PyObject *ranges_checksums(RangesObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (opt4py_ranges_check(self) < 0) return NULL;
+  opt4_ranges_info in;
+  opt4_ranges_info_get(self->r, &in);
+  PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(in.count * 8));
+  if (out == NULL) return NULL;
+  int rc;
+  self->readers++;
+  Py_BEGIN_ALLOW_THREADS rc = opt4_ranges_sums(self->r, (uint64_t *)PyBytes_AS_STRING(out), in.count);
+  Py_END_ALLOW_THREADS self->readers--;
+  if (rc != 0) {
+    Py_DECREF(out);
+    return opt4py_raise_read(rc, "checksum items");
+  }
+  return out;
+}
+
 static PyObject *ranges_len_of(RangesObject *self, PyObject *arg) {
   if (opt4py_ranges_check(self) < 0) return NULL;
   unsigned long long i = PyLong_AsUnsignedLongLong(arg);
@@ -204,6 +254,8 @@ static PyObject *ranges_set_latency(RangesObject *self, PyObject *arg) {
 static PyMethodDef ranges_methods[] = {
     {"read", (PyCFunction)ranges_read, METH_O, "read(i) -> bytes of item i"},
     {"len_of", (PyCFunction)ranges_len_of, METH_O, "len_of(i) -> length of item i"},
+    {"checksums", (PyCFunction)ranges_checksums, METH_NOARGS,
+     "checksums() -> bytes: each item's XXH3-64 (native uint64), read from storage now, not counted"},
     {"info", (PyCFunction)ranges_info, METH_NOARGS, "Counts, sizes, how reads are done."},
     {"set_latency", (PyCFunction)ranges_set_latency, METH_O,
      "set_latency(seconds): sleep this long before each read (an emulated slow store)"},
@@ -217,7 +269,7 @@ PyTypeObject opt4py_RangesType = {
     .tp_basicsize = sizeof(RangesObject),
     .tp_dealloc = (destructor)ranges_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Ranges(paths, items, direct=False, ident=None): byte ranges of files read in place, by index "
+    .tp_doc = "Ranges(paths, items, direct=False, ident=None, sums=None): byte ranges of files read in place, by index "
               "(thread-safe); items are int64 (file, offset, length) rows.",
     .tp_methods = ranges_methods,
     .tp_as_sequence = &ranges_as_sequence,
@@ -309,7 +361,19 @@ static PyObject *py_tar_records(PyObject *Py_UNUSED(m), PyObject *args) {
   return out;
 }
 
+/* checksum(buffer) -> int: its XXH3-64 (opt4_checksum), the GIL released. */
+static PyObject *py_checksum(PyObject *Py_UNUSED(m), PyObject *arg) {
+  Py_buffer v;
+  if (PyObject_GetBuffer(arg, &v, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+  uint64_t h;
+  Py_BEGIN_ALLOW_THREADS h = opt4_checksum(v.buf, (size_t)v.len);
+  Py_END_ALLOW_THREADS PyBuffer_Release(&v);
+  return PyLong_FromUnsignedLongLong(h);
+}
+
 static PyMethodDef ranges_functions[] = {
+    {"checksum", py_checksum, METH_O,
+     "checksum(buffer) -> int: its XXH3-64, the per-item checksum of Ranges.checksums()"},
     {"tar_records", py_tar_records, METH_VARARGS,
      "tar_records(ranges, (keys, members), items) -> [bytes or None]: samples as the C prefetcher stores "
      "them (frame='tar'); None where it leaves one to the worker"},

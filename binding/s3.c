@@ -15,27 +15,30 @@ int opt4py_s3_check(S3RangesObject *self) {
   return 0;
 }
 
+static int s3_expect_sums_fn(void *r, const uint64_t *sums, uint64_t n) { return opt4_s3_expect_sums(r, sums, n); }
+
 /* S3Ranges(endpoint, bucket, keys, items, region=None, access_key=None,
  * secret_key=None, session_token=None, path_style=True, max_attempts=3,
  * timeout=60.0, deadline=300.0, min_rate=1024, etags=None, sizes=None,
- * ca_bundle=None):
+ * ca_bundle=None, sums=None):
  * items is a C-contiguous int64 buffer of (object, offset, length) rows;
- * etags (str) and sizes (int), one an object as listed (opt4_s3_expect). */
+ * etags (str) and sizes (int), one an object as listed (opt4_s3_expect);
+ * sums, one uint64 XXH3-64 an item as indexed (opt4_s3_expect_sums). */
 static PyObject *s3_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"endpoint", "bucket", "keys", "items", "region", "access_key", "secret_key",
                            "session_token", "path_style", "max_attempts", "timeout", "deadline", "min_rate",
-                           "etags", "sizes", "ca_bundle", NULL};
+                           "etags", "sizes", "ca_bundle", "sums", NULL};
   const char *endpoint = NULL, *bucket, *region = NULL, *access_key = NULL, *secret_key = NULL, *token = NULL;
   PyObject *keys, *items;
   int path_style = 1;
   unsigned int max_attempts = 3;
   double timeout = 60.0, deadline = 300.0;
   unsigned long long min_rate = 1024;
-  PyObject *etags = Py_None, *sizes = Py_None;
+  PyObject *etags = Py_None, *sizes = Py_None, *sums = Py_None;
   const char *ca_bundle = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "zsOO|zzzzpIddKOOz", kwlist, &endpoint, &bucket, &keys, &items,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "zsOO|zzzzpIddKOOzO", kwlist, &endpoint, &bucket, &keys, &items,
                                    &region, &access_key, &secret_key, &token, &path_style, &max_attempts, &timeout,
-                                   &deadline, &min_rate, &etags, &sizes, &ca_bundle))
+                                   &deadline, &min_rate, &etags, &sizes, &ca_bundle, &sums))
     return NULL;
   if (!(timeout > 0.0 && timeout <= 86400.0))
     return PyErr_Format(PyExc_ValueError, "timeout must be between 0 and 86400 seconds, not %g", timeout);
@@ -122,6 +125,10 @@ static PyObject *s3_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     opt4py_raise_records(rc, "S3 objects' ETags and sizes");
     goto leave;
   }
+  if (opt4py_give_sums(r, sums, n, s3_expect_sums_fn) < 0) {
+    opt4_s3_close(r);
+    goto leave;
+  }
   S3RangesObject *self = (S3RangesObject *)type->tp_alloc(type, 0);
   if (self == NULL) {
     opt4_s3_close(r);
@@ -198,7 +205,7 @@ PyTypeObject opt4py_S3RangesType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "S3Ranges(endpoint, bucket, keys, items, region=None, access_key=None, secret_key=None, "
               "session_token=None, path_style=True, max_attempts=3, timeout=60.0, deadline=300.0, min_rate=1024, "
-              "etags=None, sizes=None, ca_bundle=None): byte ranges of objects "
+              "etags=None, sizes=None, ca_bundle=None, sums=None): byte ranges of objects "
               "read by ranged GETs in C (thread-safe); items are int64 (object, offset, length) rows.",
     .tp_methods = s3_methods,
     .tp_as_sequence = &s3_as_sequence,

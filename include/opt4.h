@@ -147,6 +147,10 @@ typedef struct opt4_seq {
  * uint32 values, so the same ids give the same fingerprint whatever the
  * dtype. Fails with OPT4_ERANGE if an id is outside [0, items). */
 int opt4_fingerprint(const opt4_seq *seq, uint64_t *out);
+/* XXH3-64 of len bytes: the checksum the record file keeps for each record,
+ * and the per-item checksum of a dataset read in place
+ * (opt4_ranges_sums, opt4_ranges_expect_sums). Thread-safe. */
+uint64_t opt4_checksum(const void *data, size_t len);
 
 /* ------------------------------------------------------------------------ */
 /* Plans                                                                     */
@@ -951,7 +955,10 @@ int opt4_pool_interrupt(opt4_pool *pool);
  * of both segments. A nonzero return from visit stops the listing and is
  * returned. Listing only tests locks, never takes them. Stale pools can be
  * removed with opt4_pool_remove(). Only the pools of this process's namespace
- * (OPT4TORCH_POOL_NAMESPACE, see opt4_pool_create) are visited. */
+ * (OPT4TORCH_POOL_NAMESPACE, see opt4_pool_create) are visited. A meta
+ * segment whose main segment is gone (a removal killed between its two
+ * unlinks, a segment removed by hand) is visited under its own name
+ * ("/opt4-...meta"), stale (state 0), with its own bytes. */
 typedef int (*opt4_pool_visit_fn)(void *ctx, const char *name, uint32_t owner_pid,
                                   int owner_state, uint64_t bytes);
 int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx);
@@ -962,7 +969,10 @@ int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx);
  * before its lock starts over under another name). Refused with OPT4_EPOOL
  * (opt4_errdetail() says why) while the owner is alive, while the pool is
  * being created, and when the owner is in another PID namespace without a
- * lock. force removes it whatever its state (never another user's). */
+ * lock. force removes it whatever its state (never another user's). A
+ * name ending in ".meta" is an orphan meta segment as opt4_pool_list names
+ * it: removed while its main segment is gone, else refused (OPT4_EPOOL:
+ * remove the pool itself). */
 int opt4_pool_remove(const char *name, int force);
 
 /* ------------------------------------------------------------------------ */
@@ -1242,6 +1252,20 @@ typedef struct opt4_file_ident {
  * before any read (not thread-safe with reads). Errors: OPT4_EINVAL (NULL,
  * or not one identity a file), OPT4_ENOMEM. */
 int opt4_ranges_expect(opt4_ranges *r, const opt4_file_ident *ids, uint64_t n_files);
+/* Each item's XXH3-64 (the record file's checksum), read from storage now:
+ * what a dataset records when it is indexed with checksums. Reads are
+ * checked as opt4_ranges_read's (identity, regular file, length) but not
+ * counted, and take no emulated latency. sums has n_items == count entries.
+ * Errors: opt4_ranges_read's, OPT4_EINVAL (n_items is not the count). */
+int opt4_ranges_sums(opt4_ranges *r, uint64_t *sums, uint64_t n_items);
+/* Give each item's checksum as indexed (opt4_ranges_sums; n_items == count,
+ * copied, once, before any read): from then on every read hashes what it
+ * read and fails with OPT4_ECHECKSUM, naming the item and its file, unless
+ * it is the one recorded, so bytes changed in a way the file's identity
+ * cannot show (a filesystem whose ctime means nothing, an identity forced
+ * back) are never returned. Errors: OPT4_EINVAL (NULL, not one a item, set
+ * twice), OPT4_ENOMEM. */
+int opt4_ranges_expect_sums(opt4_ranges *r, const uint64_t *sums, uint64_t n_items);
 /* Close the reader (and the files it keeps open). NULL is harmless. */
 void opt4_ranges_close(opt4_ranges *r);
 int opt4_ranges_info_get(const opt4_ranges *r, opt4_ranges_info *out);
@@ -1249,8 +1273,10 @@ int opt4_ranges_info_get(const opt4_ranges *r, opt4_ranges_info *out);
 int opt4_ranges_len(const opt4_ranges *r, uint64_t i, uint64_t *len);
 /* Read item i into dst (cap bytes); *len gets its length. OPT4_EITEMSIZE if
  * it does not fit (*len says how much is needed), OPT4_ERANGE, OPT4_EIO (the
- * file cannot be opened or read), OPT4_ETRUNCATED (the file is now shorter
- * than the range). A failed read is not counted. */
+ * file cannot be opened or read, or is no longer the one indexed),
+ * OPT4_ETRUNCATED (the file is now shorter than the range), OPT4_ECHECKSUM
+ * (with opt4_ranges_expect_sums: the bytes are not those indexed). A failed
+ * read is not counted, and dst holds nothing to use. */
 int opt4_ranges_read(opt4_ranges *r, uint64_t i, void *dst, size_t cap, uint64_t *len);
 /* Sleep this long before every read: an emulated slow store, for
  * benchmarks and tests (0, the default, for none). */
@@ -1320,6 +1346,13 @@ void opt4_s3_close(opt4_s3 *r);
  * Errors: OPT4_EINVAL (not one a object, set twice, an ETag over 128 bytes
  * or with bytes a header cannot carry), OPT4_ENOMEM. */
 int opt4_s3_expect(opt4_s3 *r, const char *const *etags, const uint64_t *sizes, uint64_t n_objects);
+/* Give each item's XXH3-64 as indexed (n_items == count, copied, once,
+ * before any read; opt4_ranges_sums over the object fetched when it was
+ * indexed): every GET whose answer passed the checks above is hashed too,
+ * and fails with OPT4_ECHECKSUM naming the item and the object unless it is
+ * the one recorded (a store that ignores If-Match and sends no ETag).
+ * Errors: OPT4_EINVAL, OPT4_ENOMEM, OPT4_ENOTSUP. */
+int opt4_s3_expect_sums(opt4_s3 *r, const uint64_t *sums, uint64_t n_items);
 int opt4_s3_info_get(const opt4_s3 *r, opt4_s3_info *out);
 int opt4_s3_len(const opt4_s3 *r, uint64_t i, uint64_t *len);
 /* Read item i into dst (cap bytes); *len gets its length. OPT4_EITEMSIZE if

@@ -19,14 +19,30 @@ from collections.abc import Sequence
 from opt4torch.cli import UsageError, _check_output
 
 
+def _count(text: str) -> int:
+    """A whole number, also written as 1e11 (as the issue that asked for a
+    cost check wrote it): a float that is not whole is refused."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="opt4",
         description="Write an OPT precomputed file (the access sequence of a seeded RandomSampler and "
                     "its Belady plan), as OPT4TorchDataSet's opt4 command does.")
-    p.add_argument("--dataset-size", "-d", type=int, required=True,
+    p.add_argument("--dataset-size", "-d", type=_count, required=True,
                    help="dataset size (indices 0 .. dataset_size-1)")
-    p.add_argument("--total-iter", "-t", type=int, required=True, help="total accesses (samples drawn)")
+    p.add_argument("--total-iter", "-t", type=_count, required=True, help="total accesses (samples drawn)")
     p.add_argument("--output", "-o", required=True, help="path of the file to write")
     p.add_argument("--seed", "-s", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--maxsize", "-m", type=int, default=None,

@@ -30,3 +30,5 @@ void opt4__hasher_free(opt4__hasher *h) { opt4__free(h, sizeof *h); }
 uint64_t opt4__hash64(const void *data, size_t len) {
   return XXH3_64bits(data, len);
 }
+
+uint64_t opt4_checksum(const void *data, size_t len) { return XXH3_64bits(data, len); }

@@ -770,6 +770,24 @@ static void judge_owner(const char *name, int fd, int held, owner_view *v) {
     v->state = OPT4_OWNER_LIVE;
 }
 
+static int is_meta_name(const char *name) {
+  size_t len = strlen(name);
+  return len > 5 && strcmp(name + len - 5, ".meta") == 0;
+}
+
+/* Whether the meta segment called name has no main segment beside it. A
+ * pool's main segment is created before its meta and removed before it, so
+ * a meta alone is never a pool in creation: it is left from a removal. */
+static int orphan_meta(const char *name) {
+  char main_name[POOL_NAME_MAX];
+  size_t len = strlen(name);
+  if (len - 5 >= sizeof main_name) return 0;
+  memcpy(main_name, name, len - 5);
+  main_name[len - 5] = '\0';
+  struct stat st;
+  return shm_lstat(main_name, &st) != 0 && errno == ENOENT;
+}
+
 int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx) {
   opt4__clear_detail();
   if (visit == NULL) return opt4__fail(OPT4_EINVAL, "visit is NULL");
@@ -788,7 +806,6 @@ int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx) {
     /* Without a namespace, the creator's pid follows: a pool of a named
      * namespace (a letter there) belongs to another job's listing. */
     if (e->d_name[plen] < '0' || e->d_name[plen] > '9') continue;
-    if (len > 5 && strcmp(e->d_name + len - 5, ".meta") == 0) continue;
     char name[POOL_NAME_MAX];
     name[0] = '/';
     memcpy(name + 1, e->d_name, len + 1); /* len + 2 <= POOL_NAME_MAX, checked above */
@@ -796,6 +813,14 @@ int opt4_pool_list(opt4_pool_visit_fn visit, void *ctx) {
      * pool of ours: not listed, so never taken for stale and removed. */
     struct stat st;
     if (shm_lstat(name, &st) != 0 || st.st_uid != getuid()) continue;
+    if (is_meta_name(name)) {
+      /* Listed with its pool, unless it has none: an orphan (a removal
+       * killed between its two unlinks, a segment removed by hand) that no
+       * pool will ever use, listed as stale under its own name. */
+      if (!orphan_meta(name)) continue;
+      if ((rc = visit(ctx, name, (uint32_t)creator_pid(name), 0, (uint64_t)st.st_size)) != 0) break;
+      continue;
+    }
     owner_view v;
     int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
     if (fd >= 0) {
@@ -825,6 +850,14 @@ int opt4_pool_remove(const char *name, int force) {
   if (shm_lstat(name, &st) == 0 && st.st_uid != getuid())
     return opt4__fail(OPT4_EPOOL, "%s belongs to uid %u, not to this user (%u): not removed", name,
                       (unsigned)st.st_uid, (unsigned)getuid());
+  if (is_meta_name(name)) { /* an orphan meta segment, as opt4_pool_list names it */
+    if (!orphan_meta(name))
+      return opt4__fail(OPT4_EPOOL, "%s is the metadata of a pool that exists: remove that pool (its name "
+                        "without .meta) instead", name);
+    if (shm_unlink(name) != 0 && errno != ENOENT)
+      return opt4__fail(OPT4_ESHM, "cannot remove %s: %s", name, strerror(errno));
+    return 0;
+  }
   if (force) return unlink_pair(name);
   /* Judge and remove under a write lock on the segment. It excludes the
    * owner's read lock, so an owner found dead cannot come to life before

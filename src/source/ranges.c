@@ -22,7 +22,11 @@
  * fstats its descriptor after the pread and refuses bytes read from a file
  * that is no longer the one indexed (rewritten in place, even at its old
  * size with its mtime put back: ctime moved). Checked after the read, so a
- * write before or during it is caught.
+ * write before or during it is caught. With the items' checksums given
+ * (opt4_ranges_expect_sums, XXH3-64 as the record file keeps them, computed
+ * by opt4_ranges_sums when the dataset was indexed), every read also hashes
+ * what it read: a change the identity cannot show (a filesystem whose ctime
+ * means nothing, an identity forced back) is refused too.
  */
 #define _GNU_SOURCE /* O_DIRECT */
 #include "direct.h"
@@ -56,6 +60,7 @@ struct opt4_ranges {
   uint64_t dio_mem_align, dio_off_align;
   struct ranges_counters *shared;
   opt4_file_ident *ids; /* per file, as indexed (opt4_ranges_expect), or NULL: not checked */
+  uint64_t *sums;       /* per item, XXH3-64 as indexed (opt4_ranges_expect_sums), or NULL: not checked */
   char note[160];
 };
 
@@ -264,6 +269,7 @@ void opt4_ranges_close(opt4_ranges *r) {
   if (r->path_buf != NULL) opt4__free(r->path_buf, r->path_bytes ? r->path_bytes : 1);
   if (r->shared != NULL) munmap(r->shared, sizeof *r->shared);
   if (r->ids != NULL) opt4__free(r->ids, (size_t)r->n_files * sizeof *r->ids);
+  opt4__item_sums_free(r->sums, r->count);
   opt4__free(r, sizeof *r);
 }
 
@@ -310,6 +316,31 @@ void opt4_ranges_set_latency(opt4_ranges *r, uint64_t ns) {
   if (r != NULL) atomic_store(&r->shared->latency_ns, ns);
 }
 
+/* Read item i (its length in dst) from storage, checked against its file's
+ * identity; 0, or the failure set naming the item and what went wrong. Not
+ * counted, no latency, no checksum: the callers add what they need. */
+static int read_item(opt4_ranges *r, uint64_t i, void *dst) {
+  const opt4_range *it = &r->items[i];
+  int got = it->length > 0 ? read_range(r, i, it->file, it->offset, it->length, dst) : 0;
+  if (got > 0) return OPT4_EIO; /* refused: the file changed (check_same set the detail) */
+  if (got == 0) return 0;
+  int e = errno;
+  const char *path = r->paths[it->file];
+  struct stat st;
+  if (stat(path, &st) != 0) e = errno; /* gone since: say so, not what reading its old inode said */
+  else if (!S_ISREG(st.st_mode))
+    return opt4__fail(OPT4_EIO, "cannot read item %llu of %s: it is not a regular file (%s) and was not read; "
+                      "it changed since it was indexed: put the file back, or make the dataset again",
+                      (unsigned long long)i, path, opt4__file_kind(st.st_mode));
+  else if ((uint64_t)st.st_size < it->offset + it->length)
+    return opt4__fail(OPT4_ETRUNCATED, "cannot read item %llu (%llu bytes at %llu of %s): the file is now "
+                      "%llu bytes; it changed since it was indexed; index it again",
+                      (unsigned long long)i, (unsigned long long)it->length, (unsigned long long)it->offset,
+                      path, (unsigned long long)st.st_size);
+  return opt4__fail(OPT4_EIO, "cannot read item %llu (%llu bytes at %llu of %s): %s", (unsigned long long)i,
+                    (unsigned long long)it->length, (unsigned long long)it->offset, path, strerror(e));
+}
+
 int opt4_ranges_read(opt4_ranges *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
   if (r == NULL || len == NULL || (dst == NULL && cap > 0))
     return opt4__fail(OPT4_EINVAL, "ranges, dst or len is NULL");
@@ -323,28 +354,35 @@ int opt4_ranges_read(opt4_ranges *r, uint64_t i, void *dst, size_t cap, uint64_t
                       (unsigned long long)it->length, (unsigned long long)cap);
   uint64_t delay = atomic_load_explicit(&r->shared->latency_ns, memory_order_relaxed);
   if (delay) opt4__sleep_ns(delay); /* emulated storage latency, for benchmarks and tests */
-  int got = it->length > 0 ? read_range(r, i, it->file, it->offset, it->length, dst) : 0;
-  if (got > 0) return OPT4_EIO; /* refused: the file changed (check_same set the detail) */
-  if (got != 0) {
-    int e = errno;
-    const char *path = r->paths[it->file];
-    struct stat st;
-    if (stat(path, &st) != 0) e = errno; /* gone since: say so, not what reading its old inode said */
-    else if (!S_ISREG(st.st_mode))
-      return opt4__fail(OPT4_EIO, "cannot read item %llu of %s: it is not a regular file (%s) and was not read; "
-                        "it changed since it was indexed: put the file back, or make the dataset again",
-                        (unsigned long long)i, path, opt4__file_kind(st.st_mode));
-    else if ((uint64_t)st.st_size < it->offset + it->length)
-      return opt4__fail(OPT4_ETRUNCATED, "cannot read item %llu (%llu bytes at %llu of %s): the file is now "
-                        "%llu bytes; it changed since it was indexed; index it again",
-                        (unsigned long long)i, (unsigned long long)it->length, (unsigned long long)it->offset,
-                        path, (unsigned long long)st.st_size);
-    return opt4__fail(OPT4_EIO, "cannot read item %llu (%llu bytes at %llu of %s): %s", (unsigned long long)i,
-                      (unsigned long long)it->length, (unsigned long long)it->offset, path, strerror(e));
-  }
+  int rc = read_item(r, i, dst);
+  if (rc == 0) rc = opt4__item_sum_check(r->sums, i, dst, it->length, r->paths[it->file]);
+  if (rc != 0) return rc;
   atomic_fetch_add_explicit(&r->shared->reads, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&r->shared->bytes_read, it->length, memory_order_relaxed);
   return 0;
+}
+
+int opt4_ranges_expect_sums(opt4_ranges *r, const uint64_t *sums, uint64_t n_items) {
+  opt4__clear_detail();
+  if (r == NULL) return opt4__fail(OPT4_EINVAL, "ranges is NULL");
+  return opt4__item_sums_set(&r->sums, r->count, sums, n_items);
+}
+
+int opt4_ranges_sums(opt4_ranges *r, uint64_t *sums, uint64_t n_items) {
+  opt4__clear_detail();
+  if (r == NULL || (sums == NULL && n_items > 0)) return opt4__fail(OPT4_EINVAL, "ranges or sums is NULL");
+  if (n_items != r->count)
+    return opt4__fail(OPT4_EINVAL, "room for %llu checksums; there are %llu items", (unsigned long long)n_items,
+                      (unsigned long long)r->count);
+  size_t cap = r->max_len ? (size_t)r->max_len : 1;
+  uint8_t *buf = opt4__malloc(cap);
+  if (buf == NULL)
+    return opt4__fail(OPT4_ENOMEM, "no memory to read an item of %llu bytes", (unsigned long long)r->max_len);
+  int rc = 0;
+  for (uint64_t i = 0; i < n_items && rc == 0; i++)
+    if ((rc = read_item(r, i, buf)) == 0) sums[i] = opt4__hash64(buf, (size_t)r->items[i].length);
+  opt4__free(buf, cap);
+  return rc;
 }
 
 /* ---- the source table ---- */

@@ -165,6 +165,7 @@ struct opt4_s3 {
   uint64_t timeout_ns, deadline_ns, min_rate;
   char **etags;      /* each object's listed ETag (opt4_s3_expect), or NULL */
   uint64_t *sizes;   /* each object's listed size, or NULL */
+  uint64_t *sums;    /* each item's XXH3-64 as indexed (opt4_s3_expect_sums), or NULL */
   _Atomic(struct pool *) pool;
   struct s3_counters *shared;
   char note[192];
@@ -550,6 +551,11 @@ int opt4_s3_read(opt4_s3 *r, uint64_t i, void *dst, size_t cap, uint64_t *len) {
   }
   give_handle(pool, h, rc == 0);
   if (to != NULL) opt4__free(to, sizeof *to);
+  if (rc == 0 && r->sums != NULL) {
+    char where[4200];
+    snprintf(where, sizeof where, "s3://%s/%s", r->bucket, key);
+    rc = opt4__item_sum_check(r->sums, i, dst, it->length, where);
+  }
   if (rc != 0) {
     atomic_fetch_add_explicit(&r->shared->failures, 1, memory_order_relaxed);
     return rc;
@@ -718,6 +724,7 @@ void opt4_s3_close(opt4_s3 *r) {
     opt4__free(r->etags, (r->n_objects ? r->n_objects : 1) * sizeof *r->etags);
   }
   if (r->sizes != NULL) opt4__free(r->sizes, (r->n_objects ? r->n_objects : 1) * sizeof *r->sizes);
+  opt4__item_sums_free(r->sums, r->count);
   if (r->shared) munmap(r->shared, sizeof *r->shared);
   opt4__free(r, sizeof *r);
 }
@@ -754,6 +761,12 @@ oom:
     r->etags = NULL;
   }
   return opt4__fail(OPT4_ENOMEM, "no memory for %llu objects' ETags", (unsigned long long)n_objects);
+}
+
+int opt4_s3_expect_sums(opt4_s3 *r, const uint64_t *sums, uint64_t n_items) {
+  opt4__clear_detail();
+  if (r == NULL) return opt4__fail(OPT4_EINVAL, "reader is NULL");
+  return opt4__item_sums_set(&r->sums, r->count, sums, n_items);
 }
 
 int opt4_s3_info_get(const opt4_s3 *r, opt4_s3_info *out) {
@@ -799,6 +812,10 @@ int opt4_s3_open(const opt4_s3_config *cfg, const char *const *keys, uint64_t n_
 void opt4_s3_close(opt4_s3 *r) { (void)r; }
 int opt4_s3_expect(opt4_s3 *r, const char *const *etags, const uint64_t *sizes, uint64_t n_objects) {
   (void)r, (void)etags, (void)sizes, (void)n_objects;
+  return NO_S3;
+}
+int opt4_s3_expect_sums(opt4_s3 *r, const uint64_t *sums, uint64_t n_items) {
+  (void)r, (void)sums, (void)n_items;
   return NO_S3;
 }
 int opt4_s3_info_get(const opt4_s3 *r, opt4_s3_info *out) {

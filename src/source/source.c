@@ -122,3 +122,33 @@ int opt4_source_read_one(opt4_source *src, uint64_t item, void *dst, size_t cap,
   if (rc != 0) return rc;
   return rd.status;
 }
+
+/* ---- per-item checksums (XXH3-64, the record file's), for the in-place readers ---- */
+
+int opt4__item_sums_set(uint64_t **dst, uint64_t count, const uint64_t *sums, uint64_t n) {
+  if (dst == NULL || (sums == NULL && n > 0)) return opt4__fail(OPT4_EINVAL, "reader or sums is NULL");
+  if (n != count)
+    return opt4__fail(OPT4_EINVAL, "%llu checksums for %llu items: give one an item", (unsigned long long)n,
+                      (unsigned long long)count);
+  if (*dst != NULL) return opt4__fail(OPT4_EINVAL, "the items' checksums are already set");
+  uint64_t *v = opt4__malloc(count ? (size_t)count * sizeof *v : 1);
+  if (v == NULL) return opt4__fail(OPT4_ENOMEM, "no memory for %llu checksums", (unsigned long long)count);
+  if (count) memcpy(v, sums, (size_t)count * sizeof *v);
+  *dst = v;
+  return 0;
+}
+
+void opt4__item_sums_free(uint64_t *sums, uint64_t count) {
+  if (sums != NULL) opt4__free(sums, count ? (size_t)count * sizeof *sums : 1);
+}
+
+int opt4__item_sum_check(const uint64_t *sums, uint64_t i, const void *data, uint64_t len, const char *where) {
+  if (sums == NULL) return 0;
+  uint64_t got = opt4__hash64(data, (size_t)len);
+  if (got == sums[i]) return 0;
+  return opt4__fail(OPT4_ECHECKSUM, "item %llu (%llu bytes of %s) does not match the checksum recorded when it "
+                    "was indexed (XXH3-64 %016llx, now %016llx): its bytes changed since, in place or by a "
+                    "replacement its identity did not show; nothing was returned; make the dataset again (it "
+                    "indexes and checksums the files anew)", (unsigned long long)i, (unsigned long long)len, where,
+                    (unsigned long long)sums[i], (unsigned long long)got);
+}

@@ -36,6 +36,16 @@ typedef struct opt4__sigv4_request {
 } opt4__sigv4_request;
 int opt4__sigv4_get(const opt4__sigv4_request *q, char *auth, size_t cap);
 
+/* Per-item checksums, the record file's XXH3-64 (opt4__hash64), recorded when
+ * a dataset read in place is indexed and checked on every read from storage
+ * (ranges.c, s3.c): one mechanism for both readers. _set copies n sums into
+ * *dst (n must be count; once only); _check returns 0 when sums is NULL or
+ * item i's bytes hash to sums[i], else OPT4_ECHECKSUM naming the item and
+ * where its bytes are. */
+int opt4__item_sums_set(uint64_t **dst, uint64_t count, const uint64_t *sums, uint64_t n);
+void opt4__item_sums_free(uint64_t *sums, uint64_t count);
+int opt4__item_sum_check(const uint64_t *sums, uint64_t i, const void *data, uint64_t len, const char *where);
+
 /* The largest item's length: ops.max_size, else the largest size_of. */
 int opt4__source_max_size(opt4_source *src, uint64_t *len);
 

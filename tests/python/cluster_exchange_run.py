@@ -133,6 +133,7 @@ def main() -> None:
     }
     with open(f"{args.out}.{rank}.json", "w") as f:
         json.dump(out, f)
+    exchange.close()  # its group, and the thread that forms it again after a failed window
     cache.close()
     if args.vanish_rank < 0:
         dist.destroy_process_group()

@@ -6,7 +6,15 @@ and the transfer thread). Writes stats() and the counts to <out>.<rank>.json.
 
 --vanish-rank R --vanish-batch B: rank R leaves without a word
 (os._exit(0)) after B batches of its first epoch; --kill instead kills it
-(SIGKILL), which torchrun answers by stopping every rank."""
+(SIGKILL), which torchrun answers by stopping every rank.
+
+--stall-node N --stall-window K --stall-seconds S: node N's transfer
+thread sleeps S seconds before the collective of window K (the first
+window with a transfer from K on), as a node late in the exchange would;
+--lockstep: the ranks step together (a barrier after every batch, as DDP's
+all-reduce makes them); --step-seconds S: each step computes S seconds
+(slept); --log-every B: live figures every B batches
+(log_every), kept in the output."""
 
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ import json
 import multiprocessing
 import os
 import signal
+import time
 from typing import Any
 
 import numpy as np
@@ -65,17 +74,40 @@ def main() -> None:
     ap.add_argument("--vanish-batch", type=int, default=-1)
     ap.add_argument("--kill", action="store_true")
     ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--wait-timeout", type=float, default=None, help="a worker's wait (default: --timeout)")
+    ap.add_argument("--stall-node", type=int, default=-1)
+    ap.add_argument("--stall-window", type=int, default=-1)
+    ap.add_argument("--stall-seconds", type=float, default=0.0)
+    ap.add_argument("--lockstep", action="store_true")
+    ap.add_argument("--step-seconds", type=float, default=0.0, help="a training step's compute, slept")
+    ap.add_argument("--log-every", type=int, default=None)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    stalled: list[int] = []
+    if args.stall_node >= 0:
+        from opt4torch.distributed.exchange import Exchange
+
+        run_window = Exchange.run
+
+        def late_run(self: Any, k: int, *a: Any, **kw: Any) -> bool:
+            if self.node == args.stall_node and k >= args.stall_window and not stalled and k in self.windows:
+                stalled.append(k)
+                time.sleep(args.stall_seconds)
+            return run_window(self, k, *a, **kw)
+
+        Exchange.run = late_run  # type: ignore[method-assign]
+    figures: list[dict[str, Any]] = []
     ds = Items(args.items)
     total = sum(size_of(x) for x in range(args.items))
     loader = opt4torch.DataLoader(
         ds, cluster=True, cluster_window=args.window, cluster_timeout=args.timeout, shuffle=True, seed=3,
         epochs=args.epochs, batch_size=args.batch, cache_bytes=int(args.fraction * total) + 4096,
         num_workers=args.workers, persistent_workers=args.workers > 0 and not args.no_persistent, multiprocessing_context="fork",
-        collate_fn=list, prefetch=args.prefetch, wait_timeout=args.timeout)
+        collate_fn=list, prefetch=args.prefetch,
+        wait_timeout=args.timeout if args.wait_timeout is None else args.wait_timeout,
+        log_every=args.log_every, on_stats=figures.append if args.log_every else None)
     wrong = samples = 0
     seen: list[int] = []
     for epoch in range(args.epochs):
@@ -88,6 +120,10 @@ def main() -> None:
                 samples += 1
                 wrong += not np.array_equal(got, content(int(x)))
                 seen.append(int(x))
+            if args.step_seconds:
+                time.sleep(args.step_seconds)
+            if args.lockstep:
+                dist.barrier()
     rt = loader.cache.transfers
     rt.finish()  # its last windows, after the last batch here (the node's first rank's)
     if args.vanish_rank < 0:
@@ -102,6 +138,11 @@ def main() -> None:
         "accesses": cp.accesses, "late": cp.late, "thread_error": repr(rt.error) if rt.error else None,
         "parks": getattr(getattr(rt, "_gate", None), "parks", None),
         "park_timeouts": getattr(getattr(rt, "_gate", None), "park_timeouts", None),
+        "stalled": stalled, "figures": figures,
+        # The leader's windows: those lost, and what each brings this node.
+        "failed": list(rt.exchange.failed) if hasattr(rt, "exchange") else None,
+        "incoming": {str(k): len(rt.exchange.incoming(k)) for k in rt.exchange.windows}
+        if hasattr(rt, "exchange") else None,
         "seen_digest": int(np.bitwise_xor.reduce(np.array(seen, dtype=np.int64) * 2654435761 % (1 << 31)))
         if seen else 0,
     }

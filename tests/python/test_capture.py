@@ -145,3 +145,54 @@ def test_large_capture_is_exact() -> None:
     head = list(itertools.islice(iter(RandomSampler(range(1_000_000), replacement=True,
                                                    num_samples=10_000_000, generator=gen(0))), 100_000))
     assert np.array_equal(got[:100_000], head)
+
+
+@pytest.mark.parametrize("n, world, shuffle, drop_last", [
+    (103, 4, True, False),    # padded by one
+    (103, 4, True, True),     # cut to 100
+    (10, 16, True, False),    # padded past the dataset (more ranks than items)
+    (50, 5, False, False),    # no shuffle, no padding
+    (1, 3, False, True),      # every rank gets nothing
+])
+def test_capture_ranks_draws_one_order_an_epoch(n: int, world: int, shuffle: bool, drop_last: bool) -> None:
+    """capture_ranks of a DistributedSampler draws the epoch's permutation once
+    and slices it for every rank (not once a rank); each rank's arrays equal
+    iterating that rank's own sampler, from a start epoch other than 0."""
+    from opt4torch import capture_ranks
+    from opt4torch.planning import capture as capture_module
+
+    drawn = []
+    real = capture_module._distributed_order
+
+    def counted(s):  # type: ignore[no-untyped-def]
+        drawn.append(s.epoch)
+        return real(s)
+
+    sampler = DistributedSampler(range(n), num_replicas=world, rank=world - 1, shuffle=shuffle, seed=11,
+                                 drop_last=drop_last)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(capture_module, "_distributed_order", counted)
+    try:
+        got = capture_ranks(sampler, 3, start_epoch=4, progress=False)
+    finally:
+        mp.undo()
+    for r in range(world):
+        own = DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=shuffle, seed=11,
+                                 drop_last=drop_last)
+        assert [a.tolist() for a in got[r]] == [iterate(own, 1, start=4 + e).tolist() for e in range(3)]
+    # Two checks (the first and the last rank), then one draw an epoch.
+    assert drawn.count(4) <= 3 and drawn[-3:] == [4, 5, 6] and len(drawn) <= 5
+    assert sampler.rank == world - 1 and sampler.epoch == 0  # left as it was
+
+
+def test_capture_ranks_of_a_subclass_goes_rank_by_rank() -> None:
+    from opt4torch import capture_ranks
+
+    class Backwards(DistributedSampler):
+        def __iter__(self):
+            return reversed(list(super().__iter__()))
+
+    got = capture_ranks(Backwards(range(20), num_replicas=3, rank=0, seed=2), 2, progress=False)
+    for r in range(3):
+        own = Backwards(range(20), num_replicas=3, rank=r, seed=2)
+        assert [a.tolist() for a in got[r]] == [iterate(own, 1, start=e).tolist() for e in range(2)]

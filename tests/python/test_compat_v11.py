@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -646,3 +648,24 @@ def test_opt4_command(tmp_path) -> None:
     r = subprocess.run([script("opt4"), "-t", "11", "-o", str(tmp_path / "y")], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 2 and "--dataset-size/-d" in r.stderr and r.stdout == ""
+
+
+def test_opt4_checks_the_cost_before_allocating(tmp_path) -> None:
+    """`opt4 -t 1e11` (issue 38; was an allocator's traceback): refused
+    before anything is drawn, naming the plan's size and what to do; no
+    file is written. 1e11 is taken as the whole number it is; 2.5 is not."""
+    out = tmp_path / "big.opt4"
+    t0 = time.monotonic()
+    r = subprocess.run([script("opt4"), "-d", "10000", "-t", "1e11", "-o", str(out), "-m", "10"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert re.search(r"a plan of 100,000,000,000 accesses \(total_iterations, opt4 -t\) over 10,000 items takes "
+                     r"about [\d,.]+ GiB of memory .* more than this machine's [\d,.]+ GiB: lower total_iterations",
+                     r.stderr), r.stderr
+    assert not out.exists() and time.monotonic() - t0 < 60
+    r = subprocess.run([script("opt4"), "-d", "10", "-t", "2.5", "-o", str(out)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "'2.5' is not a whole number" in r.stderr
+    with pytest.raises(ValueError, match="lower total_iterations"):
+        from opt4torch.compat.cachelib import generate_precomputed_file
+        generate_precomputed_file(dataset_size=10, total_iterations=10**11, persist_path=out, maxsize=2)

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import re
 import tarfile
 import time
 
+import numpy as np
 import pytest
 
 import opt4torch
+from opt4torch import _engine
 from opt4torch.sources import FolderLoopError
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_leaked_pools")]
@@ -164,3 +167,124 @@ def test_symlink_loops_in_an_image_folder_are_refused_naming_the_path(tmp_path) 
     os.symlink("../a/sub", root / "b" / "other")  # a link that is no loop is followed, as torchvision does
     ds = opt4torch.ImageFolder(root)
     assert len(ds) == 9 and sum(1 for p, _ in ds.samples if "/b/other/" in p) == 3
+
+
+# ---- checksum=True: a change the identity cannot show ----
+
+_CHANGED = r"does not match the checksum recorded when it was indexed"
+
+
+def _force_identity(ds, rows) -> None:
+    """Give the reader the identity its files have now, as a filesystem
+    whose ctime means nothing (or a clock put back) would show them: from
+    here on, only a checksum can tell a rewrite."""
+    for k in rows:
+        st = os.stat(ds._files[k])
+        ds._idents[k] = (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+    ds._r.close()
+    ds._open_ranges()
+
+
+def test_an_image_rewritten_under_a_forced_identity_is_caught_by_its_checksum(folder: str) -> None:
+    """A real rewrite in place (same size, mtime put back) whose identity is
+    then forced equal: without checksum=True the new bytes are served as the
+    old item (what the checksum is for); with it the read fails naming the
+    item, the others read, and a reader made after the change fails too."""
+    plain, checked = opt4torch.ImageFolder(folder), opt4torch.ImageFolder(folder, checksum=True)
+    assert checked.checksum and not plain.checksum and checked._sums.dtype == np.uint64
+    assert [checked[i] for i in range(len(checked))] == [plain[i] for i in range(len(plain))]
+    path, _ = checked.samples[5]
+    old = checked[5][0]
+    new = bytes(reversed(old)) if old != old[::-1] else b"\x01" * len(old)
+    _rewrite_same_size(path, new)
+    for ds in (plain, checked):
+        _force_identity(ds, [5])
+    assert plain[5][0] == new  # a wrong sample, served: the identity alone cannot see it
+    with pytest.raises(opt4torch.Opt4Error, match=rf"item 5 \({len(old)} bytes of {re.escape(path)}\) {_CHANGED}"):
+        checked[5]
+    assert checked[6][0] == open(checked.samples[6][0], "rb").read()
+    assert checked.info()["reads"] == 1  # (the reader was made anew above) a refusal is not counted
+    with pytest.raises(opt4torch.Opt4Error, match=_CHANGED):  # a spawned worker's copy checks too
+        pickle.loads(pickle.dumps(checked))[5]
+
+
+def test_checksumming_at_indexing_is_not_counted_as_reads(folder: str) -> None:
+    ds = opt4torch.ImageFolder(folder, checksum=True)
+    assert ds.info()["reads"] == 0 and ds.info()["bytes_read"] == 0
+    assert [ds[i][0] for i in range(len(ds))] == [_image(int(os.path.basename(p)[:3])) for p, _ in ds.samples]
+    assert ds.info()["reads"] == len(ds)
+
+
+def test_a_checksum_failure_fails_fork_workers_and_the_prefetch_threads(folder: str) -> None:
+    """The C prefetch threads and fork workers read through the same
+    reader: the epoch fails naming the item; no wrong sample reaches the
+    batches before the failure."""
+    ds = opt4torch.ImageFolder(folder, checksum=True)
+    want = {ds.samples[i][0]: ds[i][0] for i in range(len(ds))}
+    path, _ = ds.samples[9]
+    _rewrite_same_size(path, b"\x07" * len(want[path]))
+    _force_identity(ds, [9])
+    loader = opt4torch.DataLoader(ds, batch_size=4, shuffle=True, seed=3, num_workers=1,
+                                  multiprocessing_context="fork", cache_items=6, epochs=1, prefetch=True,
+                                  prefetch_threads=2, collate_fn=list)
+    message, served = "", []
+    try:
+        for batch in loader:
+            served += batch
+    except Exception as exc:  # torch re-raises the worker's error with its traceback as text
+        message = str(exc)
+    del loader
+    assert re.search(rf"item 9 \(\d+ bytes of {re.escape(path)}\) {_CHANGED}", message), message
+    by_bytes = {v: k for k, v in want.items()}
+    assert all(data in by_bytes for data, _ in served) and b"\x07" * len(want[path]) not in [d for d, _ in served]
+
+
+def _shard_of(tmp_path, fill: int = 0) -> str:
+    shard = os.fspath(tmp_path / "c.tar")
+    with tarfile.open(shard, "w") as tf:
+        for i in range(4):
+            ti = tarfile.TarInfo(f"k{i}.bin")
+            ti.size = 600
+            tf.addfile(ti, io.BytesIO(bytes([fill + i]) * 600))
+    return shard
+
+
+def test_a_shard_rewritten_under_a_forced_identity_is_caught_by_its_checksum(tmp_path) -> None:
+    """The checksums are recorded in the index (added to an index made
+    without them), and used from it: a shard rewritten in place, then its
+    cached index's identity forced to the shard's new one, serves the new
+    bytes without checksum=True and fails naming the sample with it."""
+    import json
+
+    shard = _shard_of(tmp_path)
+    where = shard + ".opt4idx.json"
+    opt4torch.TarShards([shard])
+    assert "xxh3" not in json.load(open(where))
+    ds = opt4torch.TarShards([shard], checksum=True)
+    body = json.load(open(where))
+    assert len(body["xxh3"]) == 16 * 4 and [int(body["xxh3"][16 * i:16 * i + 16], 16) for i in range(4)] == [
+        _engine.checksum(bytes([i]) * 600) for i in range(4)]
+    stamp = os.stat(where).st_mtime_ns
+    assert [s["bin"] for s in opt4torch.TarShards([shard], checksum=True)] == [bytes([i]) * 600 for i in range(4)]
+    assert os.stat(where).st_mtime_ns == stamp  # read from the index, not recomputed or rewritten
+    data = bytearray(open(shard, "rb").read())
+    off = int(ds._rows[1, 1])
+    data[off:off + 600] = b"\x09" * 600
+    _rewrite_same_size(shard, bytes(data))
+    st = os.stat(shard)
+    body["shard"].update(size=st.st_size, ino=st.st_ino, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
+    with open(where, "w") as f:
+        json.dump(body, f)
+    assert opt4torch.TarShards([shard])[1]["bin"] == b"\x09" * 600  # the wrong sample, without checksums
+    ds = opt4torch.TarShards([shard], checksum=True)
+    with pytest.raises(opt4torch.Opt4Error, match=rf"item 1 \(600 bytes of {re.escape(shard)}\) {_CHANGED}"):
+        ds[1]
+    assert ds[2]["bin"] == b"\x02" * 600
+    # The C tar frame (what the prefetch threads store) refuses it alike.
+    with pytest.raises(opt4torch.Opt4Error, match=_CHANGED):
+        _engine.tar_records(ds._r, (ds.keys, ds._members), [1])
+
+
+def test_checksum_takes_a_bool_only(folder: str) -> None:
+    with pytest.raises(TypeError, match="checksum must be True or False, not 'yes'"):
+        opt4torch.ImageFolder(folder, checksum="yes")

@@ -164,28 +164,29 @@ def test_an_object_replaced_after_listing_fails_naming_it(server: Server, size: 
         ds[0]
 
 
+def _tar(fill: int) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for i in range(3):
+            ti = tarfile.TarInfo(f"s{i}.bin")
+            ti.size = 700
+            tf.addfile(ti, io.BytesIO(bytes([fill + i]) * 700))
+    return buf.getvalue()
+
+
 def test_a_shard_replaced_after_listing_fails_naming_it(server: Server, tmp_path) -> None:
     """S3TarShards: a shard replaced at the same size after its listing and
     indexing; the samples' GETs carry its ETag (was: new bytes at the old
     offsets)."""
-    import io
-    import tarfile
-
-    def shard(fill: int) -> bytes:
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tf:
-            for i in range(3):
-                ti = tarfile.TarInfo(f"s{i}.bin")
-                ti.size = 700
-                tf.addfile(ti, io.BytesIO(bytes([fill + i]) * 700))
-        return buf.getvalue()
-
     client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
                           aws_secret_access_key=SECRET)
-    client.put_object(Bucket=BUCKET, Key="shards/a.tar", Body=shard(1))
+    client.put_object(Bucket=BUCKET, Key="shards/a.tar", Body=_tar(1))
     ds = S3TarShards(f"s3://{BUCKET}/shards/a.tar", endpoint_url=server.endpoint, client="c", cache_dir=tmp_path)
     assert ds[1]["bin"] == b"\x02" * 700
-    client.put_object(Bucket=BUCKET, Key="shards/a.tar", Body=shard(50))
+    client.put_object(Bucket=BUCKET, Key="shards/a.tar", Body=_tar(50))
     with pytest.raises(ObjectStoreError, match=r"GET s3://hostile/shards/a.tar bytes \d+-\d+ .* HTTP 412"):
         ds[1]
 
@@ -304,3 +305,30 @@ def test_virtual_hosted_addressing_against_the_server(server: Server) -> None:
     assert r.read(0) == _body(2)[3:53]
     after = server.stats()
     assert after["gets"] - before["gets"] == 1 and after["bad_signatures"] == before["bad_signatures"]
+
+
+def test_checksum_catches_a_replacement_no_header_shows(server: Server, fault: None, tmp_path) -> None:
+    """S3TarShards(checksum=True): a shard replaced at the same size, served
+    by a store that ignores If-Match and sends no ETag, so every header
+    check passes. Without checksums the engine's GET returns the new bytes
+    (the wrong sample); with them it fails naming the sample and the object.
+    s3torchconnector's GETs, which can send no If-Match at all, are checked
+    the same way, in Python (no fault needed)."""
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET)
+    client.put_object(Bucket=BUCKET, Key="sums/a.tar", Body=_tar(1))
+    url = f"s3://{BUCKET}/sums/a.tar"
+    plain = S3TarShards(url, endpoint_url=server.endpoint, client="c", cache_dir=tmp_path)
+    checked = S3TarShards(url, endpoint_url=server.endpoint, client="c", cache_dir=tmp_path, checksum=True)
+    viaconn = S3TarShards(url, endpoint_url=server.endpoint, client="s3torchconnector", cache_dir=tmp_path,
+                          checksum=True)
+    assert checked[1]["bin"] == viaconn[1]["bin"] == b"\x02" * 700
+    client.put_object(Bucket=BUCKET, Key="sums/a.tar", Body=_tar(50))
+    with pytest.raises(ObjectStoreError, match=r"sample 1 \('s1', 700 bytes at \d+ of s3://hostile/sums/a.tar\) .*"
+                                               r"does not match the checksum recorded when it was indexed"):
+        viaconn[1]
+    server.call("set", fault="no-etag")
+    assert plain[1]["bin"] == b"\x33" * 700  # what the headers cannot tell: the new bytes, served
+    with pytest.raises(ObjectStoreError, match=r"item 1 \(700 bytes of s3://hostile/sums/a.tar\) does not match "
+                                               r"the checksum recorded when it was indexed"):
+        checked[1]

@@ -209,6 +209,36 @@ def test_cleanup_keeps_a_live_pool_even_forced_unless_named() -> None:
         loader.cache.close()
 
 
+def test_an_orphan_meta_segment_is_listed_and_removed_by_cleanup() -> None:
+    """A pool's meta segment whose main segment is gone (a removal killed
+    between its two unlinks; here the main one unlinked by hand), which was
+    never listed nor removed (issue 38): `opt4torch cleanup` lists it as
+    stale under its own name and removes it; a DataLoader's sweep does too;
+    the meta of a pool that exists is neither listed nor removed alone."""
+    plan = opt4torch.plan(list(range(8)) * 2, capacity=2, items=8)
+    pools = [_engine.pool_create(plan._h, 64) for _ in range(3)]
+    kept = pools[2].name
+    try:
+        for p in pools[:2]:
+            os.unlink("/dev/shm" + p.name)
+        orphan, swept = (p.name + ".meta" for p in pools[:2])
+        assert entry(orphan) == {"name": orphan, "owner_pid": os.getpid(), "owner_alive": False,
+                                 "owner_locked": False, "other_namespace": False, "unchecked": False,
+                                 "bytes": os.stat("/dev/shm" + orphan).st_size}
+        assert entry(kept + ".meta") is None and entry(kept) is not None
+        assert "(stale)" in line_of(cleanup("--dry-run").stdout, orphan)
+        assert "-> removed" in line_of(cleanup(orphan).stdout, orphan)
+        assert not os.path.exists("/dev/shm" + orphan) and os.path.exists("/dev/shm" + swept)
+        from opt4torch.pool.cleanup import remove_stale_pools
+        assert swept in {e["name"] for e in remove_stale_pools()}
+        assert not os.path.exists("/dev/shm" + swept)
+        with pytest.raises(opt4torch.Opt4Error, match=r"is the metadata of a pool that exists: remove that pool"):
+            _engine.pool_remove(kept + ".meta")
+        assert os.path.exists("/dev/shm" + kept + ".meta")
+    finally:
+        del pools
+
+
 # ---- bug 6: Ctrl-C during the DataLoader's construction ----
 
 #: One interpreter imports torch and opt4torch once (seconds of CPU each time

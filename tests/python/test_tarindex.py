@@ -13,6 +13,7 @@ import os
 import tarfile
 import warnings
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -220,3 +221,58 @@ def test_hostile_index_bytes_never_escape_and_never_give_bad_ranges(tmp_path_fac
             assert isinstance(field, str) and (mo == 0 if i == 0 else mo >= at) and mo + ms <= length
             at = mo + ms
         assert at == length and members
+
+
+@pytest.mark.parametrize("xxh3", [12, "zz" * 8 * 6, "AB" * 8 * 6, "00" * 8 * 5, "00" * 8 * 7, " 0" * 8 * 6])
+def test_malformed_checksums_in_an_index_are_refused(shard: str, xxh3) -> None:
+    """``"xxh3"`` must be 16 lower-case hex digits a sample: anything else
+    (a number, not hex, upper case, one sample short or over, whitespace,
+    which bytes.fromhex would skip) makes the index corrupt: rebuilt."""
+    body = _index(shard)
+    body["xxh3"] = xxh3
+    _plant(shard, json.dumps(body))
+    _rebuilt(shard, r"its checksums are (a int|not 16 lower-case hex digits)")
+
+
+def test_planted_checksums_never_pass_a_changed_sample(shard: str) -> None:
+    """Checksums planted in an index that matches its shard (wrong ones)
+    fail the reads they cover, naming the sample; they never make a read
+    return other bytes."""
+    body = _index(shard)
+    body["xxh3"] = "0123456789abcdef" * 6
+    _plant(shard, json.dumps(body))
+    ds = opt4torch.TarShards([shard], checksum=True)
+    with pytest.raises(opt4torch.Opt4Error, match=r"item 0 \(\d+ bytes of .*s\.tar\) does not match the checksum"):
+        ds[0]
+
+
+_SUMS = st.one_of(st.none(), st.integers(), st.text(alphabet="0123456789abcdefABCDEF ", max_size=120),
+                  st.binary(min_size=0, max_size=24).map(bytes.hex))
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 4), sums=_SUMS)
+def test_hostile_checksums_never_escape_and_have_one_a_sample(tmp_path_factory, n: int, sums) -> None:
+    """The checksum field fuzzed over a well-formed index of n samples:
+    load_index returns None (rebuild), or one uint64 a sample, equal to the
+    hex it was given."""
+    samples = [[f"k{i}", 512 * (1 + 2 * i), 10, [["bin", 0, 10]]] for i in range(n)]
+    body = {"format": _tarindex.INDEX_FORMAT, "version": 1, "shard": {"size": 5000}, "samples": samples}
+    if sums is not None:
+        body["xxh3"] = sums
+    where = os.fspath(tmp_path_factory.mktemp("idx") / "i.json")
+    with open(where, "w") as f:
+        json.dump(body, f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = _tarindex.load_index(where, "s.tar", {"size": 5000})
+    if got is None:
+        assert sums is not None
+        return
+    rows, have = got
+    assert len(rows) == n
+    if sums is None:
+        assert have is None
+    else:
+        assert have.dtype == np.uint64 and len(have) == n
+        assert [int(v) for v in have] == [int(sums[16 * i:16 * i + 16], 16) for i in range(n)]

@@ -65,6 +65,7 @@ from .. import _engine
 from ..pool.codec import decode, encode
 from ..planning.plan import ADMIT, HIT, Plan, load_plan, plan as build_plan, sequence_plan
 from ..planning.capture import capture
+from ..planning.sizing import refuse_plan_past_memory
 
 __all__ = [
     "generate_precomputed_file",
@@ -153,6 +154,13 @@ def generate_precomputed_file(
                          f"dataset_size ({dataset_size}): sample with replacement=True, or lower "
                          "total_iterations")
     maxsize = _check_size("maxsize", maxsize, 0)
+    # Before anything is drawn or allocated: a plan past this machine's
+    # memory is refused naming its size (was: the allocator's traceback).
+    refuse_plan_past_memory(total_iterations, dataset_size, False,
+                            f"a plan of {total_iterations:,} accesses (total_iterations, opt4 -t) over "
+                            f"{dataset_size:,} items",
+                            "lower total_iterations (opt4 -t): plan as many accesses as the run draws, an "
+                            "epoch or a few, and make a new file for the next ones")
 
     if distribution_seq is not None:
         arr = np.asarray(distribution_seq.cpu() if hasattr(distribution_seq, "cpu") else distribution_seq)

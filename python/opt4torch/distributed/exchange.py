@@ -1,9 +1,9 @@
-"""The transfers between nodes at run time (issue 18; docs/cluster.md, "The
-run time"): at the start of window k a node sends each other node what the
-plan says it sends in window k, in one ``all_to_all`` on a gloo group of the
-project's own. Nothing is asked for: both sides know from the plan which
-transfers a window holds, and in which order (timeline order), so only the
-lengths of the encoded items travel beside them.
+"""The transfers between nodes, one window's collective (issue 18;
+docs/cluster.md, "The run time"): at the start of window k a node sends each
+other node what the plan says it sends in window k, in one ``all_to_all`` on
+a gloo group of the project's own. Nothing is asked for: both sides know
+from the plan which transfers a window holds, and in which order (timeline
+order), so only the lengths of the encoded items travel beside them.
 
 What a node sends in window k: copies of generations its pool holds, for
 peers that read them in window k + 1 (read from its pool at its SEND
@@ -14,38 +14,37 @@ them). What a node receives is kept by the position of its node plan that
 uses it (a WORKER's peer read in window k + 1, or a RECEIVE at the start of
 window k + 1) until :meth:`Exchange.take` hands it over.
 
-A collective that fails (a peer died, the group's timeout passed) loses
-that window's items: :meth:`take` then returns nothing and the reader loads
-from storage instead, which costs speed, never a wrong sample. The error is
-kept (:attr:`Exchange.errors`) and the next window tries again.
+A collective that fails (a peer died or is late, the group's timeout
+passed) loses that window's items: :meth:`take` then returns nothing and
+the reader loads from storage instead, which costs speed, never a wrong
+sample. The window is counted (:attr:`Exchange.failed`, the first errors in
+:attr:`Exchange.errors`), and the nodes form their group again
+(distributed/regroup.py): the windows after it carry items again.
 
 The group holds one rank a node (the node's first rank, which owns its
 pool and runs its transfer thread); ``peers[n]`` is node n's rank in it.
 
-May touch: the node's pool (claims, stores, reads through a handle of its
-own), the gloo group it is given, the dataset (storage reads of forwards);
-never the loader.
+May touch: the gloo group it is given and the ones it makes again, the
+job's rendezvous store; never a pool, never the loader.
 """
 
 from __future__ import annotations
 
-import os
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from .. import _engine
+from ..planning.cluster import ADMIT, PEER_HIT, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
 from ..pool.codec import encode
-from ..io.forksafe import ForkGate
-from ..planning.cluster import ADMIT, FROM_PEER, FROM_STORAGE, PEER_HIT, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
-from .node import release_group
+from .regroup import ExchangeGroup
 
-__all__ = ["ClusterFollower", "ClusterRuntime", "Exchange", "plan_keys", "record_of"]
+__all__ = ["Exchange", "record_of"]
 
-#: A wait_head() timeout that only looks: a timeout of 0 waits for good (the
-#: futex's), which a check of the workers' progress must never do.
-_NOW = 1e-9
+#: Errors kept with their window (every failed window is counted in
+#: Exchange.failed; a node that left for good fails every window after).
+_KEEP_ERRORS = 20
 
 
 def record_of(obj: Any, allow_pickle: bool = False) -> bytes:
@@ -53,30 +52,16 @@ def record_of(obj: Any, allow_pickle: bool = False) -> bytes:
     return b"".join(bytes(memoryview(p).cast("B")) for p in encode(obj, allow_pickle))
 
 
-def plan_keys(cp: ClusterPlan, node_plan: NodePlan, storage_sizes: np.ndarray | None) -> dict[str, int]:
-    """The plan's figures for a node, as ``stats()`` gives them beside the
-    measured ones. Storage bytes are the items' own (the plan counts what the
-    pool stores, with the codec's margin) when their sizes are known."""
-    plan = cp.node_stats()[node_plan.node]
-    mine = (node_plan.role == WORKER) & (node_plan.source == FROM_STORAGE)
-    return {
-        "plan_local_hits": plan["local_hits"],
-        "plan_peer_hits": plan["peer_hits"],
-        "plan_storage_bytes": (int(storage_sizes[node_plan.seq[mine]].sum()) if storage_sizes is not None
-                               else plan["plan_storage_bytes"]),
-        "plan_storage_reads": plan["storage_reads"],
-    }
-
-
 class Exchange:
     """One node's side of the windowed transfers of a cluster plan."""
 
     def __init__(self, cp: ClusterPlan, node_plan: NodePlan, group: Any = None,
-                 peers: list[int] | None = None) -> None:
+                 peers: list[int] | None = None, timeout: float = 60.0) -> None:
         import torch.distributed as dist
 
         self.cp, self.plan, self.node = cp, node_plan, node_plan.node
-        self.group = group
+        if group is None:
+            group = dist.group.WORLD
         self.world = dist.get_world_size(group)
         #: Each node's rank in the group.
         self.peers = list(range(cp.n_nodes)) if peers is None else [int(r) for r in peers]
@@ -85,6 +70,9 @@ class Exchange:
             raise ValueError(f"one rank a node: this group has {self.world} ranks for {cp.n_nodes} nodes "
                              f"(group ranks {self.peers}), and this is rank {dist.get_rank(group)} for node "
                              f"{self.node}")
+        #: The group, made again after a failed window.
+        self.groups = ExchangeGroup(group, self.peers[self.node], self.world, timeout,
+                                    f"{cp.checksum:x}/{'.'.join(map(str, self.peers))}")
         tr = cp.transfers()
         order = np.lexsort((tr["position"], tr["window"]))
         win, pos, src, dst, kind = (tr[k][order] for k in ("window", "position", "src", "dst", "kind"))
@@ -111,8 +99,14 @@ class Exchange:
         #: Forwards read by this node's ranks, by timeline position, until sent.
         self.outbox: dict[int, Any] = {}
         self.inbox: dict[int, Any] = {}
+        #: Every window whose items were lost (read from storage), and the
+        #: first errors, with their window.
+        self.failed: list[int] = []
         self.errors: list[tuple[int, BaseException]] = []
         self.bytes_sent = self.bytes_received = self.items_sent = self.items_received = 0
+        #: Seconds inside the collectives of the windows that worked.
+        self.seconds = 0.0
+        self._last_end = time.monotonic()
         self.closed = False
 
     def close(self) -> None:
@@ -121,8 +115,13 @@ class Exchange:
         finalization, or under the user's destroy_process_group(); docs/
         testing.md). Called once no collective of it is in flight."""
         self.closed = True
-        group, self.group = self.group, None
-        release_group(group)
+        self.groups.close()
+
+    @property
+    def group(self) -> Any:
+        """The group of the current generation (None while the nodes form
+        it again, or once closed)."""
+        return self.groups.group
 
     def keep_forward(self, node_index: int, record: bytes) -> None:
         """The item at this node-plan position was read from storage for
@@ -138,40 +137,50 @@ class Exchange:
     def run(self, k: int, read_pool: Callable[[int], bytes]) -> bool:
         """Window k's exchange, a collective of every rank: ``read_pool(i)``
         gives the record this node's pool holds for node-plan position i
-        (its SENDs). False when the collective failed (the error is kept)."""
+        (its SENDs). False when the window's items are lost (counted, and
+        the error kept): its collective failed, or the nodes are forming
+        their group again after an earlier one did."""
         import torch
-        import torch.distributed as dist
 
         if k not in self._windows:
             return True
-        if self.closed:
-            return False
         parts: list[list[bytes]] = [[] for _ in range(self.world)]
         for d, t, kd in self._out.get(k, []):
             assert kd in (PEER_HIT, ADMIT)
             parts[d].append(read_pool(self._send_at[t]) if kd == PEER_HIT else self.outbox.pop(t, b""))
+        # Only a node that comes late (a timeout or more after its last
+        # collective ended, when the others may have given up on it) looks in
+        # the store whether a node left its group: in step, no one can have.
+        late = time.monotonic() - self._last_end >= self.groups.timeout.total_seconds() / 2
+        group = None if self.closed else self.groups.current(k, look=late)
+        if group is None:
+            why = "the exchange is closed" if self.closed else (
+                f"a node left the exchange's group; the nodes form it again (generation {self.groups.generation})")
+            self._lose(k, RuntimeError(why))
+            return False
         lengths = [np.array([len(b) for b in bs], dtype=np.int64) for bs in parts]
         expect = [0] * self.world
         for s, _, _ in self._in.get(k, []):
             expect[s] += 1
+        t0 = time.monotonic()
         try:
             # First each item's length, then the bytes; the counts are the plan's.
             sizes = torch.from_numpy(np.concatenate(lengths)) if any(x.size for x in lengths) else \
                 torch.empty(0, dtype=torch.int64)
             got_sizes = torch.empty(sum(expect), dtype=torch.int64)
-            dist.all_to_all_single(got_sizes, sizes, output_split_sizes=expect,
-                                   input_split_sizes=[x.size for x in lengths], group=self.group)
+            self.groups.all_to_all(group, got_sizes, sizes, expect, [x.size for x in lengths])
             blob = b"".join(b for bs in parts for b in bs)
             send = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
             per_src = np.split(got_sizes.numpy(), np.cumsum(expect)[:-1])
             recv = torch.empty(int(got_sizes.sum()), dtype=torch.uint8)
-            dist.all_to_all_single(recv, send, output_split_sizes=[int(x.sum()) for x in per_src],
-                                   input_split_sizes=[int(x.sum()) for x in lengths], group=self.group)
-        except (RuntimeError, ValueError) as e:  # a dead peer, a timeout: this window's items are lost
-            # Kept without its traceback, whose frame holds self: a cycle that
-            # would keep the group alive past destroy_process_group.
-            self.errors.append((k, e.with_traceback(None)))
+            self.groups.all_to_all(group, recv, send, [int(x.sum()) for x in per_src],
+                                   [int(x.sum()) for x in lengths])
+        except (RuntimeError, ValueError) as e:  # a dead or late peer, a timeout: this window's items are lost
+            self._lose(k, e)
+            self.groups.lost()
             return False
+        self._last_end = time.monotonic()
+        self.seconds += self._last_end - t0
         self.items_sent += sum(x.size for x in lengths)
         self.bytes_sent += len(blob)
         data = recv.numpy().tobytes()
@@ -182,369 +191,23 @@ class Exchange:
         self.bytes_received += len(data)
         return True
 
+    def _lose(self, k: int, e: BaseException) -> None:
+        self.failed.append(k)
+        if len(self.errors) < _KEEP_ERRORS:
+            # Kept without its traceback, whose frame holds self: a cycle that
+            # would keep the group alive past destroy_process_group.
+            self.errors.append((k, e.with_traceback(None)))
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        """Bytes sent and received a second inside the collectives that
+        worked (None before the first): what the group delivers, the wait
+        for the slowest node included."""
+        moved = self.bytes_sent + self.bytes_received
+        return moved / self.seconds if self.seconds > 0 else None
+
     def take(self, node_index: int) -> bytes | None:
         """The record received for this node-plan position, or None when its
         window's collective failed (or an empty one came: a forward lost)."""
         got = self.inbox.pop(node_index, None)
         return got if got else None
-
-
-class ClusterRuntime:
-    """A node's transfer thread (docs/cluster.md, "The receive side, under
-    the claim protocol"), in the process that owns the node's pool.
-
-    Made before any prefetcher runs, it claims every position of the node
-    plan whose bytes do not come from the node's own storage reads (its
-    RECEIVEs, its ranks' peer reads) and the forward reads, which it loads
-    itself. Started once the DataLoader's workers exist, it goes window by
-    window: it loads the window's forwards from storage (into the staging
-    ring for their reader, and keeps their records to send), runs the
-    window's exchange, stores what came at its positions (a RECEIVE into
-    the pool, a peer read into the staging ring) and reads its RECEIVEs, as
-    a worker would. A window whose collective failed releases its claims:
-    their readers load from storage (a RECEIVE, it loads itself). Whatever
-    it still holds when it stops, it releases.
-    """
-
-    def __init__(self, cp: ClusterPlan, node_plan: NodePlan, pool_name: str, dataset: Any, *, reader: Any,
-                 allow_pickle: bool = False, group: Any = None, peers: list[int] | None = None,
-                 storage_sizes: np.ndarray | None = None, timeout: float = 60.0) -> None:
-        import threading
-
-        import torch.distributed as dist
-
-        self.cp, self.plan, self.dataset, self.allow_pickle = cp, node_plan, dataset, allow_pickle
-        self.plan_keys = plan_keys(cp, node_plan, storage_sizes)
-        self.exchange = Exchange(cp, node_plan, group, peers)
-        #: This rank (the node's first): where the node's transfer figures are.
-        self.leader = dist.get_rank()
-        p = node_plan
-        worker = p.role == WORKER
-        peer = worker & (p.source == FROM_PEER)
-        forward = worker & p.forward
-        receive = p.role == RECEIVE
-        # The thread's own handle: the claims belong to it.
-        self._pool = _engine.pool_attach(pool_name)
-        self._pool_name = pool_name
-        self._claims: set[int] = set()
-        for i in np.flatnonzero(peer | forward | receive).tolist():
-            if self._pool.prefetch_claim_at(i)[0] == _engine.PREFETCH_CLAIMED:
-                self._claims.add(i)
-        self._forwards: dict[int, list[int]] = {}
-        for i in np.flatnonzero(forward).tolist():
-            self._forwards.setdefault(int(p.window[i]), []).append(i)
-        self._receive = set(np.flatnonzero(receive).tolist())
-        # Its SENDs by window, read ahead of their collective: window k + 1's
-        # sit before the reads of window k + 1 that its delivery stores, and a
-        # store may wait for them, so they are read in position order there.
-        self._sends: dict[int, list[int]] = {}
-        for i in np.flatnonzero(p.role == SEND).tolist():
-            self._sends.setdefault(int(p.window[i]), []).append(i)
-        self._sent: dict[int, bytes] = {}  # node-plan index: record read, until its collective
-        # Turn k runs window k's collective and hands over what window k + 1
-        # gets (its forwards, and what the collective brought).
-        self._turns = sorted(set(self.exchange.windows) | {w - 1 for w in self._forwards})
-        # Pace: turn k comes once the workers asked for the reads of window
-        # k - 1 (the first of them, or the last read of all), in the blocks
-        # of 32 positions the pool counts their progress in.
-        reads = p.reads
-        self._pace = {}
-        for k in self._turns:
-            j = int(np.searchsorted(p.window[reads], k - 1)) if reads.size else 0
-            self._pace[k] = (int(reads[min(j, reads.size - 1)]) // 32 * 32) if reads.size else 0
-        # The pace of the last read: the workers got there unless the run was cut.
-        self._end = int(reads[-1]) // 32 * 32 if reads.size else 0
-        #: Threads reading forwards from storage at once.
-        self.readers = 8
-        # Reads of its own positions (RECEIVEs, SENDs), as a worker reads.
-        # The node's pool as a worker reads it (the loader's PlannedDataset):
-        # a RECEIVE is read here as a worker would.
-        self._view = reader
-        self._view_pool: Any = None
-        self.timeout = float(timeout)  # a collective's, at most
-        # Workers that are not persistent are forked every epoch while the
-        # thread runs. Its calls of the dataset (which may take the user's
-        # locks) run inside this gate, which a fork waits to find empty
-        # (io/forksafe.py). Nothing else it does holds a lock a child could
-        # want across a GIL release: its reads of its own pool handle wait
-        # on shared memory, and its collectives are gloo's, which no child
-        # touches. Its waits on the workers' progress stay outside the gate,
-        # so a fork never waits for the workers it is about to make.
-        self._gate = ForkGate()
-        self._stop = threading.Event()
-        # Set by finish(): no turn the workers have not reached yet.
-        self._closing = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._in_window: int | None = None  # the turn whose collective is under way
-        #: Windows whose collective failed while the loader was ending.
-        self.abandoned: list[int] = []
-        self._abandon_said = False
-        self._pid = os.getpid()  # a forked worker's copy never acts
-        self.error: BaseException | None = None
-        self.handed_over = {"peer": 0, "forward": 0, "receive": 0}
-        self.own_sends = 0  # its reads of its SENDs (HITs of the plan)
-        self.storage_reads = 0  # items it read from storage (forwards, and RECEIVEs whose window failed)
-
-    # ---- the thread ----
-
-    def start(self) -> None:
-        import threading
-
-        if self._thread is not None or self._stop.is_set() or os.getpid() != self._pid:
-            return
-        self._thread = threading.Thread(target=self._run, name="opt4-cluster", daemon=True)
-        self._thread.start()
-
-    def finish(self, timeout: float | None = None) -> None:
-        """How a loader ends (closed, collected, at exit; docs/cluster.md,
-        "Ending a run"): the thread runs the turns the workers have reached
-        (the other nodes' threads may be in their collectives already), and
-        none after: an epoch cut short never reaches the rest. It stops at
-        the first collective that fails then (the other nodes have stopped),
-        and is joined, so no collective of the loader's group is in flight
-        when this returns, nor a thread that a later
-        ``destroy_process_group()`` or the interpreter's exit would find in
-        one. Bounded by ``timeout`` (default: a collective's timeout, plus
-        5 s): a thread still in a collective then is abandoned, and a
-        warning says which window."""
-        if os.getpid() != self._pid:
-            return
-        self._closing.set()
-        if self._thread is not None and self._thread.is_alive() and not self._reached_end():
-            # An epoch cut short: the workers will read no further, so a store
-            # waiting for their reads (a page, a staging slot) would wait out
-            # the pool's timeout. Every wait on the thread's handles ends now.
-            self._pool.interrupt()
-            if self._view_pool is not None:
-                self._view_pool.interrupt()
-        self.stop(self.timeout + 5 if timeout is None else timeout)
-
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop after the window under way (a collective ends by its
-        timeout) and give back the claims left; in the process that made it
-        only. The other nodes' collectives after it then fail, and their
-        readers load from storage. Waits ``timeout`` seconds at most (None:
-        for good) for the thread to end, and warns, once, when it has not:
-        a thread abandoned in a collective."""
-        import threading
-        import warnings
-
-        if os.getpid() != self._pid:
-            return
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-        if self._thread is None or not self._thread.is_alive():
-            self._release(list(self._claims))
-            self.exchange.close()
-        elif timeout != 0 and not self._abandon_said:
-            self._abandon_said = True
-            where = f"window {self._in_window}'s collective" if self._in_window is not None else "a wait"
-            warnings.warn(f"opt4torch cluster loader: the transfer thread was still in {where} after {timeout:g} s "
-                          "(cluster_timeout); abandoned it", RuntimeWarning, stacklevel=2)
-        if self.abandoned and not self._abandon_said:
-            self._abandon_said = True
-            warnings.warn(f"opt4torch cluster loader: closed with the epoch cut; window {self.abandoned[0]}'s "
-                          "collective found the other nodes gone and was abandoned (their readers load from "
-                          "storage)", RuntimeWarning, stacklevel=2)
-
-    def _reached_end(self) -> bool:
-        """Whether the workers asked for the node's last reads (a handle of
-        the caller's own: the thread's is the thread's alone)."""
-        from .. import _engine
-
-        try:
-            watch = _engine.pool_attach(self._pool_name)
-        except Exception:  # noqa: BLE001 - the pool is gone: nobody reads any more
-            return False
-        try:
-            return bool(watch.wait_head(self._end, _NOW))
-        finally:
-            watch.close()
-
-    @property
-    def done(self) -> bool:
-        return self._thread is not None and not self._thread.is_alive()
-
-    def _run(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        try:
-            # The handle its reads of its own positions take (one a thread),
-            # for finish() to interrupt.
-            self._view_pool = self._view._pool()
-            with ThreadPoolExecutor(max_workers=self.readers, thread_name_prefix="opt4-cluster-read") as readers:
-                for k in self._turns:
-                    if not self._await_turn(k):
-                        break
-                    # Window k + 1's forwards, read from storage while window k's exchange runs.
-                    forwards = self._forwards.get(k + 1, [])
-                    loading = [readers.submit(self._load, i) for i in forwards]
-                    for i in self._sends.pop(k, []):  # the first turn's (no delivery before it)
-                        self._read_send(i)
-                    self._in_window = k
-                    ok = self.exchange.run(k, self._send_record)
-                    self._in_window = None
-                    records = {i: f.result() for i, f in zip(forwards, loading)}
-                    if not ok and self._ending():
-                        # The other nodes have stopped: nobody comes to the next collective either.
-                        self.abandoned.append(k)
-                        break
-                    for i, record in records.items():
-                        self.exchange.keep_forward(i, record)
-                    self._deliver(k, ok, records)
-        except BaseException as e:  # noqa: BLE001 - kept for stats(); the readers load instead
-            self.error = e.with_traceback(None)  # no cycle through this frame (see Exchange.run)
-        finally:
-            self._in_window = None
-            self._release(list(self._claims))
-
-    def _ending(self) -> bool:
-        """The loader is ending: closed (finish()), or the user destroyed
-        the default process group, which takes the loader's group with it
-        (torch.distributed.destroy_process_group destroys every group)."""
-        import torch.distributed as dist
-
-        if self._closing.is_set() or self._stop.is_set():
-            return True
-        if not dist.is_initialized():
-            self._closing.set()
-            return True
-        return False
-
-    def _await_turn(self, k: int) -> bool:
-        """Sleep on the workers' progress until turn k's pace; False when
-        the thread is to stop instead: stop() was called, the default group
-        was destroyed, or the loader is ending and its workers never got
-        there (an epoch cut short)."""
-        import torch.distributed as dist
-
-        while not self._stop.is_set() and dist.is_initialized():
-            if self._pool.wait_head(self._pace[k], _NOW):
-                return True
-            if self._ending():
-                return False
-            self._pool.wait_head(self._pace[k], 0.5)  # awake twice a second to look
-        self._closing.set()
-        return False
-
-    def _load(self, i: int) -> bytes:
-        self.storage_reads += 1
-        with self._gate.busy():
-            return record_of(self.dataset[int(self.plan.seq[i])], self.allow_pickle)
-
-    def _hand_over(self, i: int, record: bytes) -> bool:
-        """Store the claimed position i, in position order with the others:
-        a store waits for the reads of what it replaces (pages, a staging
-        slot), which only positions before it hold. While the workers are
-        far from i, sleep on their progress instead of waiting out a store's
-        timeout."""
-        if i not in self._claims:
-            return False
-        near = max(0, i - 32)
-        while True:
-            ending = self._ending()  # an ending loader's workers may read no further: no waiting on them
-            if not ending and self._pool.wait_head(near, _NOW):
-                r = self._pool.prefetch_store(i, [record])
-                break
-            r = self._pool.prefetch_store(i, [record], True)
-            if r != _engine.STORE_NOT_YET:
-                break
-            if self._stop.is_set() or ending:
-                self._release([i])
-                return False
-            self._pool.wait_head(near, 0.5)
-        self._claims.discard(i)
-        return r == _engine.STORE_DONE
-
-    def _read_send(self, i: int) -> None:
-        self.own_sends += 1  # a HIT of the plan: counted in the pool's hits
-        self._sent[i] = record_of(self._view[i], self.allow_pickle)
-
-    def _send_record(self, i: int) -> bytes:
-        if i not in self._sent:
-            self._read_send(i)
-        return self._sent.pop(i)
-
-    def _deliver(self, k: int, ok: bool, forwards: dict[int, bytes]) -> None:
-        """Everything window k + 1 gets from this thread, in position order:
-        its forwards, and what window k's collective brought; and the reads
-        of its SENDs, kept for window k + 1's collective."""
-        incoming = {i: (self.exchange.take(i) if ok else None) for i in self.exchange.incoming(k)}
-        sends = set(self._sends.pop(k + 1, []))
-        for i in sorted([*forwards, *incoming, *sends]):
-            if i in sends:
-                if not self._ending():  # read for a collective an ending loader never runs
-                    self._read_send(i)
-            elif i in forwards:
-                self.handed_over["forward"] += self._hand_over(i, forwards[i])
-            elif i in self._receive:
-                record = incoming[i]
-                if record is None:
-                    record = self._load(i)
-                self.handed_over["receive"] += self._hand_over(i, record)
-                if not self._ending():  # an ending loader's reads are over
-                    self._view[i]  # its read, as a worker's: the generation owes it
-            elif (peer := incoming[i]) is not None:
-                self.handed_over["peer"] += self._hand_over(i, peer)
-            else:
-                self._release([i])
-
-    def _release(self, positions: list[int]) -> None:
-        for i in positions:
-            if i in self._claims:
-                self._claims.discard(i)
-                try:
-                    self._pool.prefetch_release(i)
-                except Exception:  # noqa: BLE001 - a closed pool: nobody waits any more
-                    pass
-
-    # ---- figures ----
-
-    def stats(self, hits: int) -> dict[str, Any]:
-        """The cluster keys of ``stats()``, given the pool's hits (every
-        process's): measured, beside the plan's for this node."""
-        return {
-            "local_hits": hits - self.own_sends,
-            "peer_hits": self.handed_over["peer"],
-            "peer_bytes_sent": self.exchange.bytes_sent,
-            "peer_bytes_received": self.exchange.bytes_received,
-            "peer_items_sent": self.exchange.items_sent,
-            "peer_items_received": self.exchange.items_received,
-            **self.plan_keys,
-            "cluster_leader": self.leader,
-            "cluster_errors": [f"window {k}: {type(e).__name__}: {e}" for k, e in self.exchange.errors[:3]]
-            + ([f"{type(self.error).__name__}: {self.error}"] if self.error is not None else []),
-        }
-
-
-class ClusterFollower:
-    """What a node's other ranks hold in the transfer thread's place: they
-    share the node's pool, and its first rank moves the items. Their
-    ``stats()`` give the node's pool counters and the plan's figures; the
-    measured transfers (``local_hits``, ``peer_hits``, ``peer_bytes_*``,
-    ``peer_items_*``) and their errors (``cluster_errors``) are the first
-    rank's thread's to see, and are None here."""
-
-    error: BaseException | None = None
-    done = True
-
-    def __init__(self, cp: ClusterPlan, node_plan: NodePlan, storage_sizes: np.ndarray | None,
-                 leader: int) -> None:
-        self.plan_keys = plan_keys(cp, node_plan, storage_sizes)
-        #: The global rank whose transfer thread serves this node.
-        self.leader = leader
-
-    def start(self) -> None:
-        pass
-
-    def finish(self, timeout: float | None = None) -> None:
-        pass
-
-    def stop(self, timeout: float | None = None) -> None:
-        pass
-
-    def stats(self, hits: int) -> dict[str, Any]:
-        return {"local_hits": None, "peer_hits": None, "peer_bytes_sent": None, "peer_bytes_received": None,
-                "peer_items_sent": None, "peer_items_received": None, **self.plan_keys, "cluster_errors": None,
-                "cluster_leader": self.leader}

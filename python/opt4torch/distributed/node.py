@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..planning.cluster import interleave
+from ..planning.timeline import interleave
 
 __all__ = ["interleave_ranks", "node_group", "release_group"]
 

@@ -2,7 +2,7 @@
 (docs/cluster.md). Every rank builds the same cluster plan from the job's
 DistributedSampler; this rank's node keeps a pool that runs its part, its
 first rank (the leader) runs the transfers to and from the other nodes
-(distributed/exchange.py), the node's other ranks follow. May touch:
+(distributed/runtime.py, distributed/exchange.py), the node's other ranks follow. May touch:
 torch.distributed (groups, collectives), the planner, pools it creates or
 attaches; never a DataLoader (the loader hands in what it needs).
 """
@@ -20,7 +20,7 @@ from ..planning.cluster import ClusterPlan, NodePlan, job_plan
 from ..planning.plan import Plan
 from ..planning.sizing import CODEC_MARGIN, STAGING_MIN_CLUSTER, item_sizes, parse_bytes, staging_slots
 from ..pool.cache import OPTCache
-from .exchange import ClusterFollower, ClusterRuntime
+from .runtime import ClusterFollower, ClusterRuntime
 from .node import release_group
 
 __all__ = ["ClusterSetup", "cluster_pool", "cluster_setup"]
@@ -52,6 +52,8 @@ class ClusterSetup:
     floors: list[int]
     #: The items' sizes as stored in the source (None: one size for all).
     storage_sizes: np.ndarray | None
+    #: This rank's DistributedSampler (given, or made from shuffle= and seed=).
+    sampler: Any = None
 
 
 def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sampler: Any, seed: int | None,
@@ -119,10 +121,14 @@ def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sample
     # RECEIVEs and SENDs come before its reads).
     reads = node_plan.reads
     reads = reads[cp.timeline.rank[node_plan.position[reads]] == rank]
-    per_epoch = len(sampler)
     starts, own, floors = [], [], []
     done = 0
-    for _ in range(epochs):
+    for per_epoch in _epoch_lengths(sampler, epochs):
+        if per_epoch == 0:  # an epoch a resumed run has done already (loader/elastic.py)
+            starts.append(np.empty(0, np.int64))
+            own.append(np.empty(0, np.int64))
+            floors.append(0)
+            continue
         lengths = np.full(per_epoch // int(batch_size), int(batch_size), dtype=np.int64)
         if per_epoch % int(batch_size):
             lengths = np.append(lengths, per_epoch % int(batch_size))
@@ -136,7 +142,20 @@ def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sample
     raw = None if sizes is None else sizes.astype(np.int64) - CODEC_MARGIN
     return ClusterSetup(cp=cp, node=node, node_plan=node_plan, plan=plan, pool_page=pool_page, group=group,
                         exchange_group=exchange_group, peers=peers, leader=leaders[node], starts=starts, own=own,
-                        floors=floors, storage_sizes=raw)
+                        floors=floors, storage_sizes=raw, sampler=sampler)
+
+
+def _epoch_lengths(sampler: Any, epochs: int) -> list[int]:
+    """This rank's samples in each epoch (a resumed run's differ by epoch)."""
+    kept = sampler.epoch
+    try:
+        out = []
+        for e in range(epochs):
+            sampler.set_epoch(e)
+            out.append(len(sampler))
+        return out
+    finally:
+        sampler.set_epoch(kept)
 
 
 def cluster_pool(c: ClusterSetup, dataset: Any, *, reader: Any, allow_pickle: bool, wait_timeout: float,

@@ -31,6 +31,7 @@ from ..pool.cache import OPTCache
 from ..pool.codec import encode, encoded_size
 from ..sources.base import ReadUnits
 from .checks import Options, refuse_one_shot
+from .elastic import resumable
 from .replan import ReplanContext
 
 __all__ = ["Built", "build_cluster", "build_local", "capture_order", "layout_digest", "probe_item_bytes"]
@@ -62,6 +63,11 @@ class Built:
     #: where they differ from the loader's (a :class:`ReadUnits` source's
     #: units, and the step that takes a position's row from its unit).
     units: tuple[Any, Any] | None = None
+    #: The DistributedSampler whose order this loader replays, rank by rank
+    #: (a cluster's, or one given as sampler= to a loader of its own pool;
+    #: torch's class itself, :func:`~opt4torch.loader.elastic.resumable`):
+    #: its states resume on another world (loader/elastic.py). Else None.
+    dist_sampler: Any = None
 
     @property
     def rank(self) -> int:
@@ -313,9 +319,10 @@ def build_local(dataset: Any, o: Options, transform: Callable[[Any], Any] | None
     # collective's tensors dies taking the GIL and aborts the process
     # (std::terminate; seen as rank 1 of a torchrun test dying of SIGABRT).
     group = (weakref.ref(node[0]), node[1], node[2]) if node is not None else None
+    dist_sampler = resumable(o.sampler) if node is None and units is None and o.batch_sampler is None else None
     return Built(cache=cache, starts=starts, own=own, floors=floors, seed=used_seed,
                  seed_drawn=o.seed is None and used_seed is not None, group=group, replan=replan,
-                 units=units)
+                 units=units, dist_sampler=dist_sampler)
 
 
 def build_cluster(dataset: Any, o: Options, reader: Callable[[str, int], Any]) -> Built:
@@ -349,4 +356,5 @@ def build_cluster(dataset: Any, o: Options, reader: Callable[[str, int], Any]) -
                          staging=o.staging_slots, timeout=timeout)
     seed = None if o.sampler is not None else (0 if o.seed is None else int(o.seed))  # cluster_setup's
     return Built(cache=cache, starts=c.starts, own=c.own, floors=c.floors, seed=seed, seed_drawn=False,
-                 group=None, replan=None, cluster_plan=c.cp, node=c.node)
+                 group=None, replan=None, cluster_plan=c.cp, node=c.node,
+                 dist_sampler=resumable(c.sampler))

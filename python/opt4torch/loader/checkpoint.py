@@ -2,7 +2,8 @@
 (:meth:`load_state_dict`), by position in the sequence, not by batch, so a
 state resumes under another batch size. A state that cannot resume is
 refused naming the key at fault; one saved under another drawn seed
-re-plans with that seed first. May touch: the loader's sampler (resume),
+re-plans with that seed first; a cluster's, or a DistributedSampler run's
+saved on another world, plans the rest again (elastic.py). May touch: the loader's sampler (resume),
 the pool's floor, the pool's pages (warmed with what the plan holds at the
 resumed position), the node's group for ranks sharing a pool.
 """
@@ -21,6 +22,7 @@ from ..pool.cache import OPTCache
 from ..pool.codec import encode
 from .build import layout_digest
 from .checks import is_int
+from .elastic import ElasticResume
 
 if TYPE_CHECKING:
     import weakref
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["Checkpoints"]
 
 
-class Checkpoints:
+class Checkpoints(ElasticResume):
     """The DataLoader's checkpoints (a base of :class:`DataLoader`)."""
 
     cache: OPTCache
@@ -86,7 +88,13 @@ class Checkpoints:
         ``seed``
             the seed that shuffled the order (:attr:`seed`): a loader that
             drew its own seed (``shuffle=True``, no ``seed=``) resumes a
-            state saved under another drawn one by planning again with it.
+            state saved under another drawn one by planning again with it;
+        ``distributed``
+            with a DistributedSampler's order (and always with
+            ``cluster=True``): its ``world``, ``seed``, ``shuffle`` and
+            ``drop_last``, and ``consumed``, the samples of the epoch's
+            global order that every rank together consumed, which is what a
+            resume on another world (or a cluster's) starts from.
 
         A state resumes in a loader with another batch size: the next sample
         is the same one; and in a loader planned for more epochs than the
@@ -95,7 +103,7 @@ class Checkpoints:
         e = self._iter_epoch
         samples = self._positions.samples_after(e, self._samples_at_iter,
                                                 self._batches_done - self._batches_at_iter)
-        return {
+        out: dict[str, Any] = {
             "epoch": e,
             "batches_done": self._batches_done,
             "fingerprint": self._fingerprint,
@@ -108,6 +116,10 @@ class Checkpoints:
             "batch_size": self._batch_size,
             "seed": self._seed,
         }
+        distributed = self._distributed_state(e, samples)
+        if distributed is not None:
+            out["distributed"] = distributed
+        return out
 
     def _orig_position(self, epoch: int, samples: int) -> int:
         """The position, in the plan as built, of epoch ``epoch``'s sample
@@ -248,16 +260,17 @@ class Checkpoints:
                                f"iterating, or build the loader with seed={seed}")
         return self._rebuilt(seed=seed)
 
-    def _adopt(self, fresh: Checkpoints) -> None:
-        """Become ``fresh``, this loader built again with another seed: its
-        plan, pool, positions and torch's state over them. This loader's
-        pool goes. Its seed still counts as drawn (a later state may name
-        another)."""
+    def _adopt(self, fresh: Checkpoints, *, drawn: bool = True) -> None:
+        """Become ``fresh``, this loader built again (with another seed, or
+        another sampler): its plan, pool, positions and torch's state over
+        them. This loader's pool goes. ``drawn``: its seed still counts as
+        drawn (a later state may name another)."""
         old, reporter = self.cache, self._reporter
         self.__dict__.update(fresh.__dict__)  # past torch's guard on dataset and batch_sampler
         self._reporter = reporter
-        self._seed_drawn = True
-        self._init_args = {**self._init_args, "seed": None}
+        if drawn:
+            self._seed_drawn = True
+            self._init_args = {**self._init_args, "seed": None}
         old.close()
 
     def load_state_dict(self, state: dict[str, Any], *, warm: bool = True) -> None:
@@ -276,10 +289,21 @@ class Checkpoints:
         A loader that drew its seed (``shuffle=True`` without ``seed=``)
         resumes a state saved under another drawn seed (``state['seed']``)
         by planning again with that one, before anything else: building
-        the loader with ``seed=state['seed']`` saves that second plan."""
-        if getattr(self, "cluster_plan", None) is not None:
-            raise RuntimeError("resuming a cluster=True loader from a state is not built yet: every node would "
-                               "have to resume its transfers at the same window (docs/cluster.md)")
+        the loader with ``seed=state['seed']`` saves that second plan.
+
+        With ``cluster=True`` every rank of the job calls it (a collective),
+        each with a state saved at the same step (any rank's: they name the
+        same place), and on any number of ranks and nodes: the rest of the
+        timeline is planned again over this job's nodes, from the saved
+        place in the epoch's global order, and its transfers start at the
+        window that place falls in. The same holds, rank by rank, for a
+        DistributedSampler run without ``cluster`` resumed on another world
+        (``state['distributed']``; docs/cluster.md, "Resuming a cluster run,
+        and elastic resume"). The pools are new: the cache starts cold
+        there, and ``warm`` does not apply."""
+        if self._elastic_wanted(state):
+            self._resume_elastic(state)
+            return
         fresh = self._reseeded(state)
         if fresh is not None:
             try:

@@ -217,6 +217,9 @@ class DataLoader(Checkpoints, Replans, tud.DataLoader[Any]):
         # The seed that shuffled the order, and whether it was drawn here:
         # then a state saved under another drawn seed rebuilds the loader.
         self._seed, self._seed_drawn = built.seed, built.seed_drawn
+        # A DistributedSampler's order: states name where its epoch's global
+        # order stopped, and resume on another world (elastic.py).
+        self._dist_sampler = built.dist_sampler
         # Where a state_dict() is: the epoch iterated last (or next, once
         # iter() has been called), the samples of it done when that iteration
         # started, and the batches done then (this loader's batches).

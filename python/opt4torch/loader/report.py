@@ -27,7 +27,8 @@ class Reporter:
         self.on_stats = on_stats
         self.tensorboard = tensorboard
         self.step = 0  # batches over all epochs: TensorBoard's global step
-        self._last: tuple[float, dict[str, Any], int] | None = None
+        # The last report's time, view, storage bytes and bytes exchanged.
+        self._last: tuple[float, dict[str, Any], int, int | None] | None = None
 
     @classmethod
     def make(cls, every: Any, on_stats: Any, tensorboard: Any) -> Reporter | None:
@@ -70,7 +71,13 @@ class Reporter:
         pf = cache.prefetcher
         if pf is not None:
             fig["prefetch_threads"] = int(pf.stats().get("active", 0))
-        self._last = (now, view, int(storage or 0))
+        # A cluster node's exchange with the others (its first rank's thread counts it).
+        moved = getattr(cache.transfers, "bytes_moved", None)
+        if moved is not None:
+            fig["peer_bytes"] = int(moved)
+            if last is not None and last[3] is not None and now > last[0]:
+                fig["exchange_mb_per_s"] = (moved - last[3]) / (now - last[0]) / 1e6
+        self._last = (now, view, int(storage or 0), moved)
         if self.on_stats is not None:
             self.on_stats(fig)
         if self.tensorboard is not None:

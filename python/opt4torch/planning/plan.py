@@ -9,6 +9,11 @@ A plan holds, for every position ``t`` of the sequence, one of
 plus the totals. Plans are built by the C engine and saved in a versioned,
 checksummed binary file (docs/plan-format.md), read into memory when loaded.
 
+Here: the Plan object, plan() and sequence_plan() (the C planner), load_plan
+(a plan file, opened by plan_file.py), and choose_page (the page a sized
+plan's pool takes). What a plan is built from is checked in inputs.py
+(as_sequence, fingerprint); a long build draws its bar in progress.py.
+
 May touch: the binding's planner and plan files; never a pool, a dataset or
 torch.
 """
@@ -18,8 +23,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,8 +30,10 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _engine
-from .._engine import InvalidInputError, PlanFileError
-from .._progress import progress_bar
+from .._engine import InvalidInputError
+from .inputs import as_sequence as as_sequence, check_capacity as _check_capacity, fingerprint as fingerprint
+from .plan_file import open_plan_file
+from .progress import run_with_progress as _run_with_progress
 
 __all__ = ["HIT", "ADMIT", "BYPASS", "Plan", "plan", "load_plan", "fingerprint", "as_sequence"]
 
@@ -37,92 +42,6 @@ ADMIT: int = _engine.OP_ADMIT
 BYPASS: int = _engine.OP_BYPASS
 
 _SLOT_MASK = 0x3FFFFFFF
-
-# Builds below this many accesses finish in a few seconds: no bar.
-_PROGRESS_THRESHOLD = 16_000_000
-# The engine's progress counter goes over the sequence this many times (the
-# next-use pass, the decisions, the slots: src/plan/belady.c).
-_PLAN_PASSES = 3
-
-
-def as_sequence(seq: Any, items: int | None = None) -> tuple[np.ndarray, int]:
-    """Turn ``seq`` into a 1-D integer numpy array and the number of items.
-
-    Accepts numpy arrays, torch tensors, lists and any iterable of ints.
-    ``items`` defaults to ``max(seq) + 1``. Raises :class:`InvalidInputError`
-    naming the first bad position for negative or out-of-range ids.
-    """
-    arr = np.asarray(seq)
-    if arr.dtype == object or arr.ndim != 1:
-        arr = np.asarray(list(seq) if arr.ndim == 0 else seq, dtype=np.int64)
-        if arr.ndim != 1:
-            raise InvalidInputError(f"a sequence must be one-dimensional, got shape {arr.shape}")
-    if arr.size == 0:
-        arr = arr.astype(np.int64)
-    if not np.issubdtype(arr.dtype, np.integer):
-        if np.issubdtype(arr.dtype, np.floating) and arr.size and np.all(np.mod(arr, 1) == 0):
-            arr = arr.astype(np.int64)
-        else:
-            raise InvalidInputError(
-                f"a sequence must hold integer item ids, got dtype {arr.dtype}"
-            )
-    if arr.dtype.itemsize not in (4, 8):
-        arr = arr.astype(np.int64)
-    arr = np.ascontiguousarray(arr)
-    if items is None:
-        if arr.size == 0:
-            raise InvalidInputError("cannot infer the number of items of an empty sequence: pass items=")
-        low = int(arr.min())
-        if low < 0:
-            bad = int(np.argmax(arr < 0))
-            raise InvalidInputError(f"id {int(arr[bad])} at position {bad} is negative")
-        items = int(arr.max()) + 1
-    items = int(items)
-    if items < 1:
-        raise InvalidInputError(f"items must be at least 1, got {items}")
-    return arr, items
-
-
-def fingerprint(seq: Any, items: int | None = None) -> int:
-    """The 64-bit fingerprint that plans record for their sequence."""
-    arr, items = as_sequence(seq, items)
-    return int(_engine.fingerprint(arr, items))
-
-
-def _run_with_progress(fn: Any, total: int, desc: str, show: bool | None) -> Any:
-    """Run ``fn(progress_buffer)`` (which releases the GIL) on a worker thread
-    while this thread draws a bar of ``total`` accesses from the engine's
-    progress counter, which counts _PLAN_PASSES passes over them."""
-    if show is None:  # a long build, and someone to see it (not a log or a pipe)
-        show = total >= _PROGRESS_THRESHOLD and sys.stderr.isatty()
-    if not show or total == 0:
-        return fn(None)
-    counter = np.zeros(1, dtype=np.uint64)  # 8-byte aligned
-    result: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            result["value"] = fn(counter)
-        except BaseException as exc:  # re-raised on the calling thread
-            result["error"] = exc
-
-    thread = threading.Thread(target=work, name="opt4-plan", daemon=True)
-    with progress_bar(total=total, desc=desc, unit="acc", show=True) as bar:
-        thread.start()
-        done = 0
-        while thread.is_alive():
-            thread.join(0.1)
-            now = int(counter[0]) // _PLAN_PASSES
-            bar.update(now - done)
-            done = now
-        bar.update(total - done)
-    if "error" in result:
-        error = result.pop("error")
-        try:
-            raise error
-        finally:
-            del error  # no cycle: frame -> error -> traceback -> frame
-    return result["value"]
 
 
 class Plan:
@@ -375,17 +294,6 @@ class Plan:
         )
 
 
-def _check_capacity(capacity: Any) -> int:
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-        raise InvalidInputError(f"capacity must be an integer number of items, got {capacity!r}")
-    capacity = int(capacity)
-    if capacity < 1:
-        raise InvalidInputError(
-            f"capacity is {capacity}: a cache must hold at least one item"
-        )
-    return int(capacity)
-
-
 def plan(
     seq: Any,
     capacity: int | None = None,
@@ -501,58 +409,6 @@ def sequence_plan(seq: Any, *, items: int | None = None, description: str | None
     return result
 
 
-_BAD_MAGIC_HINT = (
-    " If this file came from the earlier OPT4TorchDataSet (a pickle), it cannot be "
-    "read: regenerate it with `opt4torch precompute` or generate_precomputed_file()."
-)
-
-
-_RECORDS_HINT = (
-    " It is an opt4 record file (a dataset, written by write_records or `opt4torch pack`), not a "
-    "plan: read it with opt4torch.records.RecordFile; `opt4torch inspect` describes it."
-)
-
-
-def _starts_with(path: str, magic: bytes) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(magic)) == magic
-    except OSError:
-        return False
-
-
-def _is_pickle(path: str) -> bool:
-    """Whether the file starts as a pickle of protocol 2 or later does (what
-    the earlier design's precompute step wrote)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-    except OSError:
-        return False
-    return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
-
-
-def _load_legacy_pickle(path: str) -> Plan:
-    """The earlier design's precomputed file: a pickled dict whose
-    ``future_index`` is the captured sequence. Only on explicit request:
-    unpickling runs whatever code the file names."""
-    import pickle
-
-    with open(path, "rb") as f:
-        obj = pickle.load(f)  # noqa: S301 - the caller passed allow_pickle=True
-    seq = obj.get("future_index") if isinstance(obj, dict) else obj
-    if seq is None:
-        raise PlanFileError(f"{path}: a pickle without 'future_index': not an earlier "
-                            "OPT4TorchDataSet precomputed file")
-    try:
-        arr = np.asarray(seq, dtype=np.int64)
-    except (TypeError, ValueError) as exc:
-        raise PlanFileError(f"{path}: its 'future_index' is not a sequence of item ids ({exc})") from None
-    result = sequence_plan(arr)
-    result.path = path
-    return result
-
-
 def load_plan(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> Plan:
     """Open a plan file: read into memory of its own (so a later overwrite
     of the file cannot change the plan or crash the reader) and validated
@@ -563,35 +419,9 @@ def load_plan(path: str | os.PathLike[str], *, allow_pickle: bool = False) -> Pl
     default, because unpickling a file runs code chosen by whoever wrote it.
     """
     path = os.fspath(path)
-    if "\0" in path:
-        raise ValueError(f"{path!r}: a path cannot contain a NUL byte")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no plan file at {path!r}")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{path!r} is a directory, not a plan file")
-    try:
-        handle = _engine.open_plan(path)
-    except PlanFileError as exc:
-        if getattr(exc, "code_name", "") == "OPT4_EBADMAGIC" and _is_pickle(path):
-            if allow_pickle:
-                return _load_legacy_pickle(path)
-            raise _with_message(exc, f"{path}: {exc}. It is a pickle, from the earlier "
-                                "OPT4TorchDataSet: unpickling runs code from the file, so it is "
-                                "refused. Regenerate it with `opt4torch precompute`, or, if you "
-                                "trust the file, load_plan(path, allow_pickle=True) and save() "
-                                "the result as a plan file") from None
-        hint = ""
-        if getattr(exc, "code_name", "") == "OPT4_EBADMAGIC":
-            hint = _RECORDS_HINT if _starts_with(path, b"OPT4REC\0") else _BAD_MAGIC_HINT
-        raise _with_message(exc, f"{path}: {exc}{hint}") from None
-    return Plan(handle, path=path)
-
-
-def _with_message(exc: BaseException, message: str) -> BaseException:
-    """The same kind of engine error with a fuller message, keeping .code,
-    .code_name and .detail."""
-    new = type(exc)(message)
-    for attr in ("code", "code_name", "detail"):
-        if hasattr(exc, attr):
-            setattr(new, attr, getattr(exc, attr))
-    return new
+    opened = open_plan_file(path, allow_pickle=allow_pickle)
+    if isinstance(opened, np.ndarray):  # an earlier design's pickle: its sequence
+        result = sequence_plan(opened)
+        result.path = path
+        return result
+    return Plan(opened, path=path)

@@ -20,7 +20,8 @@ import numpy as np
 from .plan import ADMIT, Plan, choose_page
 
 __all__ = ["CODEC_MARGIN", "PREFETCH_MAX_THREADS", "STAGING_BUDGET", "check_plan_cost", "choose_page",
-           "handover_spare", "item_sizes", "parse_bytes", "plan_cost", "spare_pages", "staging_slots"]
+           "handover_spare", "item_sizes", "parse_bytes", "plan_cost", "refuse_plan_past_memory", "spare_pages",
+           "staging_slots"]
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -194,13 +195,27 @@ def check_plan_cost(sampler: Any, batch_sampler: Any, epochs: int, items: int, s
     except TypeError:
         return  # no length: the capture finds out
     accesses = per_epoch * epochs
+    warn = refuse_plan_past_memory(accesses, items, sized,
+                                   f"a plan of {accesses:,} accesses ({epochs:,} epochs of {per_epoch:,})",
+                                   "give fewer epochs= (build a new loader for the next run of epochs)")
+    if warn:
+        warnings.warn(f"{warn}; give fewer epochs= if that is too much", RuntimeWarning, stacklevel=4)
+
+
+def refuse_plan_past_memory(accesses: int, items: int, sized: bool, what: str, todo: str) -> str:
+    """The cost check before a plan is built, so that one too large for
+    this machine is refused naming its size and ``todo`` (what to give
+    instead), never an allocator's traceback half-way: ValueError when the
+    plan (:func:`plan_cost`) and what the process holds exceed the
+    machine's memory; else '' for a small plan, or, above PLAN_WARN_BYTES,
+    the sentence to warn with. ``what`` names the plan ("a plan of N
+    accesses ...")."""
     peak, kept = plan_cost(accesses, items, sized)
     if peak <= PLAN_WARN_BYTES:
-        return
+        return ""
     now = resident_bytes()
     gib = float(1 << 30)
-    what = (f"a plan of {accesses:,} accesses ({epochs:,} epochs of {per_epoch:,}) takes about "
-            f"{peak / gib:,.1f} GiB of memory to capture and build"
+    what = (f"{what} takes about {peak / gib:,.1f} GiB of memory to capture and build"
             + (f" on top of the {now / gib:,.1f} GiB this process holds ({(now + peak) / gib:,.1f} GiB "
                f"at the peak)" if now else ""))
     try:
@@ -208,7 +223,5 @@ def check_plan_cost(sampler: Any, batch_sampler: Any, epochs: int, items: int, s
     except (ValueError, OSError):
         memory = 0
     if memory and now + peak > memory:
-        raise ValueError(f"{what}, more than this machine's {memory / gib:,.1f} GiB: give fewer "
-                         "epochs= (build a new loader for the next run of epochs)")
-    warnings.warn(f"{what}, and keeps {kept / gib:,.1f} GiB while training; give fewer epochs= if that is "
-                  "too much", RuntimeWarning, stacklevel=4)
+        raise ValueError(f"{what}, more than this machine's {memory / gib:,.1f} GiB: {todo}")
+    return f"{what}, and keeps {kept / gib:,.1f} GiB while training"

@@ -21,7 +21,7 @@ __all__ = ["rates", "figures", "format_line", "SCALARS"]
 #: The figures written to TensorBoard (``opt4torch/<name>``), and plotted by
 #: anything that takes scalars.
 SCALARS: tuple[str, ...] = ("hit_rate", "stall_rate", "occupancy", "progress", "accesses_per_s",
-                            "storage_mb_per_s", "prefetch_threads")
+                            "storage_mb_per_s", "exchange_mb_per_s", "prefetch_threads")
 
 
 def rates(st: Mapping[str, int]) -> dict[str, Any]:
@@ -88,6 +88,8 @@ def format_line(fig: Mapping[str, Any]) -> str:
         parts.append(f"{fig['accesses_per_s']:,.0f} accesses/s")
     if "storage_mb_per_s" in fig:
         parts.append(f"storage {fig['storage_mb_per_s']:,.1f} MB/s")
+    if "exchange_mb_per_s" in fig:
+        parts.append(f"exchange {fig['exchange_mb_per_s']:,.1f} MB/s")
     if fig.get("fallbacks"):
         parts.append(f"fallbacks {fig['fallbacks']:,}")
     return ", ".join(parts)

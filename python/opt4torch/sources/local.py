@@ -41,9 +41,10 @@ import numpy as np
 
 from .. import _engine
 from .base import IMG_EXTENSIONS, EngineSource, checked_index
+from .folders import FolderLoopError, LayoutError, find_classes, make_dataset
 from .formats import decompress_command, decompressed_name, sniff
 from .shardnames import expand_shards
-from .tarindex import INDEX_SUFFIX, read_index, write_index
+from .tarindex import INDEX_SUFFIX, load_index, write_index
 
 __all__ = ["IMG_EXTENSIONS", "FolderLoopError", "ImageFolder", "LayoutError", "TarShards", "find_classes",
            "make_dataset", "shard_index"]
@@ -60,15 +61,33 @@ class RangeDataset:
     _r: Any
     direct: bool
     latency: float
+    #: Each item's XXH3-64 as indexed (``checksum=True``), or None.
+    _sums: np.ndarray | None = None
 
     def __getitem__(self, index: int) -> Any:
         raise NotImplementedError
 
+    def _checksum_items(self) -> None:
+        """Record each item's XXH3-64, read from storage now (the files as
+        sized or indexed: a file already changed fails here, naming it), and
+        reopen the reader to check every read against them."""
+        self._sums = np.frombuffer(self._r.checksums(), dtype=np.uint64).copy()
+        self._r.close()
+        self._open_ranges()
+
+    @property
+    def checksum(self) -> bool:
+        """Whether every read from storage is checked against the item's
+        XXH3-64 recorded at indexing (``checksum=True``)."""
+        return self._sums is not None
+
     def _open_ranges(self) -> None:
         # Each file's (size, inode, mtime, ctime) as indexed: every read checks
         # its file is still that one (a rewrite in place is refused, naming it).
+        # With checksum=True, each item's XXH3-64 as indexed too: every read
+        # from storage hashes what it read (a change the identity misses).
         self._r = _engine.Ranges(self._files, self._rows, direct=self.direct,
-                                 ident=getattr(self, "_idents", None))
+                                 ident=getattr(self, "_idents", None), sums=self._sums)
         if self.latency:
             self._r.set_latency(self.latency)
 
@@ -136,6 +155,15 @@ class ImageFolder(RangeDataset):
     decoding and augmentation run after the cache, in
     ``opt4torch.DataLoader(..., transform=...)``.
 
+    ``checksum=True`` also reads every file once here and records its
+    XXH3-64 (the record file's checksum); every read from storage after
+    (``ds[i]``, the prefetch threads, workers) hashes what it read and
+    raises ``Opt4IOError`` naming the item unless it matches: a change the
+    identity cannot show (a filesystem whose ctime means nothing, an
+    identity put back) is never served. A hit from the cache is not read
+    again, so not checked again. Off by default: it costs a read of the
+    whole folder here and a hash at memory speed per read (bench/RESULTS.md).
+
     ``direct=True`` reads with ``O_DIRECT`` where the filesystem allows it
     (``info()["note"]`` says how reads are done). ``latency`` (seconds) sleeps
     before every read: an emulated slow store.
@@ -144,7 +172,7 @@ class ImageFolder(RangeDataset):
     def __init__(self, root: str | os.PathLike[str], transform: None = None, target_transform: None = None,
                  loader: None = None, is_valid_file: Callable[[str], bool] | None = None,
                  allow_empty: bool = False, *, extensions: str | Sequence[str] | None = None,
-                 direct: bool = False, latency: float = 0.0) -> None:
+                 direct: bool = False, latency: float = 0.0, checksum: bool = False) -> None:
         for name, value in (("transform", transform), ("target_transform", target_transform), ("loader", loader)):
             if value is not None:
                 raise TypeError(_REFUSED[name])
@@ -170,6 +198,8 @@ class ImageFolder(RangeDataset):
         self._files = [path for path, _ in self.samples]
         self._rows = rows
         self._open_ranges()
+        if bool_arg(checksum, "checksum"):
+            self._checksum_items()
 
     def __getitem__(self, index: int) -> tuple[bytes, int]:
         i = self._index(index)
@@ -181,7 +211,8 @@ class ImageFolder(RangeDataset):
         return EngineSource(self._r, frame="bytes", labels=self._labels)
 
     def __repr__(self) -> str:
-        return f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, direct={self.direct})"
+        return (f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, direct={self.direct}, "
+                f"checksum={self.checksum})")
 
 
 _AFTER_THE_CACHE = ("opt4torch.ImageFolder returns each file as stored, ds[i] == (bytes, label), so that the "
@@ -195,133 +226,6 @@ _REFUSED = {
     "loader": (f"ImageFolder takes no loader: it reads the files' bytes itself (in C, and prefetched); "
                f"{_AFTER_THE_CACHE}, decoding there as your loader would"),
 }
-
-
-class LayoutError(FileNotFoundError, ValueError):
-    """An image folder laid out so that it has no classes, or a class with
-    no file: torchvision raises ``FileNotFoundError`` for these, and the
-    packer always raised ``ValueError``; this is both, so that code written
-    against either keeps working."""
-
-
-def find_classes(root: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
-    """The classes of an image folder and their numbers, as
-    ``torchvision.datasets.folder.find_classes`` gives them: every folder
-    directly under ``root`` (and every link to one), sorted by name, numbered
-    from 0. Folders whose names start with a dot are classes too
-    (``.ipynb_checkpoints``, ``.cache``): torchvision counts them, and a
-    number given to one shifts every later label, so skipping them here
-    would give other labels than torchvision's for the same tree. This is
-    the one rule, for :class:`ImageFolder` and for ``opt4torch pack``
-    (docs/sources.md, "One numbering")."""
-    root = os.fspath(root)
-    if not os.path.isdir(root):
-        raise FileNotFoundError(f"{root} is not a folder (expected root/<class>/<image files>)")
-    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
-    if not classes:
-        raise LayoutError(f"{root} has no class folders (expected root/<class>/<image files>); torchvision's "
-                          "ImageFolder refuses it too (\"Couldn't find any class folder\")")
-    return classes, {name: i for i, name in enumerate(classes)}
-
-
-def make_dataset(root: str | os.PathLike[str], class_to_idx: dict[str, int], *,
-                 extensions: str | Sequence[str] | None = None, is_valid_file: Callable[[str], bool] | None = None,
-                 allow_empty: bool = False) -> list[tuple[str, int]]:
-    """The ``(path, label)`` pairs of an image folder, in the order
-    ``torchvision.datasets.folder.make_dataset`` gives: classes in sorted
-    order, each walked by ``os.walk`` with links followed, folders and names
-    sorted. A file is kept when ``is_valid_file(path)`` says so, or, without
-    one, when its name ends with one of ``extensions`` (default
-    :data:`IMG_EXTENSIONS`), case-insensitively; giving both is refused, as
-    torchvision refuses it. A class with no file kept is refused unless
-    ``allow_empty`` (it then keeps its number and has no sample). A folder
-    that is a link back to its own ancestor is refused
-    (:class:`FolderLoopError`, naming it), as is one that cannot be listed:
-    torchvision walks the first until the paths are too long, and skips the
-    second silently."""
-    root = os.fspath(root)
-    if extensions is not None and is_valid_file is not None:
-        raise ValueError("give extensions or is_valid_file, not both (torchvision refuses both too): "
-                         "is_valid_file decides alone")
-    exts: tuple[str, ...] = ()
-    if is_valid_file is None:
-        exts = _extensions(IMG_EXTENSIONS if extensions is None else extensions)
-        rule = f"no name ends with {', '.join(exts)}"
-    elif not callable(is_valid_file):
-        raise TypeError(f"is_valid_file must be a callable taking a path, not {type(is_valid_file).__name__}")
-    else:
-        rule = "is_valid_file accepted none"
-    instances: list[tuple[str, int]] = []
-    available: set[str] = set()
-    for target_class in sorted(class_to_idx):
-        class_index = class_to_idx[target_class]
-        target_dir = os.path.join(root, target_class)
-        if not os.path.isdir(target_dir):
-            continue
-        for dirpath, _, fnames in sorted(_walk_without_loops(target_dir)):
-            for fname in sorted(fnames):
-                path = os.path.join(dirpath, fname)
-                if is_valid_file(path) if is_valid_file is not None else path.lower().endswith(exts):
-                    instances.append((path, class_index))
-                    available.add(target_class)
-    empty = sorted(set(class_to_idx) - available)
-    if empty and not allow_empty:
-        dotted = [c for c in empty if c.startswith(".")]
-        hint = ""
-        if dotted:
-            hint = (f" {', '.join(repr(c) for c in dotted)} {'starts' if len(dotted) == 1 else 'start'} with a dot: "
-                    "torchvision counts such folders as classes too, and so does opt4torch (one numbering "
-                    "for every reader), so move it out of the root rather than have it shift every label.")
-        raise LayoutError(f"Found no valid file for the classes {', '.join(empty)} in {root}: the class "
-                          f"folder(s) {', '.join(repr(c) for c in empty)} hold no file that is kept ({rule})."
-                          f"{hint} torchvision's ImageFolder refuses such a layout too; remove the folder, or "
-                          "pass allow_empty=True (opt4torch pack --allow-empty) to keep it as a class with "
-                          "no images")
-    return instances
-
-
-class FolderLoopError(LayoutError):
-    """A folder of an image folder that is a link back to one of its own
-    ancestors: walked with links followed (as torchvision walks), it would
-    repeat the same files under ever longer paths."""
-
-
-def _walk_without_loops(top: str) -> list[tuple[str, list[str], list[str]]]:
-    """``os.walk(top, followlinks=True)`` as a list, refusing a folder that
-    is one of its own ancestors (device and inode, so a link loop is found
-    the first time it closes, whatever its names), and a folder that cannot
-    be listed (os.walk skips those silently, and their images with them)."""
-    ident: dict[str, tuple[int, int]] = {}
-
-    def unreadable(exc: OSError) -> None:
-        raise PermissionError(exc.errno, f"cannot list the folder {exc.filename} ({exc.strerror}): its images "
-                              "would be left out silently (torchvision leaves them out); make it readable, or "
-                              "move it out of the image folder") from None
-
-    out = []
-    for dirpath, dirnames, fnames in os.walk(top, followlinks=True, onerror=unreadable):
-        st = os.stat(dirpath)
-        me = (st.st_dev, st.st_ino)
-        up = dirpath
-        while len(up) > len(top):  # its ancestors inside the walk, top included
-            up = os.path.dirname(up)
-            if ident.get(up) == me:
-                raise FolderLoopError(f"{dirpath} is the folder {up} again (a symbolic link back to its own "
-                                      "ancestor): walked with links followed, as torchvision walks, it would "
-                                      "repeat the same images under ever longer paths; remove the link")
-        ident[dirpath] = me
-        out.append((dirpath, dirnames, fnames))
-    return out
-
-
-def _extensions(extensions: str | Sequence[str]) -> tuple[str, ...]:
-    """Extensions as a lower-case tuple (a single one may be a str, as
-    torchvision allows). torchvision lower-cases only the file name, so an
-    upper-case extension there matches nothing; here it matches as meant."""
-    exts = (extensions,) if isinstance(extensions, str) else tuple(extensions)
-    if not exts or not all(isinstance(e, str) and e for e in exts):
-        raise ValueError(f"extensions must be non-empty strings such as '.jpg', not {extensions!r}")
-    return tuple(e.lower() for e in exts)
 
 
 # ---- tar shards ----
@@ -352,10 +256,18 @@ class TarShards(RangeDataset):
     rebuilt. An index is read as a hostile file (``sources.tarindex``: a regular
     file only, size-capped, parsed with limits, every range checked against
     the shard and the others); one that fails is rebuilt with a warning.
+
+    ``checksum=True`` records each sample's XXH3-64 in the index when it is
+    made (a current index without them has them added: the shard is read
+    once), and every read from storage hashes the sample it read and raises
+    ``Opt4IOError`` naming it unless it matches: bytes changed in a way the
+    shard's identity does not show are never served. Hits are not read
+    again. Off by default (bench/RESULTS.md has the cost).
     """
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, direct: bool = False,
-                 latency: float = 0.0, cache_dir: str | os.PathLike[str] | None = None) -> None:
+                 latency: float = 0.0, cache_dir: str | os.PathLike[str] | None = None,
+                 checksum: bool = False) -> None:
         if not isinstance(paths, (str, os.PathLike)) and not paths:
             raise ValueError("TarShards needs at least one shard")
         self.paths = expand_shards(paths, exists=os.path.exists, match=_glob_shards)
@@ -366,8 +278,9 @@ class TarShards(RangeDataset):
         self._members: list[tuple[tuple[str, int, int], ...]] = []
         rows: list[tuple[int, int, int]] = []
         idents: list[dict[str, int]] = []
+        sums: list[np.ndarray] | None = [] if bool_arg(checksum, "checksum") else None
         for k, shard in enumerate(self.paths):
-            for key, off, length, members in _shard_index(shard, self.cache_dir, idents=idents):
+            for key, off, length, members in _shard_index(shard, self.cache_dir, idents=idents, sums=sums):
                 self.keys.append(key)
                 self._members.append(tuple((f, o, s) for f, o, s in members))
                 rows.append((k, off, length))
@@ -375,6 +288,8 @@ class TarShards(RangeDataset):
         self._rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
         self._idents = np.asarray([[d["size"], d["ino"], d["mtime_ns"], d["ctime_ns"]] for d in idents],
                                   dtype=np.int64).reshape(-1, 4)
+        if sums is not None:
+            self._sums = np.concatenate(sums).astype(np.uint64) if sums else np.zeros(0, np.uint64)
         self._open_ranges()
 
     def __getitem__(self, index: int) -> dict[str, Any]:
@@ -399,7 +314,8 @@ class TarShards(RangeDataset):
         return EngineSource(self._r, frame="tar", samples=(self.keys, self._members))
 
     def __repr__(self) -> str:
-        return f"TarShards({len(self.paths)} shards, {len(self)} samples, direct={self.direct})"
+        return (f"TarShards({len(self.paths)} shards, {len(self)} samples, direct={self.direct}, "
+                f"checksum={self.checksum})")
 
 
 def record_size(key: str, members: Sequence[tuple[str, int, int]]) -> int:
@@ -463,11 +379,12 @@ def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> str:
 
 
 def _shard_index(shard: str, cache_dir: str, *, write: bool = True,
-                 idents: list[dict[str, int]] | None = None) -> list[Any]:
+                 idents: list[dict[str, int]] | None = None, sums: list[np.ndarray] | None = None) -> list[Any]:
     """The shard's samples, [(key, offset, length, [(field, offset, size)])],
     from its cached index when that is current, else from the C indexer
     (then cached). The shard's identity they hold for is appended to
-    ``idents``."""
+    ``idents``; with ``sums`` (a list), the samples' XXH3-64 too, from the
+    index, or read from the shard now and added to the index."""
     try:
         st = os.stat(shard)
     except FileNotFoundError:
@@ -478,16 +395,42 @@ def _shard_index(shard: str, cache_dir: str, *, write: bool = True,
     ident = _shard_id(st)
     if idents is not None:
         idents.append(ident)
-    samples = read_index(where, shard, ident)
-    if samples is not None:
-        return samples
-    check_tar(shard)
-    samples = _engine.tar_index(shard)
-    if _shard_id(os.stat(shard)) != ident:
-        raise ValueError(f"tar shard {shard} changed while it was being indexed; try again once it is written")
-    if write:
-        write_index(where, shard, ident, samples)
+    got = load_index(where, shard, ident)
+    samples, have = got if got is not None else (None, None)
+    if samples is None:
+        check_tar(shard)
+        samples = _engine.tar_index(shard)
+        if _shard_id(os.stat(shard)) != ident:
+            raise ValueError(f"tar shard {shard} changed while it was being indexed; try again once it is written")
+    if sums is not None:
+        if have is None:
+            have = sample_sums(shard, samples, ident)
+        sums.append(have)
+    if write and (got is None or have is not got[1]):  # new, or its checksums added
+        write_index(where, shard, ident, samples, have)
     return samples
+
+
+def sample_sums(path: str, samples: list[Any], ident: dict[str, int] | None) -> np.ndarray:
+    """Each sample's XXH3-64, read from the shard at ``path`` now by the
+    engine's range reader (checked against ``ident`` when given, so a shard
+    changed since it was indexed fails here): what ``checksum=True``
+    records."""
+    rows = np.asarray([(0, off, length) for _, off, length, _ in samples], dtype=np.int64).reshape(-1, 3)
+    idrow = None if ident is None else np.asarray(
+        [[ident["size"], ident["ino"], ident["mtime_ns"], ident["ctime_ns"]]], dtype=np.int64)
+    r = _engine.Ranges([path], rows, ident=idrow)
+    try:
+        return np.frombuffer(r.checksums(), dtype=np.uint64).copy()
+    finally:
+        r.close()
+
+
+def bool_arg(value: Any, name: str) -> bool:
+    """A bool argument, refused when it is anything else (a string "False" is true)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return bool(value)
 
 
 def _glob_shards(pattern: str) -> list[str]:

@@ -57,8 +57,8 @@ import numpy as np
 
 from .shardnames import expand_shards, has_glob
 from .base import IMG_EXTENSIONS, EngineSource, checked_index
-from .local import check_tar, record_size
-from .tarindex import read_index, write_index
+from .local import bool_arg, check_tar, record_size, sample_sums
+from .tarindex import load_index, write_index
 
 __all__ = ["S3ImageFolder", "S3TarShards", "ObjectStoreError"]
 
@@ -257,7 +257,8 @@ class ObjectDataset:
                                 region=self.region, access_key=key, secret_key=secret, session_token=token,
                                 path_style=self.path_style, max_attempts=self.max_attempts, timeout=self.timeout,
                                 deadline=self.deadline, min_rate=self.min_rate, etags=self._etags,
-                                sizes=self._object_sizes(), ca_bundle=self.ca_bundle)
+                                sizes=self._object_sizes(), ca_bundle=self.ca_bundle,
+                                sums=getattr(self, "_sums", None))
 
     def _set_waits(self, timeout: float, deadline: float, min_rate: int,
                    ca_bundle: str | os.PathLike[str] | None = None) -> None:
@@ -632,6 +633,13 @@ class S3TarShards(ObjectDataset):
     ``info()["index_bytes"]`` counts what indexing fetched; it is not counted
     as reads.
 
+    ``checksum=True`` records each sample's XXH3-64 in the index, from the
+    fetched copy it is made from (a cached index without them is made again),
+    and checks every GET's bytes against it: with the engine's GETs in C,
+    after the ``If-Match``, range and length checks; with s3torchconnector's,
+    whose GETs can send no ``If-Match``, in Python after the length check.
+    A sample whose bytes differ raises :class:`ObjectStoreError` naming it.
+
     Where the store is and who asks, ``latency``, ``client`` and the counters: as
     :class:`S3ImageFolder`.
     """
@@ -640,8 +648,11 @@ class S3TarShards(ObjectDataset):
                  endpoint_url: str | None = None, region: str | None = None, profile: str | None = None,
                  unsigned: bool = False, path_style: bool | None = None, max_attempts: int = 3,
                  latency: float = 0.0, client: str = "auto", timeout: float = 60.0, deadline: float = 300.0,
-                 min_rate: int = 1024, ca_bundle: str | os.PathLike[str] | None = None) -> None:
+                 min_rate: int = 1024, ca_bundle: str | os.PathLike[str] | None = None,
+                 checksum: bool = False) -> None:
         self._set_waits(timeout, deadline, min_rate, ca_bundle)
+        self.checksum = bool_arg(checksum, "checksum")
+        sums: list[np.ndarray] = []
         if not isinstance(urls, str) and not urls:
             raise ValueError("S3TarShards needs at least one shard")
         self._setup(one_bucket(urls, "S3TarShards", "shards"), endpoint_url, region, profile, unsigned, path_style,
@@ -663,23 +674,30 @@ class S3TarShards(ObjectDataset):
             size, etag = listing(folder_of(key))[key]
             self._etags.append(etag)
             self._shard_sizes.append(size)
-            for skey, off, length, members in self._shard_index(key, size, etag):
+            for skey, off, length, members in self._shard_index(key, size, etag, sums):
                 self.keys.append(skey)
                 self._members.append(tuple((f, o, n) for f, o, n in members))
                 rows.append((k, off, length))
         self._rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+        #: Each sample's XXH3-64 as indexed (checksum=True), or None.
+        self._sums = (np.concatenate(sums) if sums else np.zeros(0, np.uint64)) if self.checksum else None
 
-    def _shard_index(self, key: str, size: int, etag: str) -> list[Any]:
-        """The shard's samples from its cached index when that is current,
-        else from the C indexer over the shard fetched once (then cached)."""
+    def _shard_index(self, key: str, size: int, etag: str, sums: list[np.ndarray]) -> list[Any]:
+        """The shard's samples from its cached index when that is current
+        (and holds checksums, with checksum=True), else from the C indexer
+        over the shard fetched once (then cached); with checksum=True, their
+        XXH3-64 appended to ``sums``."""
         from .. import _engine
 
         url = f"s3://{self.bucket}/{key}"
         ident = {"url": url, "endpoint": self.endpoint_url or "", "size": size, "etag": etag}
         tag = hashlib.sha256(f"{self.endpoint_url}|{self.bucket}|{key}".encode("utf-8", "surrogatepass")).hexdigest()
         where = os.path.join(self.cache_dir, f"{posixpath.basename(key)}-{tag[:16]}.opt4idx.json")
-        samples = read_index(where, url, ident)
-        if samples is not None:
+        got = load_index(where, url, ident)
+        if got is not None and (got[1] is not None or not self.checksum):
+            samples, have = got
+            if self.checksum and have is not None:
+                sums.append(have)
             return samples
         os.makedirs(self.cache_dir, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=self.cache_dir, prefix=".opt4-shard-", suffix=".tar") as tmp:
@@ -691,9 +709,12 @@ class S3TarShards(ObjectDataset):
             check_tar(tmp.name, url, in_store=True)
             try:
                 samples = _engine.tar_index(tmp.name)
+                have = sample_sums(tmp.name, samples, None) if self.checksum else None
             except Exception as exc:  # the indexer names the temporary file: name the object
                 raise ValueError(f"tar shard {url}: {exc}".replace(tmp.name, url)) from None
-        write_index(where, url, ident, samples)
+        write_index(where, url, ident, samples, have)
+        if have is not None:
+            sums.append(have)
         return samples
 
     def __len__(self) -> int:
@@ -706,6 +727,16 @@ class S3TarShards(ObjectDataset):
         else:
             shard, off, length = (int(x) for x in self._rows[i])
             raw = self._get(self._shard_keys[shard], off, length)
+            # s3torchconnector's GET sends no If-Match: the checksum is what
+            # tells a same-length replacement (checked in C on the engine's).
+            from .. import _engine
+
+            if self._sums is not None and _engine.checksum(raw) != int(self._sums[i]):
+                raise ObjectStoreError(f"sample {i} ({self.keys[i]!r}, {length} bytes at {off} of "
+                                       f"s3://{self.bucket}/{self._shard_keys[shard]}) {self._where()} does not "
+                                       "match the checksum recorded when it was indexed: the object changed since "
+                                       "(its GET could send no If-Match); nothing was returned; make the dataset "
+                                       "again")
         sample: dict[str, Any] = {"__key__": self.keys[i]}
         for field, moff, msize in self._members[i]:
             sample[field] = raw[moff:moff + msize]

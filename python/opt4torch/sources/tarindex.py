@@ -11,7 +11,9 @@ parsed (no ``RecursionError``), only integers in [0, 2**63) are accepted (no
 ranges are checked against the shard's real size and against each other:
 in shard order, not overlapping, each sample's fields in order inside it.
 Anything wrong means "index the shard again", with a warning, never a hang,
-a crash or another sample's bytes.
+a crash or another sample's bytes. An index may hold each sample's XXH3-64
+(``"xxh3"``, written when the dataset asks for ``checksum=True``): those are
+checked for form here, and against the bytes on every read from storage.
 """
 
 from __future__ import annotations
@@ -63,6 +65,15 @@ def read_index(where: str, shard: str, ident: dict[str, Any]) -> list[Any] | Non
     made from this version of the shard (``ident``, whose ``"size"`` is the
     shard's real size) and consistent with it; None otherwise (an index that
     is not: with a warning naming what was wrong)."""
+    got = load_index(where, shard, ident)
+    return None if got is None else got[0]
+
+
+def load_index(where: str, shard: str, ident: dict[str, Any]) -> tuple[list[Any], np.ndarray | None] | None:
+    """:func:`read_index`'s samples, and the samples' checksums when the
+    index holds them (``"xxh3"``: each sample's XXH3-64, 16 lower-case hex
+    digits a sample, in order; a uint64 array), else None beside them. An
+    ``"xxh3"`` that is not exactly that makes the index corrupt (rebuilt)."""
     try:
         raw = _read_capped(where, index_cap(ident["size"]))
     except FileNotFoundError:
@@ -77,7 +88,8 @@ def read_index(where: str, shard: str, ident: dict[str, Any]) -> list[Any] | Non
             return None  # another version's cache: rebuilt, no warning
         if body.get("shard") != ident:
             return None  # stale: the shard changed since
-        return check_samples(body.get("samples"), int(ident["size"]))
+        samples = check_samples(body.get("samples"), int(ident["size"]))
+        return samples, check_sums(body.get("xxh3"), len(samples))
     except IndexRefused as exc:
         warnings.warn(f"the cached index {where} of tar shard {shard} is corrupt ({exc}): rebuilding it",
                       RuntimeWarning, stacklevel=4)
@@ -215,6 +227,23 @@ def check_samples(rows: Any, shard_size: int) -> list[Any]:
     return samples
 
 
+_HEX = re.compile(r"[0-9a-f]*")
+
+
+def check_sums(text: Any, count: int) -> np.ndarray | None:
+    """The samples' checksums of an index's ``"xxh3"`` (None: the index has
+    none): a string of exactly 16 lower-case hex digits a sample, as the
+    writer makes it. IndexRefused otherwise."""
+    if text is None:
+        return None
+    if type(text) is not str:
+        raise IndexRefused(f"its checksums are a {type(text).__name__}, not a string of hex digits")
+    if len(text) != 16 * count or not _HEX.fullmatch(text):
+        raise IndexRefused(f"its checksums are not 16 lower-case hex digits for each of its {count} samples "
+                           f"({len(text)} characters)")
+    return np.frombuffer(bytes.fromhex(text), dtype=">u8").astype(np.uint64)
+
+
 def _explain_row(k: int, row: Any) -> None:
     if type(row) is not list or len(row) != 4 or type(row[3]) is not list or not row[3]:
         raise IndexRefused(f"sample {k} is not [key, offset, length, [fields]]")
@@ -233,12 +262,17 @@ def _explain_field(key: str, m: Any) -> None:
     raise AssertionError("unreachable: a field failed a check it passes")
 
 
-def write_index(where: str, shard: str, ident: dict[str, Any], samples: list[Any]) -> None:
+def write_index(where: str, shard: str, ident: dict[str, Any], samples: list[Any],
+                sums: np.ndarray | None = None) -> None:
     """Cache an index at ``where`` (atomically; a place that cannot be
     written is warned about). ``ident`` names the shard's version: a later
-    read uses the index only while the shard still has it."""
-    body = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "shard": ident,
-            "samples": [[k, o, n, [list(m) for m in ms]] for k, o, n, ms in samples]}
+    read uses the index only while the shard still has it. ``sums``, each
+    sample's XXH3-64, is kept as ``"xxh3"`` (hex: JSON numbers here stop at
+    2**63)."""
+    body: dict[str, Any] = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "shard": ident,
+                            "samples": [[k, o, n, [list(m) for m in ms]] for k, o, n, ms in samples]}
+    if sums is not None:
+        body["xxh3"] = np.asarray(sums, dtype=">u8").tobytes().hex()
     try:
         os.makedirs(os.path.dirname(where) or ".", exist_ok=True)
         with atomic_write(where, "w", no_symlink=True) as f:

@@ -1,0 +1,416 @@
+"""What a cluster plan is: one OPT cache over the memory of several nodes
+(:class:`ClusterPlan`, and each node's part, :class:`NodePlan`). cluster.py
+makes one (:func:`~opt4torch.planning.cluster.cluster_plan`, and
+``job_plan`` under torchrun), and is what ``opt4torch.cluster`` names.
+
+Every rank's order is known in advance, so the cluster's reads form one
+global timeline: at step ``s`` each rank reads its batch ``s``, rank 0's
+first, then rank 1's, ... (the order ``share_across_ranks`` uses for the
+ranks of one node). :func:`cluster_plan` plans Belady's OPT over that timeline
+at the nodes' total capacity (which accesses hit, exactly OPT for the
+aggregate cache when items are the same size), then places each admitted
+generation on a node (``opt4_cluster_place`` in the C engine; the rule and
+why no node ever holds more than its capacity: docs/cluster.md). Each access
+is then
+
+* ``LOCAL_HIT``: the reader's node holds the item;
+* ``PEER_HIT``: another node holds it and sends a copy (the item stays);
+* ``ADMIT``: read from storage by the reader and kept at its home node;
+* ``BYPASS``: read from storage and not kept;
+* ``LATE`` (with ``window=``, see :func:`cluster_plan`): a read of a
+  generation another node holds, or its home receives, that cannot arrive in
+  time at run time, where nodes exchange items a window ahead: read from
+  storage and not kept.
+
+This module is the planning side, down to each node's own plan
+(:meth:`ClusterPlan.node_plan`, :meth:`ClusterPlan.pool_plan`), over
+timeline.py's timeline; the same plan on every rank of a torchrun job is
+cluster.py's ``job_plan``. The transfers between nodes at run time are
+:mod:`opt4torch.distributed.exchange`: windowed ``all_to_all`` collectives
+on a gloo group of their own, run by a transfer thread on each node's first
+rank, under ``opt4torch.DataLoader(..., cluster=True)`` (docs/cluster.md,
+"The run time, written down before the code", says what is built).
+
+May touch: the binding's planner (given plans); never a pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .. import _engine
+from .._engine import InvalidInputError
+from .plan import Plan
+from .timeline import Timeline
+
+__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_KEYS", "ClusterPlan", "NodePlan",
+           "WORKER", "RECEIVE", "SEND", "FROM_POOL", "FROM_STORAGE", "FROM_PEER"]
+
+LOCAL_HIT: int = _engine.CLUSTER_LOCAL_HIT
+PEER_HIT: int = _engine.CLUSTER_PEER_HIT
+ADMIT: int = _engine.CLUSTER_ADMIT
+BYPASS: int = _engine.CLUSTER_BYPASS
+LATE: int = _engine.CLUSTER_LATE
+_NONE = _engine.CLUSTER_NONE
+
+#: The per-node counts :meth:`ClusterPlan.node_stats` gives. ``local_hits``,
+#: ``peer_hits``, ``peer_bytes_sent``, ``peer_bytes_received`` and
+#: ``plan_storage_bytes`` are also keys of the DataLoader's ``stats()`` with
+#: ``cluster=True`` (there the first four are measured).
+NODE_KEYS: tuple[str, ...] = (
+    "capacity", "accesses", "local_hits", "peer_hits", "storage_reads", "admits", "bypasses",
+    "plan_storage_bytes", "homed", "peer_items_sent", "peer_items_received", "peer_bytes_sent",
+    "peer_bytes_received", "peak_resident", "late",
+)
+
+
+
+#: A node plan's roles (:meth:`ClusterPlan.node_plan`): a read by one of the
+#: node's ranks, an item from a peer stored in the node's pool, a read of the
+#: node's pool to send an item to a peer.
+WORKER, RECEIVE, SEND = 0, 1, 2
+#: Where the bytes of a node plan's ADMIT or BYPASS come from.
+FROM_POOL, FROM_STORAGE, FROM_PEER = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node's part of a windowed cluster plan, as its pool will run it
+    (docs/cluster.md, "The run time"): the node's own positions in order,
+    per window first the RECEIVEs (items sent to be kept here, stored in
+    the pool), then the SENDs (this node's pool read for a peer), then the
+    reads of the node's ranks (WORKER), in timeline order.
+
+    Per position: ``seq`` the item, ``op`` the pool's decision
+    (:data:`opt4torch.HIT`, ``ADMIT``, ``BYPASS``), ``role``, ``source`` (a
+    HIT's bytes are the pool's; an ADMIT's or BYPASS's come from storage or
+    from a peer), ``forward`` (a WORKER read whose bytes this node sends to
+    the item's home, in the next window), ``window`` and ``position``: the
+    global timeline position it serves (the read itself; a RECEIVE's ADMIT
+    at its reader; a SEND's peer hit).
+    """
+
+    node: int
+    seq: npt.NDArray[np.int64]
+    op: npt.NDArray[np.uint8]
+    role: npt.NDArray[np.uint8]
+    source: npt.NDArray[np.uint8]
+    forward: npt.NDArray[np.bool_]
+    window: npt.NDArray[np.int64]
+    position: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return int(self.seq.size)
+
+    @property
+    def reads(self) -> npt.NDArray[np.int64]:
+        """The node plan's positions of its ranks' reads, in timeline order."""
+        return np.flatnonzero(self.role == WORKER)
+
+
+
+class ClusterPlan:
+    """One OPT plan over several nodes: per position of the global timeline
+    its kind (:data:`LOCAL_HIT`, :data:`PEER_HIT`, :data:`ADMIT`,
+    :data:`BYPASS`) and its node (an ADMIT's home, the node a hit reads), per
+    node its counts, and a checksum that every rank planning the same cluster
+    gets. Build one with :func:`cluster_plan`."""
+
+    __slots__ = ("plan", "timeline", "reader", "capacities", "kinds", "page_size", "window", "_nodes", "_info",
+                 "_per_node", "_sizes", "_item_bytes")
+
+    def __init__(self, plan: Plan, timeline: Timeline, reader: np.ndarray, capacities: np.ndarray,
+                 kinds: np.ndarray, nodes: np.ndarray, info: dict[str, int], per_node: list[dict[str, int]],
+                 sizes: np.ndarray | None, item_bytes: int, page_size: int = 0, window: int | None = None) -> None:
+        #: The aggregate plan (Belady over the timeline at the total capacity).
+        self.plan = plan
+        self.timeline = timeline
+        #: The node that reads each position.
+        self.reader = reader
+        #: What each node holds: items, or pages of ``page_size`` bytes
+        #: for a plan in bytes.
+        self.capacities = capacities
+        #: 0 for a plan in items.
+        self.page_size = page_size
+        #: Steps a transfer window (``None``: transfers assumed in time).
+        self.window = window
+        #: LOCAL_HIT, PEER_HIT, ADMIT, BYPASS or LATE per position (uint8).
+        self.kinds = kinds
+        self._nodes = nodes
+        self._info = info
+        self._per_node = per_node
+        self._sizes = sizes
+        self._item_bytes = item_bytes
+
+    @property
+    def seq(self) -> npt.NDArray[np.int64]:
+        return self.timeline.seq
+
+    @property
+    def nodes(self) -> npt.NDArray[np.int64]:
+        """Per position: an ADMIT's home, the node a hit reads (for a LATE
+        read, the node that holds it), -1 for a BYPASS."""
+        out = self._nodes.astype(np.int64)
+        out[self._nodes == _NONE] = -1
+        return out
+
+    @property
+    def sized(self) -> bool:
+        """Whether capacities are in bytes (pages) rather than items."""
+        return self.page_size > 0
+
+    @property
+    def unplaced(self) -> int:
+        """Plans in bytes: generations no node had enough free pages for
+        (read from storage at each of their accesses instead)."""
+        return int(self._info["unplaced"])
+
+    @property
+    def unplaced_hits(self) -> int:
+        """The aggregate plan's hits lost to :attr:`unplaced` generations."""
+        return int(self._info["unplaced_hits"])
+
+    @property
+    def late(self) -> int:
+        """With windows: the aggregate plan's hits that cannot arrive in
+        time, read from storage instead (:data:`LATE`)."""
+        return int(self._info["late"])
+
+    def windows(self) -> npt.NDArray[np.int64]:
+        """Each position's transfer window (its step // :attr:`window`)."""
+        if self.window is None:
+            raise InvalidInputError("this plan has no windows: plan with window= (steps a window)")
+        return self.timeline.step // self.window
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.capacities.size)
+
+    @property
+    def accesses(self) -> int:
+        return int(self._info["accesses"])
+
+    def __len__(self) -> int:
+        return self.accesses
+
+    @property
+    def hits(self) -> int:
+        """Local and peer hits: the aggregate plan's hits."""
+        return int(self._info["hits"])
+
+    @property
+    def local_hits(self) -> int:
+        return int(self._info["local_hits"])
+
+    @property
+    def peer_hits(self) -> int:
+        return int(self._info["peer_hits"])
+
+    @property
+    def admits(self) -> int:
+        return int(self._info["admits"])
+
+    @property
+    def bypasses(self) -> int:
+        return int(self._info["bypasses"])
+
+    @property
+    def storage_reads(self) -> int:
+        """Admits and bypasses (LATE reads included)."""
+        return self.admits + self.bypasses
+
+    @property
+    def remote_admits(self) -> int:
+        """Admits kept at a node other than the one that read them (one
+        transfer each)."""
+        return int(self._info["remote_admits"])
+
+    @property
+    def storage_bytes(self) -> int:
+        return int(self._info["storage_bytes"])
+
+    @property
+    def peer_bytes(self) -> int:
+        """Every transfer between nodes, counted once (peer hits and admits
+        kept away from their reader)."""
+        return int(self._info["peer_bytes"])
+
+    @property
+    def checksum(self) -> int:
+        """XXH3-64 of the plan's fingerprint, the capacities and every
+        position's reader, kind and node."""
+        return int(self._info["checksum"])
+
+    def item_size(self, items: Any) -> npt.NDArray[np.int64]:
+        """The bytes counted for these item ids."""
+        items = np.asarray(items, dtype=np.int64)
+        if self._sizes is not None:
+            sizes: npt.NDArray[np.int64] = self._sizes[items].astype(np.int64)
+            return sizes
+        return np.full(items.shape, self._item_bytes, dtype=np.int64)
+
+    def node_stats(self) -> list[dict[str, int]]:
+        """Per node, the counts of :data:`NODE_KEYS`."""
+        out = []
+        for n, d in enumerate(self._per_node):
+            out.append({
+                "capacity": int(self.capacities[n]),
+                "accesses": d["accesses"],
+                "local_hits": d["local_hits"],
+                "peer_hits": d["peer_hits"],
+                "storage_reads": d["admits"] + d["bypasses"],
+                "admits": d["admits"],
+                "bypasses": d["bypasses"],
+                "plan_storage_bytes": d["storage_bytes"],
+                "homed": d["homed"],
+                "peer_items_sent": d["peer_items_sent"],
+                "peer_items_received": d["peer_items_received"],
+                "peer_bytes_sent": d["peer_bytes_sent"],
+                "peer_bytes_received": d["peer_bytes_received"],
+                "peak_resident": d["peak_resident"],
+                "late": d["late"],
+            })
+        return out
+
+    def transfers(self) -> dict[str, np.ndarray]:
+        """Every transfer between nodes, in timeline order: ``position``,
+        ``step``, ``src``, ``dst``, ``item``, ``bytes`` and ``kind`` (PEER_HIT:
+        the holder sends a copy to the reader; ADMIT: the reader sends what
+        it read from storage to the item's home). A plan with windows adds
+        ``window``, the window the transfer is sent in: the one before the
+        peer hit's, the one after the ADMIT's."""
+        kinds, raw, reader = self.kinds, self._nodes, self.reader
+        peer = kinds == PEER_HIT
+        away = (kinds == ADMIT) & (raw != reader)
+        pos = np.flatnonzero(peer | away)
+        is_peer = peer[pos]
+        src = np.where(is_peer, raw[pos], reader[pos]).astype(np.int64)
+        dst = np.where(is_peer, reader[pos], raw[pos]).astype(np.int64)
+        item = self.seq[pos]
+        out = {"position": pos, "step": self.timeline.step[pos], "src": src, "dst": dst, "item": item,
+               "bytes": self.item_size(item), "kind": kinds[pos]}
+        if self.window is not None:
+            out["window"] = self.windows()[pos] + np.where(is_peer, -1, 1)
+        return out
+
+    def node_plan(self, node: int) -> NodePlan:
+        """Node ``node``'s plan for its pool (:class:`NodePlan`), from a plan
+        with windows. Every generation the node keeps lives in its pool from
+        its ADMIT (a read from storage here, or a RECEIVE) to its last read
+        here (its ranks' or a SEND), which is inside the span the cluster
+        plan charges to the node, so the pool never holds more than the
+        node's capacity."""
+        if self.window is None:
+            raise InvalidInputError("a node plan needs a plan with windows: plan with window= (steps a window)")
+        node = int(node)
+        if not 0 <= node < self.n_nodes:
+            raise InvalidInputError(f"node {node} is outside [0, {self.n_nodes})")
+        hit, admit, bypass = _engine.OP_HIT, _engine.OP_ADMIT, _engine.OP_BYPASS
+        w = self.windows()
+        raw = self._nodes
+        mine = np.flatnonzero(self.reader == node)
+        k = self.kinds[mine]
+        op = np.full(mine.size, bypass, dtype=np.uint8)
+        op[k == LOCAL_HIT] = hit
+        op[(k == ADMIT) & (raw[mine] == node)] = admit
+        source = np.where(k == LOCAL_HIT, FROM_POOL, np.where(k == PEER_HIT, FROM_PEER, FROM_STORAGE))
+        forward = (k == ADMIT) & (raw[mine] != node)
+        tr = self.transfers()
+        recv = np.flatnonzero((tr["kind"] == ADMIT) & (tr["dst"] == node))
+        send = np.flatnonzero((tr["kind"] == PEER_HIT) & (tr["src"] == node))
+        n_r, n_s = recv.size, send.size
+        window = np.concatenate([w[mine], tr["window"][recv] + 1, tr["window"][send]])
+        role = np.concatenate([np.full(mine.size, WORKER), np.full(n_r, RECEIVE), np.full(n_s, SEND)])
+        position = np.concatenate([mine, tr["position"][recv], tr["position"][send]])
+        # By window, then RECEIVE, SEND, WORKER, then position (lexsort's last key is its first).
+        order = np.lexsort((position, np.where(role == WORKER, 2, role - 1), window))
+        return NodePlan(
+            node=node,
+            seq=self.seq[position[order]].astype(np.int64),
+            op=np.concatenate([op, np.full(n_r, admit), np.full(n_s, hit)]).astype(np.uint8)[order],
+            role=role.astype(np.uint8)[order],
+            source=np.concatenate([source, np.full(n_r, FROM_PEER), np.full(n_s, FROM_POOL)]).astype(np.uint8)[order],
+            forward=np.concatenate([forward, np.zeros(n_r + n_s, dtype=bool)])[order],
+            window=window.astype(np.int64)[order],
+            position=position.astype(np.int64)[order],
+        )
+
+    def pool_plan(self, node: int, node_plan: NodePlan | None = None) -> Plan:
+        """The engine plan of ``node``'s pool: its :meth:`node_plan`'s
+        decisions, given (``opt4_plan_from_kinds``), at the node's capacity
+        (its pages of :attr:`page_size` bytes, for a plan in bytes). The
+        engine hands out the slots or pages and checks that the node plan
+        fits its capacity, as a pool needs. A node that holds nothing gets
+        one place, which it never uses."""
+        np_ = self.node_plan(node) if node_plan is None else node_plan
+        seq = np.ascontiguousarray(np_.seq, dtype=np.uint32)
+        items = self.plan.items
+        kinds = np.ascontiguousarray(np_.op, dtype=np.uint8)
+        cap = max(int(self.capacities[np_.node]), 1)
+        if self.sized:
+            assert self._sizes is not None
+            sizes = np.ascontiguousarray(self._sizes, dtype=np.uint64)
+            handle = _engine.build_plan(seq, items, 0, item_sizes=sizes, capacity_bytes=cap * self.page_size,
+                                        page_size=self.page_size, kinds=kinds)
+        else:
+            handle = _engine.build_plan(seq, items, cap, kinds=kinds)
+        return Plan(handle)
+
+    def for_node(self, node: int) -> dict[str, Any]:
+        """The part of the plan that concerns one node: the positions it
+        reads with their kinds and nodes (``reads``), what it sends and what
+        it receives (``sends``, ``receives``: :meth:`transfers` rows), the
+        positions whose generation it keeps (``homes``), and its counts."""
+        node = int(node)
+        if not 0 <= node < self.n_nodes:
+            raise InvalidInputError(f"node {node} is outside [0, {self.n_nodes})")
+        mine = np.flatnonzero(self.reader == node)
+        tr = self.transfers()
+        sends, receives = tr["src"] == node, tr["dst"] == node
+        return {
+            "node": node,
+            "reads": {"position": mine, "item": self.seq[mine], "kind": self.kinds[mine],
+                      "node": self.nodes[mine]},
+            "homes": np.flatnonzero((self.kinds == ADMIT) & (self._nodes == node)),
+            "sends": {k: v[sends] for k, v in tr.items()},
+            "receives": {k: v[receives] for k, v in tr.items()},
+            "stats": self.node_stats()[node],
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Totals and per-node counts as plain JSON-ready values."""
+        T = self.accesses
+        return {
+            "accesses": T,
+            "nodes": self.n_nodes,
+            "capacity": int(self._info["capacity"]),
+            "hits": self.hits,
+            "local_hits": self.local_hits,
+            "peer_hits": self.peer_hits,
+            "admits": self.admits,
+            "bypasses": self.bypasses,
+            "remote_admits": self.remote_admits,
+            "page_size": self.page_size,
+            "unplaced": self.unplaced,
+            "unplaced_hits": self.unplaced_hits,
+            "window": self.window,
+            "late": self.late,
+            "hit_rate": self.hits / T if T else 0.0,
+            "local_hit_rate": self.local_hits / T if T else 0.0,
+            "peer_hit_rate": self.peer_hits / T if T else 0.0,
+            "storage_bytes": self.storage_bytes,
+            "peer_bytes": self.peer_bytes,
+            "checksum": f"{self.checksum:016x}",
+            "per_node": self.node_stats(),
+        }
+
+    def __repr__(self) -> str:
+        T = max(self.accesses, 1)
+        return (f"<ClusterPlan {self.accesses} accesses over {self.n_nodes} nodes, capacity "
+                f"{int(self._info['capacity'])}: local {self.local_hits / T:.4f}, peer {self.peer_hits / T:.4f}, "
+                f"storage {self.storage_reads / T:.4f}>")
+

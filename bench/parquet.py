@@ -367,14 +367,16 @@ def main() -> int:
         if args.store == "s3":
             _SERVER = _start_server(args, paths)
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in args.configs.split(",")}
-        for r in range(args.repeats):
-            for name in runs:
-                res = run_one(name, paths, args, os.path.join(folder, "hf-cache"))
-                runs[name].append(res)
-                print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()
-                                  if k != "epochs"}), flush=True)
-    if _SERVER is not None:
-        _SERVER.stop()
+        try:
+            for r in range(args.repeats):
+                for name in runs:
+                    res = run_one(name, paths, args, os.path.join(folder, "hf-cache"))
+                    runs[name].append(res)
+                    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()
+                                      if k != "epochs"}), flush=True)
+        finally:  # a configuration that fails (LitData over S3) leaves no server behind
+            if _SERVER is not None:
+                _SERVER.stop()
     table = []
     for name, rs in runs.items():
         row = {"config": name,

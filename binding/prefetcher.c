@@ -93,14 +93,14 @@ static PyObject *prefetcher_start(PrefetcherObject *self, const char *name, cons
 
 static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"pool_name", "records", "threads", "lookahead", "frame", "labels", "samples",
-                           "load", "items", "max_size", "max_threads", NULL};
+                           "load", "items", "max_size", "max_threads", "units", NULL};
   const char *name, *frame = "bytes";
   PyObject *rec;
   unsigned int threads = 0, max_threads = 0;
   unsigned long long lookahead = 0, items = 0, max_size = 0;
-  PyObject *labels = Py_None, *samples = Py_None, *load = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|IKsOOOKKI", kwlist, &name, &rec, &threads, &lookahead, &frame,
-                                   &labels, &samples, &load, &items, &max_size, &max_threads))
+  PyObject *labels = Py_None, *samples = Py_None, *load = Py_None, *units = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|IKsOOOKKIO", kwlist, &name, &rec, &threads, &lookahead, &frame,
+                                   &labels, &samples, &load, &items, &max_size, &max_threads, &units))
     return NULL;
   opt4_prefetcher_opts o;
   memset(&o, 0, sizeof o);
@@ -135,6 +135,8 @@ static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
   int tar = strcmp(frame, "tar") == 0;
   if (strcmp(frame, "raw") != 0 && strcmp(frame, "bytes") != 0 && !tar)
     return PyErr_Format(PyExc_ValueError, "frame must be 'bytes', 'tar' or 'raw', not '%s'", frame);
+  if (units != Py_None && (!is_ranges || tar))
+    return PyErr_Format(PyExc_ValueError, "units= gathers pieces of Ranges or S3Ranges, framed as bytes or raw");
   if (tar != (samples != Py_None) || (tar && (!is_ranges || !PyTuple_Check(samples) || PyTuple_GET_SIZE(samples) != 2)))
     return PyErr_Format(PyExc_ValueError, "frame='tar' reads Ranges or S3Ranges, with samples=(keys, members) as TarShards "
                                           "has them; samples= goes with frame='tar' only");
@@ -185,6 +187,25 @@ static PyObject *prefetcher_new(PyTypeObject *type, PyObject *args, PyObject *kw
   if (is_ranges) {
     rc = is_s3 ? opt4_source_s3(((S3RangesObject *)rec)->r, &self->src)
                : opt4_source_ranges(((RangesObject *)rec)->r, &self->src);
+    if (rc == 0 && units != Py_None) {
+      /* Read units of several pieces (a Parquet page range): the reader's
+       * items are the pieces, and the prefetcher reads the units. */
+      Py_buffer view;
+      if (PyObject_GetBuffer(units, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        Py_DECREF(self);
+        return NULL;
+      }
+      if (view.itemsize != 8 || view.format == NULL || (strcmp(view.format, "q") != 0 && strcmp(view.format, "l") != 0) ||
+          view.len < 8) {
+        PyBuffer_Release(&view);
+        Py_DECREF(self);
+        return PyErr_Format(PyExc_TypeError, "units must be a contiguous int64 array of n_units + 1 first pieces");
+      }
+      opt4_source *pieces = self->src;
+      self->src = NULL;
+      rc = opt4_source_gather(pieces, view.buf, (uint64_t)(view.len / 8) - 1, &self->src); /* owns pieces */
+      PyBuffer_Release(&view);
+    }
     if (rc == 0 && layout != NULL) {
       opt4_source *ranges = self->src;
       self->src = NULL;

@@ -1415,6 +1415,18 @@ int opt4_tar_index_file(const char *path, opt4_tar_index **out);
 int opt4_tar_index_view(const opt4_tar_index *t, opt4_tar_view *out);
 /* Free the index. NULL is harmless. */
 void opt4_tar_index_close(opt4_tar_index *t);
+/* Read units of several pieces: item u of *out is pieces first[u] ..
+ * first[u+1] - 1 of inner, read one after another into one destination
+ * (a Parquet page range: a column's dictionary page and data pages, for
+ * each column, apart in the file). first has n_units + 1 entries, from 0 to
+ * opt4_source_count(inner), each unit at least one piece. inner belongs to
+ * the gather source from this call on (closed with it, and when this call
+ * fails); first is copied. Each unit's length (its pieces' sum) is taken
+ * once, here; a piece read shorter fails its unit (OPT4_ETRUNCATED). The
+ * inner source counts each piece's read. Errors: OPT4_EINVAL (NULL, first
+ * not covering the pieces in order, a unit without pieces), OPT4_ETOOBIG,
+ * OPT4_ENOMEM, and size_of's codes. Thread safety: as the inner source. */
+int opt4_source_gather(opt4_source *inner, const uint64_t *first, uint64_t n_units, opt4_source **out);
 /* Close a source (ops->close frees its state). NULL is harmless. */
 void opt4_source_close(opt4_source *src);
 /* The table's name, and the source's item count (read once, at create). */

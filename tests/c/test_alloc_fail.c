@@ -104,6 +104,31 @@ static int do_fingerprint(void) {
   return opt4_fingerprint(&s, &fp);
 }
 
+/* Units of several pieces of a file (opt4_source_gather over ranges). */
+static const opt4_range gather_pieces[] = {{0, 0, 10}, {0, 20, 5}, {0, 40, 8}};
+static const uint64_t gather_first[] = {0, 2, 3};
+
+static int do_gather(void) {
+  const char *paths[] = {path};
+  opt4_ranges *r = NULL;
+  opt4_source *inner = NULL, *g = NULL;
+  int rc = opt4_ranges_open(paths, 1, gather_pieces, 3, 0, &r);
+  if (rc == 0) rc = opt4_source_ranges(r, &inner);
+  if (rc == 0) {
+    rc = opt4_source_gather(inner, gather_first, 2, &g); /* owns inner from here */
+    if (rc != 0) ASSERT(g == NULL);
+  }
+  if (rc == 0) {
+    uint8_t buf[32];
+    uint64_t len = 0;
+    rc = opt4_source_read_one(g, 0, buf, sizeof buf, &len);
+    if (rc == 0) ASSERT_U64_EQ(len, 15);
+  }
+  opt4_source_close(g);
+  opt4_ranges_close(r);
+  return rc;
+}
+
 static void run_scenario(const char *name, scenario fn) {
   opt4_allocator a = {failing_malloc, plain_free, NULL};
   opt4_set_allocator(&a);
@@ -158,6 +183,7 @@ int main(void) {
   }
   run_scenario("fingerprint", do_fingerprint);
   run_scenario("save", do_save);
+  run_scenario("gather", do_gather);
   unlink(path);
   return 0;
 }

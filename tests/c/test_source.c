@@ -760,9 +760,76 @@ static void test_head_wait_for_its_block(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* Units of several pieces (opt4_source_gather): each unit reads its
+ * pieces in order into one destination, the inner reader counts each
+ * piece, bad unit tables are refused (and close the inner source), and a
+ * file cut short fails the unit that reaches past it. */
+static void test_gather(void) {
+  char path[128];
+  tmp_path(path, sizeof path, "gather.bin");
+  uint8_t data[1000];
+  for (int i = 0; i < 1000; i++) data[i] = (uint8_t)(i * 7 + 3);
+  FILE *f = fopen(path, "wb");
+  ASSERT(f != NULL && fwrite(data, 1, sizeof data, f) == sizeof data);
+  fclose(f);
+  const char *paths[] = {path};
+  /* Unit 0: bytes 900-919 then 10-29; unit 1: 500-999 (one piece); unit 2: 0-9, 990-999, 100-100. */
+  const opt4_range pieces[] = {{0, 900, 20}, {0, 10, 20}, {0, 500, 500}, {0, 0, 10}, {0, 990, 10}, {0, 100, 1}};
+  const uint64_t first[] = {0, 2, 3, 6};
+  opt4_ranges *r = NULL;
+  opt4_source *inner = NULL, *g = NULL;
+  ASSERT_OK(opt4_ranges_open(paths, 1, pieces, 6, 0, &r));
+  ASSERT_OK(opt4_source_ranges(r, &inner));
+  ASSERT_OK(opt4_source_gather(inner, first, 3, &g));
+  ASSERT_U64_EQ(opt4_source_count(g), 3);
+  uint64_t len = 0;
+  ASSERT_OK(opt4_source_size_of(g, 2, &len));
+  ASSERT_U64_EQ(len, 21);
+  uint8_t buf[600], want[600];
+  ASSERT_ERR(opt4_source_read_one(g, 1, buf, 499, &len), OPT4_EITEMSIZE);
+  ASSERT_U64_EQ(len, 500);
+  ASSERT_OK(opt4_source_read_one(g, 0, buf, sizeof buf, &len));
+  memcpy(want, data + 900, 20);
+  memcpy(want + 20, data + 10, 20);
+  ASSERT_U64_EQ(len, 40);
+  ASSERT(memcmp(buf, want, 40) == 0);
+  ASSERT_OK(opt4_source_read_one(g, 2, buf, sizeof buf, &len));
+  memcpy(want, data, 10);
+  memcpy(want + 10, data + 990, 10);
+  want[20] = data[100];
+  ASSERT(len == 21 && memcmp(buf, want, 21) == 0);
+  opt4_ranges_info info;
+  ASSERT_OK(opt4_ranges_info_get(r, &info));
+  ASSERT_U64_EQ(info.reads, 5); /* each piece one read */
+  ASSERT_U64_EQ(info.bytes_read, 61);
+  ASSERT_OK(opt4_source_read_one(g, 1, buf, sizeof buf, &len));
+  ASSERT(len == 500 && memcmp(buf, data + 500, 500) == 0);
+  /* Cut short: unit 1 reaches past the end, unit 0 does not. */
+  ASSERT(truncate(path, 950) == 0);
+  ASSERT_ERR(opt4_source_read_one(g, 1, buf, sizeof buf, &len), OPT4_ETRUNCATED);
+  ASSERT_OK(opt4_source_read_one(g, 0, buf, sizeof buf, &len));
+  ASSERT_U64_EQ(len, 40);
+  opt4_source_close(g);
+  /* Bad tables: not from 0, not to the end, a unit without pieces. Each
+   * closes the inner source it was given. */
+  const uint64_t from1[] = {1, 6}, short_[] = {0, 5}, empty_unit[] = {0, 2, 2, 6};
+  const uint64_t *bad[] = {from1, short_, empty_unit};
+  const uint64_t n_bad[] = {1, 1, 3};
+  for (int k = 0; k < 3; k++) {
+    ASSERT_OK(opt4_source_ranges(r, &inner));
+    ASSERT_ERR(opt4_source_gather(inner, bad[k], n_bad[k], &g), OPT4_EINVAL);
+    ASSERT(g == NULL);
+  }
+  ASSERT_ERR(opt4_source_gather(NULL, first, 3, &g), OPT4_EINVAL);
+  opt4_ranges_close(r);
+  unlink(path);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 int main(void) {
   RUN(test_records_source);
   RUN(test_create_checks);
+  RUN(test_gather);
   RUN(test_prefetch_from_queued_source);
   RUN(test_stop_wakes_sleepers);
   RUN(test_early_park);

@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("--bad-state", choices=["negative", "swapped"],
                     help="with --resume-after: rank 1 loads a state with batches_done=-1 (negative), or the "
                          "ranks load each other's states (swapped); every rank records its refusal")
+    ap.add_argument("--parquet", help="then, with --shared: opt4torch.Parquet over this folder's files, one "
+                                      "pool for the node's ranks, planned over page ranges (rank 0 writes it)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dist.init_process_group("gloo")
@@ -111,6 +113,8 @@ def main() -> None:
     st = loader.cache.stats()
     mine.update({"bad": bad, "steps": steps, "stats": st, "plan_hits": loader.cache.plan.hits,
                  "plan_accesses": loader.cache.plan.accesses})
+    if args.parquet:
+        mine["parquet"] = parquet_shared(args, rank, world)
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine)
     dist.barrier()
@@ -119,6 +123,46 @@ def main() -> None:
             json.dump(everyone, f)
     loader.cache.close()
     dist.destroy_process_group()
+
+
+def parquet_shared(args: argparse.Namespace, rank: int, world: int) -> dict:
+    """Rows of Parquet files through one pool for the node's ranks: the plan
+    is over the read units of the ranks' merged rows; every row is checked
+    against pyarrow's reading (by its id) and every epoch's ids against the
+    sampler's."""
+    import glob
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    paths = sorted(glob.glob(os.path.join(args.parquet, "*.parquet")))
+    ds = opt4torch.Parquet(paths)
+    want = [row for p in paths for row in pq.read_table(p).to_pylist()]
+    sampler = DistributedSampler(range(len(ds)), num_replicas=world, rank=rank, seed=5)
+    loader = opt4torch.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=args.workers, epochs=2,
+                                  collate_fn=list, share_across_ranks=True, cache_bytes=int(ds.unit_sizes().sum()) // 3,
+                                  multiprocessing_context="fork" if args.workers else None, wait_timeout=60)
+    bad = order_bad = 0
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        expected = list(sampler)
+        got = []
+        for batch in loader:
+            for row in batch:
+                bad += row != want[row["id"]]
+                got.append(row["id"])
+            dist.all_reduce(torch.ones(1))
+        order_bad += got != expected
+    dist.barrier()
+    st = loader.cache.stats()
+    plan = loader.cache.plan
+    out = {"bad": bad, "order_bad": order_bad, "hits": st["hits"], "plan_hits": plan.hits,
+           "fallbacks": st["fallbacks"], "timeouts": st["timeouts"], "storage_bytes": st["storage_bytes"],
+           "plan_miss_bytes": int(ds.unit_sizes()[plan.seq[plan.kinds != opt4torch.HIT]].sum()),
+           "accesses": plan.accesses, "units": len(ds.unit_sizes())}
+    dist.barrier()
+    loader.cache.close()
+    return out
 
 
 if __name__ == "__main__":

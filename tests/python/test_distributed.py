@@ -55,9 +55,25 @@ def test_each_rank_plans_its_shard(tmp_path) -> None:
 
 
 def test_ranks_share_one_pool(tmp_path) -> None:
-    ranks = torchrun(tmp_path, "--shared")
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    # Then, in the same job, Parquet rows through one pool: page ranges of
+    # 3 rows (max_rows_per_page) in row groups of 12.
+    folder = tmp_path / "parquet"
+    folder.mkdir()
+    for k in range(2):
+        ids = np.arange(k * 30, (k + 1) * 30)
+        pq.write_table(pyarrow.table({"id": ids, "blob": [bytes([i % 251]) * (50 + i) for i in ids]}),
+                       folder / f"p{k}.parquet", row_group_size=12, max_rows_per_page=3, write_page_index=True)
+    ranks = torchrun(tmp_path, "--shared", "--parquet", str(folder))
     assert all(r["bad"] == 0 for r in ranks)
     assert ranks[0]["plan_accesses"] == ranks[1]["plan_accesses"] == 3 * 400  # both shards, interleaved
+    pqr = [r["parquet"] for r in ranks]
+    assert all(p["bad"] == 0 and p["order_bad"] == 0 and p["fallbacks"] == 0 == p["timeouts"] for p in pqr), pqr
+    assert pqr[0]["accesses"] == pqr[1]["accesses"] == 2 * 60 and pqr[0]["units"] == 2 * 10, pqr  # both ranks' rows
+    assert pqr[0]["hits"] == pqr[1]["hits"] == pqr[0]["plan_hits"] > 0, pqr  # one pool's counters
+    assert pqr[0]["storage_bytes"] + pqr[1]["storage_bytes"] == pqr[0]["plan_miss_bytes"], pqr
     assert ranks[0]["plan_hits"] == ranks[1]["plan_hits"]  # one plan
     # One pool: each rank reads the counters of every rank's processes, taken
     # after both finished (the barrier), so they agree and cover the run.

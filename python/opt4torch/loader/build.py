@@ -276,15 +276,15 @@ def build_local(dataset: Any, o: Options, transform: Callable[[Any], Any] | None
     node's ranks)."""
     per_epoch = capture_order(dataset, o.batch_size, o.shuffle, o.sampler, o.batch_sampler, o.drop_last,
                               o.generator, o.epochs, o.seed, o.progress)
+    seq, starts, floors, own, desc_sampler, used_seed, node = sequence_of(dataset, o, per_epoch)
     units = None
     if isinstance(dataset, ReadUnits):
         # Rows smaller than a read (opt4torch.Parquet): the plan is over what
         # a read fetches, and each position's row is taken from its unit
-        # after the cache (docs/algorithm.md, "Read units").
-        dataset, after, unit_idx = dataset.opt4_read_units(per_epoch[0], transform, o.share_across_ranks)
-        per_epoch = (unit_idx, *per_epoch[1:])
+        # after the cache (docs/algorithm.md, "Read units"). seq holds the
+        # rows, the node's ranks' merged when they share a pool.
+        dataset, after, seq = dataset.opt4_read_units(seq, transform)
         units = (dataset, after)
-    seq, starts, floors, own, desc_sampler, used_seed, node = sequence_of(dataset, o, per_epoch)
     desc = json.dumps({"sampler": desc_sampler, "epochs": o.epochs, "seed": used_seed,
                        "shared_ranks": o.share_across_ranks})
     make_plan, pool_page = planner(dataset, o, seq, desc, node)

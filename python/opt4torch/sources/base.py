@@ -46,10 +46,18 @@ class EngineSource:
     labels: Any = None
     #: Frame ``"tar"``: (keys, members) as TarShards holds them.
     samples: tuple[Any, Any] | None = None
+    #: Read units of several of the reader's items (pieces): an int64 array
+    #: of each unit's first piece and the count after the last; the engine
+    #: reads unit ``u`` as pieces ``units[u]`` to ``units[u+1] - 1``, one
+    #: after another (``opt4_source_gather``). None: one item a unit.
+    units: Any = None
 
     def prefetcher_args(self) -> dict[str, Any]:
         """The keywords ``_engine.Prefetcher`` takes for this source."""
-        return {"records": self.records, "frame": self.frame, "labels": self.labels, "samples": self.samples}
+        args = {"records": self.records, "frame": self.frame, "labels": self.labels, "samples": self.samples}
+        if self.units is not None:
+            args["units"] = self.units
+        return args
 
 
 @runtime_checkable
@@ -74,12 +82,12 @@ class ReadUnits(Protocol):
     read units, and takes each position's item from its unit after the
     cache (docs/algorithm.md, "Read units")."""
 
-    def opt4_read_units(self, per_epoch: list[Any], transform: Any,
-                        shared: bool) -> tuple[Any, Any, list[Any]]:
-        """Given each epoch's captured item indices: the dataset of read
-        units the loader plans over, the transform that takes a position's
-        item from its unit (an ``at_positions(blobs, positions)`` method),
-        and each epoch's unit indices."""
+    def opt4_read_units(self, rows: Any, transform: Any) -> tuple[Any, Any, Any]:
+        """Given the item at each position of the loader's sequence (every
+        epoch's, and with ``share_across_ranks`` the node's ranks' merged):
+        the dataset of read units the loader plans over, the transform that
+        takes a position's item from its unit (an ``at_positions(blobs,
+        positions)`` method), and the unit at each position."""
         ...
 
 

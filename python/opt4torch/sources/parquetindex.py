@@ -1,0 +1,223 @@
+"""What a Parquet file holds, read at indexing: its footer (checked), its
+row groups' byte ranges, and its read units (page ranges through the offset
+index, parquetpages.py, else row groups), with the pieces each unit reads.
+Also ParquetError and pyarrow's import, which every Parquet module shares.
+May touch: the files it is given (their footers and offset indexes).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import parquetmeta as pm
+from .parquetpages import Chunk, leaf_fields, page_units, read_chunks
+
+__all__ = ["PageInfo", "ParquetError", "footer_of", "index_units", "parse_footer", "pread_exact", "pyarrow_parquet",
+           "read_footer"]
+
+_MAGIC = b"PAR1"
+_INSTALL = "pip install 'opt4torchdataset[hf]' (or pip install pyarrow)"
+
+
+def pyarrow_parquet() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(f"opt4torch.Parquet needs pyarrow, which is not installed: {_INSTALL}",
+                                  name=e.name) from e
+    return pq
+
+
+class ParquetError(ValueError):
+    """A Parquet file that cannot be read as indexed; the message names it."""
+
+
+class PageInfo:
+    """What decoding page units needs, per file and row group: each leaf's
+    top-level field, the chunks' page locations, the row count; per page
+    unit, each leaf's page run (one flat array, ``at[u]`` where unit ``u``'s
+    begin)."""
+
+    def __init__(self) -> None:
+        self.fields: dict[int, list[int]] = {}
+        self.chunks: dict[tuple[int, int], list[Chunk]] = {}
+        self.rows: dict[tuple[int, int], int] = {}
+        self._runs: list[np.ndarray] = []
+        self.runs = np.empty((0, 2), np.int32)
+        self.at: np.ndarray = np.empty(0, np.int64)
+        self.width: np.ndarray = np.empty(0, np.int64)
+
+    def add(self, runs: np.ndarray) -> None:
+        self._runs.append(runs)
+
+    def finish(self, paged: np.ndarray, leaves_of_unit: np.ndarray) -> None:
+        self.runs = np.concatenate([r.reshape(-1, 2) for r in self._runs]) if self._runs else self.runs
+        self._runs = []
+        self.width = np.where(paged, leaves_of_unit, 0).astype(np.int64)
+        self.at = np.concatenate([[0], np.cumsum(self.width)[:-1]]).astype(np.int64)
+
+    def runs_of(self, unit: int) -> np.ndarray:
+        a = int(self.at[unit])
+        return self.runs[a:a + int(self.width[unit])]
+
+
+def index_units(paths: list[str], sizes: list[int], footers: list[tuple[bytes, Any]],
+           reads: list[Callable[[int, int], bytes]] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                                    Any, PageInfo]:
+    """Every file's read units: the page ranges of each row group whose
+    columns all have an offset index (``reads`` given: read with
+    ``reads[f](offset, length)``), else the row group. Returns the units,
+    int64 rows (file, row group, first row in it, rows, paged); the pieces
+    the reader reads, int64 rows (file, offset, length); each unit's first
+    piece (and the count after the last); each unit's first row (and the
+    count after the last); the schema, which every file must share; and
+    what decoding the page units needs."""
+    units: list[tuple[int, int, int, int, int]] = []
+    pieces: list[tuple[int, int, int]] = []
+    first_piece: list[int] = [0]
+    first_row: list[int] = []
+    leaves_of_unit: list[int] = []
+    info = PageInfo()
+    schema: Any = None
+    rows = 0
+    for f, (path, size, (footer, meta)) in enumerate(zip(paths, sizes, footers)):
+        this = meta.schema.to_arrow_schema()
+        if schema is None:
+            schema = this
+        elif not this.equals(schema):
+            raise ParquetError(f"Parquet file {path} has another schema than {paths[0]}: every file of one "
+                               f"dataset must have the same columns and types.\n{paths[0]}:\n{schema}\n"
+                               f"{path}:\n{this}")
+        data_end = size - len(footer)
+        tree: Any = None
+        if reads is not None and any(meta.row_group(rg).column(c).has_offset_index
+                                     for rg in range(meta.num_row_groups)
+                                     for c in range(meta.row_group(rg).num_columns)):
+            try:
+                tree = pm.parse(footer)[0]
+                info.fields[f] = leaf_fields(tree)
+            except pm.ThriftError as e:
+                raise ParquetError(f"Parquet file {path}: its footer is corrupt ({e}); write it again") from None
+        for rg in range(meta.num_row_groups):
+            g = meta.row_group(rg)
+            lo, hi = _row_group_range(g)
+            if not 4 <= lo <= hi <= data_end:
+                raise ParquetError(f"Parquet file {path}: row group {rg} lies at bytes {lo}-{hi}, outside the "
+                                   f"file's data (4-{data_end}): the file is cut short or its footer is damaged; "
+                                   "write it again")
+            chunks = None
+            if tree is not None and g.num_rows > 0:
+                try:
+                    chunks = read_chunks(tree, rg, reads[f], data_end)  # type: ignore[index]
+                    if chunks is not None and len(chunks) != len(info.fields[f]):
+                        raise pm.ThriftError(f"{len(chunks)} column chunks for {len(info.fields[f])} leaf columns")
+                except pm.ThriftError as e:
+                    raise ParquetError(f"Parquet file {path}: row group {rg}'s offset index is damaged ({e}); read "
+                                       "the file by row groups (Parquet(..., pages=False)) or write it again"
+                                       ) from None
+            if chunks is None:
+                units.append((f, rg, 0, g.num_rows, 0))
+                pieces.append((f, lo, hi - lo))
+                first_piece.append(len(pieces))
+                first_row.append(rows)
+                leaves_of_unit.append(0)
+            else:
+                info.chunks[(f, rg)] = chunks
+                info.rows[(f, rg)] = g.num_rows
+                unit_rows, unit_pieces, runs = page_units(chunks, g.num_rows, info.fields[f], list(schema.types))
+                info.add(runs)
+                for (r0, r1), ps in zip(unit_rows, unit_pieces):
+                    units.append((f, rg, r0, r1 - r0, 1))
+                    pieces.extend((f, off, n) for off, n in ps)
+                    first_piece.append(len(pieces))
+                    first_row.append(rows + r0)
+                    leaves_of_unit.append(len(chunks))
+            rows += g.num_rows
+        if sum(meta.row_group(k).num_rows for k in range(meta.num_row_groups)) != meta.num_rows:
+            raise ParquetError(f"Parquet file {path}: its row groups' rows do not add up to its row count; the "
+                               "footer is damaged")
+    unit_arr = np.asarray(units, dtype=np.int64).reshape(-1, 5)
+    info.finish(unit_arr[:, 4] == 1, np.asarray(leaves_of_unit, dtype=np.int64))
+    return (unit_arr, np.asarray(pieces, dtype=np.int64).reshape(-1, 3), np.asarray(first_piece, dtype=np.int64),
+            np.asarray(first_row + [rows], dtype=np.int64), schema, info)
+
+
+def pread_exact(path: str, offset: int, length: int) -> bytes:
+    """``length`` bytes of a local file from ``offset`` (an offset index's
+    read at indexing, as the footer's), all of them or ParquetError."""
+    with open(path, "rb") as fh:
+        data = os.pread(fh.fileno(), length, offset)
+    if len(data) != length:
+        raise ParquetError(f"Parquet file {path}: bytes {offset}-{offset + length} are past its end; it was cut "
+                           "short or changed while it was indexed")
+    return data
+
+
+def _row_group_range(g: Any) -> tuple[int, int]:
+    """The byte range of a row group's column chunks (each from its
+    dictionary page, where it has one, to its last data page)."""
+    lo, hi = None, 0
+    for c in range(g.num_columns):
+        col = g.column(c)
+        start = col.data_page_offset
+        if col.has_dictionary_page and col.dictionary_page_offset is not None and col.dictionary_page_offset > 0:
+            start = min(start, col.dictionary_page_offset)
+        lo = start if lo is None else min(lo, start)
+        hi = max(hi, start + col.total_compressed_size)
+    return (lo if lo is not None else 4), hi
+
+
+def read_footer(pq: Any, path: str) -> tuple[tuple[int, int, int], bytes, Any]:
+    """A local file's identity (size, mtime_ns, inode), its footer and the
+    parsed metadata (:func:`_footer`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no Parquet file at {path!r}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ParquetError(f"{path} is not a regular file: Parquet files are read in place")
+        footer, meta = footer_of(pq, path, st.st_size, lambda off, n: os.pread(fd, n, off))
+        if os.fstat(fd).st_mtime_ns != st.st_mtime_ns:
+            raise ParquetError(f"Parquet file {path} changed while its footer was read; try again once it is "
+                               "written")
+    finally:
+        os.close(fd)
+    return (st.st_size, st.st_mtime_ns, st.st_ino), footer, meta
+
+
+def footer_of(pq: Any, name: str, size: int, read: Callable[[int, int], bytes]) -> tuple[bytes, Any]:
+    """A file's footer (metadata, its length and the magic) read with
+    ``read(offset, length)``, and the parsed metadata; every way it can be
+    wrong is a ParquetError naming the file."""
+    head = read(0, 4) if size >= 12 else b""
+    tail = read(size - 8, 8) if size >= 12 else b""
+    if head != _MAGIC or tail[4:] != _MAGIC:
+        raise ParquetError(f"{name} is not a Parquet file (it does not begin and end with PAR1, {size} bytes): "
+                           "give Parquet files only")
+    flen = int.from_bytes(tail[:4], "little")
+    if flen + 12 > size:
+        raise ParquetError(f"Parquet file {name}: its footer claims {flen} bytes, more than the file holds "
+                           f"({size}): the footer is corrupt or the file cut short; write it again")
+    footer = read(size - flen - 8, flen + 8)
+    try:
+        meta = parse_footer(pq, footer)
+    except Exception as e:
+        raise ParquetError(f"Parquet file {name}: its footer is corrupt ({type(e).__name__}: {e}); write it "
+                           "again") from e
+    return footer, meta
+
+
+def parse_footer(pq: Any, footer: bytes) -> Any:
+    """A file's metadata from its footer alone (the thrift metadata, its
+    length and the magic): pyarrow reads it as a file of just the magic and
+    the footer, since parsing looks at nothing else."""
+    import pyarrow as pa
+
+    return pq.read_metadata(pa.BufferReader(_MAGIC + footer))

@@ -1,0 +1,285 @@
+"""Page ranges of Parquet row groups as read units, through the offset index.
+
+A row group of the Hub's shards is hundreds of images; a miss that reads it
+whole reads hundreds of times its row. Where a file has an offset index
+(the page index: each column chunk's pages, their offsets, sizes and first
+rows), a smaller read serves a row: the pages that hold it. Here:
+
+- :func:`page_units` cuts a row group into units at the page boundaries of
+  its largest column (the images), and gives each unit what it reads: for
+  every leaf column, its dictionary page (everything before the first data
+  page) and the run of data pages covering the unit's rows. The leaves of a
+  top-level field that is not a plain struct (a list, a map) are read over
+  one row range, the smallest that every one of their page runs covers.
+- :class:`PagesDecoder` decodes a unit's bytes with pyarrow: it lays them
+  out as a small Parquet file (``PAR1``, the pages, a footer naming them:
+  :func:`parquetmeta.pages_footer`), one row group for each row range its
+  leaves cover, reads each row group's leaves, cuts them to the unit's rows
+  and puts the struct fields split across row groups together again.
+
+Decoding reads nothing but the unit's bytes and the footer kept at indexing.
+May touch: nothing but its arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import parquetmeta as pm
+
+__all__ = ["Chunk", "PagesDecoder", "leaf_fields", "page_units", "read_chunks"]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One leaf column's chunk in one row group: its first byte (its
+    dictionary page, else its first data page), its pages, and its value
+    count (an upper bound for any run of its pages)."""
+
+    lo: int
+    pages: pm.PageLocations
+    values: int
+    #: How many data pages, from the first, may be dictionary-encoded (the
+    #: chunk's encoding stats; all of them where it has none). Writers
+    #: encode with the dictionary until it grows too large, then fall back
+    #: to plain pages: a run past those needs no dictionary page. (A
+    #: dictionary-encoded page decoded without it is an error, never a
+    #: wrong row.)
+    dict_pages: int
+
+    def cover(self, r0: int, r1: int, rows: int) -> tuple[int, int, int, int]:
+        """The pages holding rows ``[r0, r1)``: first and last page, and the
+        rows they hold, ``[a0, a1)``."""
+        fr = np.asarray(self.pages.first_rows)
+        p0 = int(np.searchsorted(fr, r0, side="right")) - 1
+        p1 = int(np.searchsorted(fr, r1 - 1, side="right")) - 1
+        a1 = int(fr[p1 + 1]) if p1 + 1 < len(fr) else rows
+        return p0, p1, int(fr[p0]), a1
+
+    def dict_bytes(self, p0: int) -> int:
+        """The dictionary page's bytes (with any index page before the data),
+        where a run from page ``p0`` needs it; else 0."""
+        return self.pages.offsets[0] - self.lo if p0 < self.dict_pages else 0
+
+    def run(self, p0: int, p1: int) -> tuple[int, int]:
+        """The byte range of pages ``p0..p1``: offset and length."""
+        return self.pages.offsets[p0], self.pages.offsets[p1] + self.pages.sizes[p1] - self.pages.offsets[p0]
+
+
+def leaf_fields(meta: pm.Struct) -> list[int]:
+    """Each leaf column's top-level field (an index into the schema's
+    top-level fields), from the footer's schema, checked to be a tree."""
+    nodes = pm.items(meta, 2, pm.STRUCT)
+    if not nodes:
+        raise pm.ThriftError("a footer without a schema")
+    out: list[int] = []
+    pos = 1
+    top = pm.field(nodes[0], 5, 0, pm.I32)
+    if not isinstance(top, int) or not 0 <= top <= len(nodes):
+        raise pm.ThriftError("a schema root with a bad child count")
+
+    def walk(top_field: int, depth: int) -> None:
+        nonlocal pos
+        if pos >= len(nodes) or depth > pm.MAX_DEPTH:
+            raise pm.ThriftError("a schema whose child counts do not match its elements")
+        n = pm.field(nodes[pos], 5, 0, pm.I32)
+        pos += 1
+        if not isinstance(n, int) or n < 0 or n > len(nodes):
+            raise pm.ThriftError("a schema element with a bad child count")
+        if n == 0:
+            out.append(top_field)
+        for _ in range(n):
+            walk(top_field, depth + 1)
+
+    for k in range(top):
+        walk(k, 1)
+    if pos != len(nodes):
+        raise pm.ThriftError("a schema with elements outside its tree")
+    return out
+
+
+def read_chunks(meta: pm.Struct, rg: int, read: Callable[[int, int], bytes], data_end: int) -> list[Chunk] | None:
+    """Row group ``rg``'s leaf chunks with their page locations, read with
+    ``read(offset, length)`` from each chunk's offset index; None if a
+    chunk has none (the row group is then read whole). A location outside
+    the file's data or an index that disagrees with its chunk is a
+    ThriftError."""
+    groups = pm.items(meta, 4, pm.STRUCT)
+    if rg >= len(groups):
+        raise pm.ThriftError(f"no row group {rg}")
+    group = groups[rg]
+    rows = pm.field(group, 3, None, pm.I64)
+    cols = pm.items(group, 1, pm.STRUCT)
+    if not isinstance(rows, int) or rows <= 0 or not cols:
+        return None
+    spans = []
+    for k, cc in enumerate(cols):
+        md = pm.field(cc, 3, None, pm.STRUCT)
+        oi, ol = pm.field(cc, 4, None, pm.I64), pm.field(cc, 5, None, pm.I32)
+        if md is None or oi is None or ol is None or pm.field(cc, 1, None, pm.BINARY) is not None:
+            return None  # no offset index, or a chunk in another file
+        data, dic = pm.field(md, 9, None, pm.I64), pm.field(md, 11, None, pm.I64)
+        size, values = pm.field(md, 7, None, pm.I64), pm.field(md, 5, None, pm.I64)
+        if not isinstance(data, int) or not isinstance(dic, (int, type(None))):
+            raise pm.ThriftError(f"column chunk {k} has no data page offset")
+        lo = data if dic is None or dic <= 0 else min(data, dic)
+        if not all(isinstance(x, int) for x in (lo, size, values, oi, ol)) or not (
+                4 <= lo and size > 0 and lo + size <= data_end and 0 < ol <= 1 << 26 and 4 <= oi
+                and oi + ol <= data_end):
+            raise pm.ThriftError(f"column chunk {k}'s location or its offset index's is outside the file")
+        spans.append((lo, size, values, oi, ol, _dict_pages(md)))
+    lo_i = min(s[3] for s in spans)
+    hi_i = max(s[3] + s[4] for s in spans)
+    if hi_i - lo_i > 1 << 28:
+        raise pm.ThriftError(f"offset indexes spread over {hi_i - lo_i} bytes")
+    blob = read(lo_i, hi_i - lo_i)  # one read: a row group's offset indexes lie together
+    out = []
+    for lo, size, values, oi, ol, dict_pages in spans:
+        pages = pm.offset_index(blob[oi - lo_i:oi - lo_i + ol], lo, lo + size, rows)
+        out.append(Chunk(lo, pages, values, min(dict_pages, len(pages.offsets))))
+    return out
+
+
+def _dict_pages(md: pm.Struct) -> int:
+    """How many data pages of a chunk its encoding stats (ColumnMetaData
+    field 13) count as dictionary-encoded; 2^62 where it has none."""
+    stats = pm.field(md, 13, None, pm.LIST)
+    if stats is None or stats[0] != pm.STRUCT:
+        return 1 << 62
+    n = 0
+    for st in stats[1]:
+        page_type, encoding, count = pm.field(st, 1, None, pm.I32), pm.field(st, 2, None, pm.I32), \
+            pm.field(st, 3, None, pm.I32)
+        if not all(isinstance(x, int) for x in (page_type, encoding, count)) or count < 0:
+            return 1 << 62
+        if page_type in (0, 3) and encoding in (2, 8):  # data pages v1, v2; PLAIN_ / RLE_DICTIONARY
+            n += count
+    return n
+
+
+def _splittable(t: Any) -> bool:
+    """Whether a field's leaves may be read over different row ranges and
+    put together after: a struct of structs and plain columns."""
+    import pyarrow as pa
+
+    if not pa.types.is_struct(t) or isinstance(t, pa.ExtensionType):
+        return False
+    return all(_splittable(f.type) if pa.types.is_nested(f.type) else not isinstance(f.type, pa.ExtensionType)
+               for f in t)
+
+
+def _covers(chunks: Sequence[Chunk], r0: int, r1: int, rows: int,
+            together: list[list[int]]) -> list[tuple[int, int, int, int]]:
+    """Each leaf's page run for rows ``[r0, r1)``: (p0, p1, a0, a1); the
+    leaves of each list in ``together`` over one common row range."""
+    got = [c.cover(r0, r1, rows) for c in chunks]
+    for leaves in together:
+        lo, hi = r0, r1
+        while True:
+            runs = [chunks[k].cover(lo, hi, rows) for k in leaves]
+            nlo, nhi = min(r[2] for r in runs), max(r[3] for r in runs)
+            if (nlo, nhi) == (lo, hi):
+                break
+            lo, hi = nlo, nhi
+        for k, r in zip(leaves, runs):
+            got[k] = r
+    return got
+
+
+def page_units(chunks: Sequence[Chunk], rows: int, fields: Sequence[int], types: Sequence[Any]
+               ) -> tuple[list[tuple[int, int]], list[list[tuple[int, int]]], np.ndarray]:
+    """A row group's units: each unit's rows ``(r0, r1)``, its pieces (byte
+    ranges, adjacent ones merged) and each leaf's page run, an int32 array
+    ``(units, leaves, 2)``."""
+    big = max(range(len(chunks)), key=lambda k: chunks[k].pages.offsets[-1] + chunks[k].pages.sizes[-1]
+              - chunks[k].lo)
+    bounds = list(chunks[big].pages.first_rows) + [rows]
+    together: list[list[int]] = []
+    for f in sorted(set(fields)):
+        leaves = [k for k, g in enumerate(fields) if g == f]
+        if len(leaves) > 1 and not _splittable(types[f]):
+            together.append(leaves)
+    unit_rows, unit_pieces, runs = [], [], []
+    for r0, r1 in zip(bounds[:-1], bounds[1:]):
+        cover = _covers(chunks, r0, r1, rows, together)
+        pieces: list[tuple[int, int]] = []
+        for c, (p0, p1, _, _) in zip(chunks, cover):
+            if c.dict_bytes(p0) > 0:
+                pieces.append((c.lo, c.dict_bytes(p0)))
+            pieces.append(c.run(p0, p1))
+        merged: list[tuple[int, int]] = []
+        for off, n in pieces:
+            if merged and merged[-1][0] + merged[-1][1] == off:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((off, n))
+        unit_rows.append((r0, r1))
+        unit_pieces.append(merged)
+        runs.append([(p0, p1) for p0, p1, _, _ in cover])
+    return unit_rows, unit_pieces, np.asarray(runs, dtype=np.int32).reshape(len(unit_rows), len(chunks), 2)
+
+
+class PagesDecoder:
+    """A unit's bytes -> its rows as a pyarrow Table (the file's schema)."""
+
+    def __init__(self, meta: pm.Struct, schema: Any, fields: Sequence[int]) -> None:
+        self.meta = meta
+        self.schema = schema
+        self.fields = list(fields)
+
+    def table(self, chunks: Sequence[Chunk], rg: int, rows: int, r0: int, r1: int, runs: np.ndarray,
+              blob: Any) -> Any:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        layout = []  # per leaf: (dict at, data at, bytes) in the small file
+        at = 4
+        for c, (p0, p1) in zip(chunks, runs.tolist()):
+            d = c.dict_bytes(p0)
+            n = d + c.run(p0, p1)[1]
+            layout.append((at if d else -1, at + d, n))
+            at += n
+        if at - 4 != len(blob):
+            raise ValueError(f"{len(blob)} bytes where the unit's pages take {at - 4}")
+        spans: dict[tuple[int, int], list[int]] = {}
+        for k, (c, (p0, p1)) in enumerate(zip(chunks, runs.tolist())):
+            fr = c.pages.first_rows
+            spans.setdefault((fr[p0], fr[p1 + 1] if p1 + 1 < len(fr) else rows), []).append(k)
+        groups = []
+        for (a0, a1), leaves in spans.items():
+            cols = [(layout[k][0], layout[k][1], layout[k][2], chunks[k].values) if k in leaves else (-1, 4, 0, 0)
+                    for k in range(len(chunks))]
+            groups.append((rg, a1 - a0, cols))
+        data = b"".join((b"PAR1", blob, pm.pages_footer(self.meta, groups)))
+        reader = pq.ParquetFile(pa.BufferReader(data)).reader
+        parts: dict[int, list[Any]] = {}
+        for j, ((a0, a1), leaves) in enumerate(spans.items()):
+            got = reader.read_row_group(j, column_indices=leaves, use_threads=False)
+            if got.num_rows != a1 - a0:
+                raise ValueError(f"pages of rows {a0}-{a1} decoded to {got.num_rows} rows")
+            got = got.slice(r0 - a0, r1 - r0)
+            for f, col in zip(sorted({self.fields[k] for k in leaves}), got.columns):
+                parts.setdefault(f, []).append(col.combine_chunks())
+        columns = [_merge(self.schema.field(f).type, parts[f]) for f in range(len(self.schema))]
+        return pa.Table.from_arrays(columns, schema=self.schema)
+
+
+def _merge(t: Any, arrays: list[Any]) -> Any:
+    """One field's array from reads that each hold some of its leaves (a
+    struct's children split across row ranges), typed ``t``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(arrays) == 1 and arrays[0].type == t:
+        return arrays[0]
+    if not pa.types.is_struct(t):
+        raise ValueError(f"a field of type {t} was read in parts")
+    children = []
+    for f in t:
+        got = [a.field(f.name) for a in arrays if a.type.get_field_index(f.name) >= 0]
+        children.append(_merge(f.type, got))
+    return pa.StructArray.from_arrays(children, fields=list(t), mask=pc.invert(arrays[0].is_valid()))

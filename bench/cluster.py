@@ -29,8 +29,10 @@ cluster's nodes split. ``--latency`` is then the server's, per request. The
 server's own counters of GET bytes are reported beside the ranks'. With
 several link speeds, ``--plot`` draws the run's time (all epochs) against
 the link speed. "vs no cache" compares the runs' times over all epochs.
-``--slow-rank R`` makes node R's training step ``--slow-factor`` times as
-long (a slow node); every rank's epoch times are kept in the results.
+``--step-ms`` adds to each batch's step a wait that takes no CPU (an
+accelerator's step), and ``--slow-rank R`` makes node R's step, CPU and wait,
+``--slow-factor`` times as long (a slow node); every rank's epoch times are
+kept in the results.
 
     python bench/cluster.py [--items 2000] [--latency 0.010] [--epochs 3]
         [--capacity 0.25,0.5] [--of dataset|stored] [--batch 16] [--workers 2] [--window 8] [--repeats 2]
@@ -104,8 +106,11 @@ def rank_main(args: argparse.Namespace) -> None:
         sampler.set_epoch(e)  # torch's loader needs it; opt4torch's replays what it captured
         t0 = time.perf_counter()
         for batch in loader:
-            for _ in range(len(batch) * (args.slow_factor if rank == args.slow_rank else 1)):
+            slow = args.slow_factor if rank == args.slow_rank else 1
+            for _ in range(len(batch) * slow):
                 a = torch.tanh(a @ a)
+            if args.step_ms:  # an accelerator's step: time that takes no CPU of ours
+                time.sleep(args.step_ms * slow / 1000)
         times.append(time.perf_counter() - t0)
     after = ds.info()
     out: dict[str, Any] = {"rank": rank, "epoch_seconds": times, "accesses": args.epochs * len(sampler),
@@ -134,7 +139,8 @@ def run_config(args: argparse.Namespace, path: str, config: str, capacity: float
     from opt4torch.lab.launch import rank_errors, torchrun
 
     out = os.path.join(tmp, f"{config}-{capacity}")
-    store = ["--store", args.store, "--slow-rank", str(args.slow_rank), "--slow-factor", str(args.slow_factor)]
+    store = ["--store", args.store, "--slow-rank", str(args.slow_rank), "--slow-factor", str(args.slow_factor),
+             "--step-ms", str(args.step_ms)]
     r = torchrun(os.path.abspath(__file__), 4, "--rank-run", "--path", path, "--config", config,
                  "--capacity", str(capacity), "--latency", str(args.latency), "--epochs", str(args.epochs),
                  "--batch", str(args.batch), "--workers", str(args.workers), "--window", str(args.window),
@@ -190,6 +196,8 @@ def main() -> None:
     ap.add_argument("--slow-rank", type=int, default=-1,
                     help="a rank (node) whose training step takes --slow-factor times as long (-1: none)")
     ap.add_argument("--slow-factor", type=int, default=2)
+    ap.add_argument("--step-ms", type=float, default=0.0,
+                    help="milliseconds a batch's step waits beside its CPU work, as for a GPU (default 0)")
     ap.add_argument("--plot", default=None, help="with several --link speeds: a PNG of epoch time against them")
     ap.add_argument("--out", default="bench/results/cluster.json")
     ap.add_argument("--rank-run", action="store_true", help=argparse.SUPPRESS)

@@ -332,3 +332,33 @@ def test_checksum_catches_a_replacement_no_header_shows(server: Server, fault: N
     with pytest.raises(ObjectStoreError, match=r"item 1 \(700 bytes of s3://hostile/sums/a.tar\) does not match "
                                                r"the checksum recorded when it was indexed"):
         checked[1]
+
+
+def test_image_folder_checksums_catch_a_replacement(server: Server, fault: None) -> None:
+    """S3ImageFolder(checksum=True): each object fetched once at construction
+    (index_bytes, not counted as reads), then checked at every read. An
+    object replaced at the same size is refused on s3torchconnector's GETs
+    (which send no If-Match) and, with a store that ignores If-Match and
+    sends no ETag, on the engine's; without checksums the engine's GET then
+    returns the new bytes."""
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET)
+    for i in range(3):
+        client.put_object(Bucket=BUCKET, Key=f"isums/c/{i}.jpg", Body=bytes([i]) * 500)
+    url = f"s3://{BUCKET}/isums/"
+    plain = S3ImageFolder(url, endpoint_url=server.endpoint, client="c")
+    checked = S3ImageFolder(url, endpoint_url=server.endpoint, client="c", checksum=True)
+    viaconn = S3ImageFolder(url, endpoint_url=server.endpoint, client="s3torchconnector", checksum=True)
+    for ds in (checked, viaconn):
+        assert ds.info()["index_bytes"] == 1500 and ds.info()["reads"] == 0
+    assert checked[1] == viaconn[1] == (b"\x01" * 500, 0)
+    client.put_object(Bucket=BUCKET, Key="isums/c/1.jpg", Body=b"\x07" * 500)
+    with pytest.raises(ObjectStoreError, match=r"item 1 \(s3://hostile/isums/c/1.jpg, 500 bytes\) .*does not match "
+                                               r"the checksum recorded when it was indexed"):
+        viaconn[1]
+    server.call("set", fault="no-etag")
+    assert plain[1] == (b"\x07" * 500, 0)  # what the headers cannot tell: the new bytes, served
+    with pytest.raises(ObjectStoreError, match=r"item 1 \(500 bytes of s3://hostile/isums/c/1.jpg\) does not match "
+                                               r"the checksum recorded when it was indexed"):
+        checked[1]
+    assert checked[2] == (b"\x02" * 500, 0)  # the others still read

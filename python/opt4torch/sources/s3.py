@@ -523,6 +523,14 @@ class S3ImageFolder(ObjectDataset):
     (default: the system's CAs); the LIST is s3torchconnector's, which
     verifies against the system's.
 
+    ``checksum=True`` fetches every object once, here, and records its
+    XXH3-64 (as ``ImageFolder(checksum=True)`` does for files); every later
+    read is checked against it, in C on the engine's GETs and in Python on
+    s3torchconnector's, and one that differs raises :class:`ObjectStoreError`
+    naming the item and the object. It is what verifies s3torchconnector's
+    path, which can send no ``If-Match``; it costs a read of the dataset at
+    construction (``info()["index_bytes"]``, not counted with the reads).
+
     ``latency`` (seconds) sleeps before every GET: an emulated slower store.
     ``info()`` counts ``reads``, ``bytes_read`` and ``requests`` (GETs and
     LIST pages) in shared memory, so DataLoader workers and the prefetch
@@ -548,8 +556,9 @@ class S3ImageFolder(ObjectDataset):
                  profile: str | None = None, unsigned: bool = False, path_style: bool | None = None,
                  max_attempts: int = 3, latency: float = 0.0, client: str = "auto", timeout: float = 60.0,
                  deadline: float = 300.0, min_rate: int = 1024,
-                 ca_bundle: str | os.PathLike[str] | None = None) -> None:
+                 ca_bundle: str | os.PathLike[str] | None = None, checksum: bool = False) -> None:
         self.url = url
+        self.checksum = bool_arg(checksum, "checksum")
         self._set_waits(timeout, deadline, min_rate, ca_bundle)
         bucket, self.prefix = _split_url(url)
         self._setup(bucket, endpoint_url, region, profile, unsigned, path_style, max_attempts, latency, client)
@@ -566,6 +575,24 @@ class S3ImageFolder(ObjectDataset):
         self._keys = [key for key, _ in self.samples]
         _refuse_items_past_memory(self._sizes, self._keys, self.bucket)
         self._etags = [listed[key][1] for key in self._keys]
+        #: Each object's XXH3-64 as fetched here (checksum=True), or None.
+        self._sums: np.ndarray | None = None
+        self.index_bytes = 0
+        if self.checksum:
+            self._record_sums()
+
+    def _record_sums(self) -> None:
+        """Fetch every object once and keep its XXH3-64. The fetches are not
+        the run's reads: the counters and the readers start afresh after."""
+        from .. import _engine
+
+        sums = np.empty(len(self._keys), dtype=np.uint64)
+        for i in range(len(self._keys)):
+            sums[i] = _engine.checksum(self.read(i))
+        self.index_bytes = int(self._sizes.sum())
+        self._sums = sums
+        self._counts = _new_counts()
+        self._reader, self._reader_pid, self._prefetch_reader = None, -1, None  # remade with the sums
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -575,7 +602,18 @@ class S3ImageFolder(ObjectDataset):
         i = self._index(index)
         if self._uses_c():
             return self._read_item(i)
-        return self._get(self._keys[i], 0, int(self._sizes[i]))
+        raw = self._get(self._keys[i], 0, int(self._sizes[i]))
+        # s3torchconnector's GET sends no If-Match: the checksum is what tells a
+        # same-length replacement (checked in C on the engine's).
+        if self._sums is not None:
+            from .. import _engine
+
+            if _engine.checksum(raw) != int(self._sums[i]):
+                raise ObjectStoreError(f"item {i} (s3://{self.bucket}/{self._keys[i]}, {len(raw)} bytes) "
+                                       f"{self._where()} does not match the checksum recorded when it was "
+                                       "indexed: the object changed since (its GET could send no If-Match); "
+                                       "nothing was returned; make the dataset again")
+        return raw
 
     def _object_sizes(self) -> list[int]:
         return [int(n) for n in self._sizes]
@@ -609,7 +647,8 @@ class S3ImageFolder(ObjectDataset):
         """Items, the bytes they hold, where they are, and the counters shared
         with the workers: ``reads`` and ``bytes_read`` (items read), and
         ``requests`` (GETs, failed ones too, and LIST pages)."""
-        return {"count": len(self), "total_bytes": int(self._sizes.sum()), "prefix": self.prefix, **self._info()}
+        return {"count": len(self), "total_bytes": int(self._sizes.sum()), "prefix": self.prefix,
+                "index_bytes": self.index_bytes, **self._info()}
 
     def __repr__(self) -> str:
         return (f"S3ImageFolder('s3://{self.bucket}/{self.prefix}', {len(self)} images, {len(self.classes)} classes, "

@@ -176,7 +176,7 @@ def test_chosen_page_wastes_no_more_than_the_powers_of_two(sizes: list[int]) -> 
     """Within its slack (1 % of the sizes' total) the chosen page wastes no
     more than any power of two that keeps the median item in 16 pages, the
     old rule's page among them; it is a multiple of 16 and at most 1 MiB."""
-    from opt4torch._plan import PAGE_ALIGN, PAGE_MAX, choose_page
+    from opt4torch.planning.sizing import PAGE_ALIGN, PAGE_MAX, choose_page
 
     s = np.asarray(sizes, dtype=np.int64)
     page = choose_page(s)
@@ -189,7 +189,7 @@ def test_chosen_page_wastes_no_more_than_the_powers_of_two(sizes: list[int]) -> 
 
 
 def test_equal_sizes_fill_their_pages() -> None:
-    from opt4torch._plan import choose_page
+    from opt4torch.planning.sizing import choose_page
 
     assert choose_page(np.full(50, 1228)) == 1232  # was 256: 5 pages, 1280 bytes for 1228
     assert choose_page(np.full(50, 4096)) == 4096
@@ -203,7 +203,7 @@ def test_half_the_bytes_gets_closer_to_opts_bound(spread: int) -> None:
     and 20.1 %; pages chosen from the sizes give more (the rest of the gap is
     the codec's 128-byte margin per item). The loader's plan uses the page
     chosen from the sizes of the items it reads."""
-    from opt4torch._plan import choose_page
+    from opt4torch.planning.sizing import choose_page
 
     rng = np.random.default_rng(0)
     n = 4000

@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import _engine
 from .._progress import progress_bar
-from ..planning.plan import choose_page
+from ..planning.sizing import choose_page
 from ..planning.cluster import ClusterPlan, cluster_plan, global_timeline
 from . import traces
 

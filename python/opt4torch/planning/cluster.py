@@ -19,7 +19,8 @@ from .. import _engine
 from .._engine import InvalidInputError
 from .clusterplan import (ADMIT, BYPASS, FROM_PEER, FROM_POOL, FROM_STORAGE, LATE, LOCAL_HIT, NODE_KEYS, PEER_HIT,
                           RECEIVE, SEND, WORKER, ClusterPlan, NodePlan)
-from .plan import Plan, as_sequence, choose_page
+from .plan import Plan, as_sequence
+from .sizing import choose_page
 from .plan import plan as build_plan
 from .timeline import Timeline, global_timeline, interleave
 
@@ -115,9 +116,10 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
     Or give ``cache_bytes`` (bytes a node, one number or one per node) with
     ``item_sizes`` instead of ``capacity_per_node``: the plan is then in
     pages of ``page_size`` bytes (default: the one that wastes least on the
-    sizes, :func:`opt4torch.planning.plan.choose_page`), the aggregate plan size-aware Belady (a heuristic with unequal
-    sizes), and a generation needs its pages on one node; one that finds no
-    such node is read from storage instead (:attr:`ClusterPlan.unplaced`).
+    sizes, :func:`opt4torch.planning.sizing.choose_page`), the aggregate
+    plan size-aware Belady (a heuristic with unequal sizes), and a
+    generation needs its pages on one node; one that finds no such node is
+    read from storage instead (:attr:`ClusterPlan.unplaced`).
 
     ``window`` (steps): plan for the run time's transfers, which go a
     window ahead. In window k each node sends each other node what it reads

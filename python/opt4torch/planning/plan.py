@@ -10,8 +10,8 @@ plus the totals. Plans are built by the C engine and saved in a versioned,
 checksummed binary file (docs/plan-format.md), read into memory when loaded.
 
 Here: the Plan object, plan() and sequence_plan() (the C planner), load_plan
-(a plan file, opened by plan_file.py), and choose_page (the page a sized
-plan's pool takes). What a plan is built from is checked in inputs.py
+(a plan file, opened by plan_file.py). The page a sized plan's pool takes
+is chosen in sizing.py (choose_page). What a plan is built from is checked in inputs.py
 (as_sequence, fingerprint); a long build draws its bar in progress.py.
 
 May touch: the binding's planner and plan files; never a pool, a dataset or
@@ -21,7 +21,6 @@ torch.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -351,53 +350,6 @@ def plan(
     if description is not None:
         result.description = description
     return result
-
-
-#: Pages are multiples of this many bytes: every page starts as aligned as
-#: the widest scalar an array may hold (complex128).
-PAGE_ALIGN = 16
-#: The most pages the median item may take: the runtime's work per item
-#: grows with its pages, the waste per item shrinks with them.
-PAGE_SPLIT = 16
-#: Page sizes whose waste is within this share of the sizes' total of the
-#: least waste count as equal; the largest of them is taken (fewer pages).
-PAGE_SLACK = 0.01
-#: The largest page chosen.
-PAGE_MAX = 1 << 20
-
-
-def choose_page(sizes: Any) -> int:
-    """The page size for items of these sizes in bytes: the one that wastes
-    the least of the pool. An item takes ``ceil(size / page)`` pages (at
-    least one), so what its last page leaves empty is lost; a page a
-    quarter of the median, rounded down to a power of two as before, lost
-    up to a quarter of every item. Candidates are multiples of PAGE_ALIGN
-    that fit one quantile of the sizes in 1 to PAGE_SPLIT pages exactly
-    (all of them when the sizes are equal: no waste), and powers of two;
-    those that keep the median item within PAGE_SPLIT pages are measured
-    on (a sample of) the sizes, and of those within PAGE_SLACK of the
-    least waste the largest is taken."""
-    s = np.asarray(sizes, dtype=np.int64).reshape(-1)
-    if s.size == 0:
-        return 4096
-    if s.size > 65536:  # a sample spread over the sorted sizes keeps their shape
-        s = np.sort(s)[np.linspace(0, s.size - 1, 65536).astype(np.int64)]
-    values, counts = np.unique(s, return_counts=True)
-    median = float(np.median(s))
-    low = max(PAGE_ALIGN, -(-int(math.ceil(median / PAGE_SPLIT)) // PAGE_ALIGN) * PAGE_ALIGN)
-    high = max(low, min(PAGE_MAX, -(-int(values[-1]) // PAGE_ALIGN) * PAGE_ALIGN))
-    quantiles = np.quantile(s, [0.5, 0.75, 0.9, 0.95, 0.99, 1.0], method="higher")
-    candidates = {1 << k for k in range(3, 21)}
-    for q in quantiles.tolist():
-        for parts in range(1, PAGE_SPLIT + 1):
-            candidates.add(-(-int(math.ceil(q / parts)) // PAGE_ALIGN) * PAGE_ALIGN)
-    pages = np.array(sorted(c for c in candidates if low <= c <= high), dtype=np.int64)
-    if pages.size == 0:
-        return int(low)
-    taken = np.maximum(1, -(-values[None, :] // pages[:, None])) * pages[:, None]
-    waste = ((taken - values[None, :]) * counts[None, :]).sum(axis=1)
-    good = waste <= waste.min() + PAGE_SLACK * max(int((values * counts).sum()), 1)
-    return int(pages[good].max())
 
 
 def sequence_plan(seq: Any, *, items: int | None = None, description: str | None = None) -> Plan:

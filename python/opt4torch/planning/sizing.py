@@ -17,14 +17,62 @@ from typing import Any
 
 import numpy as np
 
-from .plan import ADMIT, Plan, choose_page
+from .plan import ADMIT, Plan
 
-__all__ = ["CODEC_MARGIN", "PREFETCH_MAX_THREADS", "STAGING_BUDGET", "check_plan_cost", "choose_page",
+__all__ = ["CODEC_MARGIN", "PAGE_ALIGN", "PAGE_MAX", "PAGE_SLACK", "PAGE_SPLIT", "PREFETCH_MAX_THREADS",
+           "STAGING_BUDGET", "check_plan_cost", "choose_page",
            "handover_spare", "item_sizes", "parse_bytes", "plan_cost", "refuse_plan_past_memory", "spare_pages",
            "staging_slots"]
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+#: Pages are multiples of this many bytes: every page starts as aligned as
+#: the widest scalar an array may hold (complex128).
+PAGE_ALIGN = 16
+#: The most pages the median item may take: the runtime's work per item
+#: grows with its pages, the waste per item shrinks with them.
+PAGE_SPLIT = 16
+#: Page sizes whose waste is within this share of the sizes' total of the
+#: least waste count as equal; the largest of them is taken (fewer pages).
+PAGE_SLACK = 0.01
+#: The largest page chosen.
+PAGE_MAX = 1 << 20
+
+
+def choose_page(sizes: Any) -> int:
+    """The page size for items of these sizes in bytes: the one that wastes
+    the least of the pool. An item takes ``ceil(size / page)`` pages (at
+    least one), so what its last page leaves empty is lost; a page a
+    quarter of the median, rounded down to a power of two as before, lost
+    up to a quarter of every item. Candidates are multiples of PAGE_ALIGN
+    that fit one quantile of the sizes in 1 to PAGE_SPLIT pages exactly
+    (all of them when the sizes are equal: no waste), and powers of two;
+    those that keep the median item within PAGE_SPLIT pages are measured
+    on (a sample of) the sizes, and of those within PAGE_SLACK of the
+    least waste the largest is taken."""
+    s = np.asarray(sizes, dtype=np.int64).reshape(-1)
+    if s.size == 0:
+        return 4096
+    if s.size > 65536:  # a sample spread over the sorted sizes keeps their shape
+        s = np.sort(s)[np.linspace(0, s.size - 1, 65536).astype(np.int64)]
+    values, counts = np.unique(s, return_counts=True)
+    median = float(np.median(s))
+    low = max(PAGE_ALIGN, -(-int(math.ceil(median / PAGE_SPLIT)) // PAGE_ALIGN) * PAGE_ALIGN)
+    high = max(low, min(PAGE_MAX, -(-int(values[-1]) // PAGE_ALIGN) * PAGE_ALIGN))
+    quantiles = np.quantile(s, [0.5, 0.75, 0.9, 0.95, 0.99, 1.0], method="higher")
+    candidates = {1 << k for k in range(3, 21)}
+    for q in quantiles.tolist():
+        for parts in range(1, PAGE_SPLIT + 1):
+            candidates.add(-(-int(math.ceil(q / parts)) // PAGE_ALIGN) * PAGE_ALIGN)
+    pages = np.array(sorted(c for c in candidates if low <= c <= high), dtype=np.int64)
+    if pages.size == 0:
+        return int(low)
+    taken = np.maximum(1, -(-values[None, :] // pages[:, None])) * pages[:, None]
+    waste = ((taken - values[None, :]) * counts[None, :]).sum(axis=1)
+    good = waste <= waste.min() + PAGE_SLACK * max(int((values * counts).sum()), 1)
+    return int(pages[good].max())
 
 
 def parse_bytes(value: int | float | str) -> int:

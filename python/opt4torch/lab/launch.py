@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-__all__ = ["free_port", "rank_errors", "torchrun"]
+__all__ = ["descendants", "free_port", "rank_errors", "torchrun"]
 
 
 def free_port() -> int:
@@ -36,7 +36,10 @@ def torchrun(path: str, nproc: int, *args: str, node_env: str | None = None, tim
     it (torchrun, the ranks, their DataLoader workers) gets SIGABRT, so that
     each dumps its threads' Python stacks into the captured stderr
     (:func:`rank_errors` picks them out), and the result has returncode
-    ``-SIGABRT`` and a first stderr line that says so."""
+    ``-SIGABRT`` and a first stderr line that says so. The ranks run in
+    sessions of their own (torch's elastic agent makes them), and a process
+    whose parent died is no one's descendant, so what the job left behind
+    is found by what it holds: the job's output pipes. Every wait here ends."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
            "127.0.0.1", "--master-port", str(free_port()), path, *args]
     full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
@@ -49,20 +52,49 @@ def torchrun(path: str, nproc: int, *args: str, node_env: str | None = None, tim
             out, err = proc.communicate(timeout=timeout)
             return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
         except subprocess.TimeoutExpired:
-            for pid in _descendants(proc.pid) + [proc.pid]:
+            pipes = _pipe_inodes(proc)
+            job = set(descendants(proc.pid) + [proc.pid]) | _holders(pipes)
+            for pid in job:
                 _signal(pid, signal.SIGABRT)
             try:
                 out, err = proc.communicate(timeout=20)
             except subprocess.TimeoutExpired:
                 _signal(-proc.pid, signal.SIGKILL)
-                for pid in _descendants(proc.pid):
+                for pid in set(descendants(proc.pid)) | _holders(pipes):
                     _signal(pid, signal.SIGKILL)
-                out, err = proc.communicate()
-            said = f"launch.torchrun: the job ran past its {timeout:g} s: SIGABRT to every process for its stacks\n"
+                try:
+                    out, err = proc.communicate(timeout=20)
+                except subprocess.TimeoutExpired:  # held by a process we may not kill: stop reading
+                    out, err = "", "launch.torchrun: the job's output stayed open after SIGKILL; not read\n"
+            left = "" if proc.poll() is None or proc.returncode < 0 else (
+                f"torchrun itself had ended ({proc.returncode}), but processes it left behind held its output: ")
+            said = (f"launch.torchrun: the job ran past its {timeout:g} s: {left}SIGABRT to every process "
+                    "for its stacks\n")
             return subprocess.CompletedProcess(cmd, -signal.SIGABRT, out, said + err)
 
 
-def _descendants(root: int) -> list[int]:
+def _pipe_inodes(proc: subprocess.Popen[str]) -> set[int]:
+    """The inodes of the job's stdout and stderr pipes."""
+    return {os.fstat(f.fileno()).st_ino for f in (proc.stdout, proc.stderr) if f is not None}
+
+
+def _holders(inodes: set[int]) -> set[int]:
+    """Every other process with one of these pipes open (from /proc)."""
+    names = {f"pipe:[{i}]" for i in inodes}
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") in names for fd in fds):
+                found.add(int(entry))
+        except OSError:
+            continue  # gone meanwhile, or not ours to look at
+    return found
+
+
+def descendants(root: int) -> list[int]:
     """Every process below ``root`` (children first), from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):

@@ -113,6 +113,14 @@ def main() -> None:
     for epoch in range(args.epochs):
         for b, batch in enumerate(loader):
             if rank == args.vanish_rank and epoch == 0 and b == args.vanish_batch:
+                # A node that leaves takes its DataLoader workers with it. Left
+                # here they could block for good on the dataset's counter lock,
+                # if this process's transfer thread held it at the exit, and keep
+                # torchrun's output open after the job ended.
+                from opt4torch.lab.launch import descendants
+
+                for pid in descendants(os.getpid()):
+                    os.kill(pid, signal.SIGKILL)
                 if args.kill:
                     os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(0)

@@ -19,6 +19,7 @@ all-reduce makes them); --step-seconds S: each step computes S seconds
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import os
@@ -30,6 +31,7 @@ import numpy as np
 import torch.distributed as dist
 
 import opt4torch
+from opt4torch.planning.cluster import plans_made
 
 
 def size_of(x: int) -> int:
@@ -81,6 +83,8 @@ def main() -> None:
     ap.add_argument("--lockstep", action="store_true")
     ap.add_argument("--step-seconds", type=float, default=0.0, help="a training step's compute, slept")
     ap.add_argument("--log-every", type=int, default=None)
+    ap.add_argument("--fail-planning-rank", type=int, default=-1,
+                    help="this rank's planning raises MemoryError; every rank writes the error it got")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dist.init_process_group("gloo")
@@ -98,16 +102,44 @@ def main() -> None:
             return run_window(self, k, *a, **kw)
 
         Exchange.run = late_run  # type: ignore[method-assign]
+    if args.fail_planning_rank >= 0:
+        from opt4torch.distributed import setup
+
+        def failing_plan(*a: Any, **kw: Any) -> Any:
+            if rank == args.fail_planning_rank:
+                raise MemoryError("injected: no memory to plan")
+            return plan_agreed(*a, **kw)
+
+        plan_agreed, setup.plan_agreed = setup.plan_agreed, failing_plan  # type: ignore[assignment]
     figures: list[dict[str, Any]] = []
     ds = Items(args.items)
     total = sum(size_of(x) for x in range(args.items))
-    loader = opt4torch.DataLoader(
+    t0 = time.monotonic()
+    try:
+        loader = make_loader(args, ds, total, figures)
+    except Exception as exc:
+        if args.fail_planning_rank < 0:
+            raise
+        with open(f"{args.out}.{rank}.json", "w") as f:
+            json.dump({"rank": rank, "error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - t0,
+                       "plans_made": plans_made()}, f)
+        dist.destroy_process_group()
+        return
+    run_loader(args, rank, ds, loader, figures, stalled)
+
+
+def make_loader(args: Any, ds: Items, total: int, figures: list[dict[str, Any]]) -> Any:
+    return opt4torch.DataLoader(
         ds, cluster=True, cluster_window=args.window, cluster_timeout=args.timeout, shuffle=True, seed=3,
         epochs=args.epochs, batch_size=args.batch, cache_bytes=int(args.fraction * total) + 4096,
         num_workers=args.workers, persistent_workers=args.workers > 0 and not args.no_persistent, multiprocessing_context="fork",
         collate_fn=list, prefetch=args.prefetch,
         wait_timeout=args.timeout if args.wait_timeout is None else args.wait_timeout,
         log_every=args.log_every, on_stats=figures.append if args.log_every else None)
+
+
+def run_loader(args: Any, rank: int, ds: Items, loader: Any, figures: list[dict[str, Any]],
+               stalled: list[int]) -> None:
     wrong = samples = 0
     seen: list[int] = []
     for epoch in range(args.epochs):
@@ -151,6 +183,11 @@ def main() -> None:
         "failed": list(rt.exchange.failed) if hasattr(rt, "exchange") else None,
         "incoming": {str(k): len(rt.exchange.incoming(k)) for k in rt.exchange.windows}
         if hasattr(rt, "exchange") else None,
+        # Each node's first rank plans; the others map its node plan.
+        "plans_made": plans_made(), "plan_type": type(cp).__name__,
+        "node_plan_digest": hashlib.sha256(b"".join(np.ascontiguousarray(getattr(rt.plan, k)).tobytes() for k in (
+            "seq", "op", "role", "source", "forward", "window", "position"))).hexdigest(),
+        "pool_plan_fingerprint": loader.cache.plan.fingerprint,
         "seen_digest": int(np.bitwise_xor.reduce(np.array(seen, dtype=np.int64) * 2654435761 % (1 << 31)))
         if seen else 0,
     }

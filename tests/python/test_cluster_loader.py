@@ -135,6 +135,13 @@ def test_the_ranks_of_a_node_share_its_pool(tmp_path, node_env: str | None) -> N
         assert (st["local_hits"], st["peer_hits"]) == (plan["local_hits"], plan["peer_hits"])
         assert (st["peer_items_sent"], st["peer_items_received"]) == (plan["peer_items_sent"],
                                                                       plan["peer_items_received"])
+        # Only the node's first rank planned; the others mapped the same node plan and pool plan.
+        assert (first["plans_made"], first["plan_type"]) == (1, "ClusterPlan")
+        for r in others:
+            assert (r["plans_made"], r["plan_type"]) == (0, "ClusterFigures")
+            assert r["node_plan_digest"] == first["node_plan_digest"]
+            assert r["pool_plan_fingerprint"] == first["pool_plan_fingerprint"]
+            assert r["node_stats"] == plan and r["accesses"] == first["accesses"]
         for r in others:  # the pool's counters are the node's; the transfers are counted by its first rank
             assert r["stats"]["hits"] == st["hits"] and r["stats"]["cluster_leader"] == first["rank"]
             assert r["stats"]["peer_hits"] is None and r["stats"]["cluster_errors"] is None
@@ -143,6 +150,22 @@ def test_the_ranks_of_a_node_share_its_pool(tmp_path, node_env: str | None) -> N
         assert all(m[0]["stats"]["peer_hits"] > 0 for m in nodes.values())
     else:  # one node holds what it can alone: no peers, no transfers
         assert ranks[0]["stats"]["peer_items_sent"] == ranks[0]["stats"]["peer_items_received"] == 0
+
+
+def test_a_planning_rank_that_fails_stops_every_rank_with_its_error(tmp_path) -> None:
+    """Two nodes of two ranks: only each node's first rank plans. Rank 0's
+    planning fails: it raises its own error, and every other rank (its
+    node's, which waits for its plan, and the other node's) stops at once
+    with an error naming rank 0 and what it raised, instead of waiting."""
+    ranks, _ = run(tmp_path, "--fail-planning-rank", "0", node_env="rank//2", ok=False)
+    assert all(r is not None for r in ranks), ranks
+    assert ranks[0]["error"] == "MemoryError: injected: no memory to plan"
+    assert ranks[1]["error"] == ("RuntimeError: the cluster plan was not made: rank 0, this node's planning rank, "
+                                 "failed with MemoryError: injected: no memory to plan")
+    for r in ranks[2:]:
+        assert r["error"].startswith("RuntimeError: the cluster plan was not made: rank 0, node 0's planning rank")
+    assert [r["plans_made"] for r in ranks] == [0, 0, 1, 0]  # rank 2 planned node 1's; 1 and 3 never plan
+    assert all(r["seconds"] < 20 for r in ranks), ranks  # not a wait for the 30 s timeout
 
 
 def test_cluster_arguments_are_checked() -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from .. import _engine
 from ..io.forksafe import ForkGate
 from ..planning.cluster import FROM_PEER, FROM_STORAGE, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
+from ..planning.clusterplan import ClusterFigures
 from .exchange import Exchange, record_of
 
 __all__ = ["ClusterFollower", "ClusterRuntime", "plan_keys"]
@@ -29,7 +30,7 @@ __all__ = ["ClusterFollower", "ClusterRuntime", "plan_keys"]
 _NOW = 1e-9
 
 
-def plan_keys(cp: ClusterPlan, node_plan: NodePlan, storage_sizes: np.ndarray | None) -> dict[str, int]:
+def plan_keys(cp: ClusterFigures, node_plan: NodePlan, storage_sizes: np.ndarray | None) -> dict[str, int]:
     """The plan's figures for a node, as ``stats()`` gives them beside the
     measured ones. Storage bytes are the items' own (the plan counts what the
     pool stores, with the codec's margin) when their sizes are known."""
@@ -399,9 +400,12 @@ class ClusterFollower:
     done = True
     bytes_moved = None
 
-    def __init__(self, cp: ClusterPlan, node_plan: NodePlan, storage_sizes: np.ndarray | None,
+    def __init__(self, cp: ClusterFigures, node_plan: NodePlan, storage_sizes: np.ndarray | None,
                  leader: int) -> None:
         self.plan_keys = plan_keys(cp, node_plan, storage_sizes)
+        #: The node's plan, as the node's first rank handed it over (it
+        #: planned; this rank did not: distributed/setup.py).
+        self.plan = node_plan
         #: The global rank whose transfer thread serves this node.
         self.leader = leader
 

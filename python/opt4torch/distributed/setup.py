@@ -1,10 +1,13 @@
 """``cluster=True``: the set-up of one plan over every node's memory
-(docs/cluster.md). Every rank builds the same cluster plan from the job's
-DistributedSampler; this rank's node keeps a pool that runs its part, its
-first rank (the leader) runs the transfers to and from the other nodes
-(distributed/runtime.py, distributed/exchange.py), the node's other ranks follow. May touch:
-torch.distributed (groups, collectives), the planner, pools it creates or
-attaches; never a DataLoader (the loader hands in what it needs).
+(docs/cluster.md). Each node's first rank (the leader) builds the cluster
+plan from the job's DistributedSampler, once a node, and hands its node's
+part to the node's other ranks through shared memory (distributed/handoff.py);
+the leaders compare their plans' checksums. This rank's node keeps a pool
+that runs its part, the leader runs the transfers to and from the other
+nodes (distributed/runtime.py, distributed/exchange.py), the node's other
+ranks follow. May touch: torch.distributed (groups, collectives), the
+planner, pools it creates or attaches, the handoff's files; never a
+DataLoader (the loader hands in what it needs).
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from ..planning.cluster import ClusterPlan, NodePlan, job_plan
+from ..planning.cluster import JobAgreement, agree, check_checksums, plan_agreed
+from ..planning.clusterplan import ClusterFigures, ClusterPlan, NodePlan
 from ..planning.plan import Plan
 from ..planning.sizing import CODEC_MARGIN, STAGING_MIN_CLUSTER, item_sizes, parse_bytes, staging_slots
 from ..pool.cache import OPTCache
-from .runtime import ClusterFollower, ClusterRuntime
+from .handoff import NodeShare, read_share, remove_share, share_path, write_share
 from .node import release_group
+from .runtime import ClusterFollower, ClusterRuntime
 
 __all__ = ["ClusterSetup", "cluster_pool", "cluster_setup"]
 
@@ -30,8 +35,9 @@ __all__ = ["ClusterSetup", "cluster_pool", "cluster_setup"]
 class ClusterSetup:
     """What :func:`cluster_setup` decided for this rank."""
 
-    #: The cluster plan every rank made, and this rank's node in it.
-    cp: ClusterPlan
+    #: The cluster plan, on the ranks that made it (each node's first);
+    #: its figures alone on the node's other ranks. This rank's node in it.
+    cp: ClusterFigures
     node: int
     #: The node's part of the plan, and the plan its pool runs.
     node_plan: NodePlan
@@ -54,6 +60,9 @@ class ClusterSetup:
     storage_sizes: np.ndarray | None
     #: This rank's DistributedSampler (given, or made from shuffle= and seed=).
     sampler: Any = None
+    #: The shared files of this node's part, on its leader until its ranks
+    #: have mapped them (cluster_pool removes them).
+    share: str | None = None
 
 
 def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sampler: Any, seed: int | None,
@@ -61,9 +70,10 @@ def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sample
                    allow_pickle: bool, window: int, timeout: float, progress: bool | None,
                    probe: Callable[[Any, np.ndarray, bool], tuple[int, int]]) -> ClusterSetup:
     """``cluster=True``: the job's cluster plan over every node's memory
-    (:func:`opt4torch.cluster.job_plan`, windows of ``window`` steps), this
-    node's part of it as the pool's plan, this rank's batches as node-plan
-    positions, and a gloo group of the loader's own for the transfers.
+    (windows of ``window`` steps), planned once a node by its first rank
+    (:func:`plan_once_per_node`), this node's part of it as the pool's plan,
+    this rank's batches as node-plan positions, and a gloo group of the
+    loader's own for the transfers.
     ``probe(dataset, indices, allow_pickle)`` measures items' (smallest,
     largest) stored size when no size is given."""
     import torch.distributed as dist
@@ -98,29 +108,40 @@ def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sample
         capacity = dict(capacity_per_node=min(per_node, n_items), item_bytes=pool_page)
     else:
         capacity = dict(cache_bytes=parse_bytes(cache_bytes), item_sizes=sizes, page_size=page_size)
-    cp, node = job_plan(sampler, epochs, batch_size=int(batch_size), window=int(window), group=group,
-                        progress=progress, **capacity)
-    # The ranks of each node: its first one (the leader) owns the node's pool
-    # and runs its transfers, on a group of the leaders (the plan's group
-    # when every rank is a node).
-    node_of_rank = np.full(world, -1, dtype=np.int64)
-    node_of_rank[cp.timeline.rank] = cp.reader
-    if (node_of_rank < 0).any():
-        raise ValueError(f"ranks {np.flatnonzero(node_of_rank < 0).tolist()} read nothing in the cluster "
-                         "plan: every rank needs at least one sample")
-    leaders = [int(np.flatnonzero(node_of_rank == n)[0]) for n in range(cp.n_nodes)]
-    exchange_group, peers = group, list(range(cp.n_nodes))
-    if cp.n_nodes != world:
+    opts = dict(batch_size=int(batch_size), window=int(window), **capacity)
+    agreed = agree(sampler, epochs, group=group, check_sizes=True, **opts)
+    node, leaders = agreed.node_of_rank[rank], agreed.leaders
+    # The ranks of each node: its first one (the leader) plans for the node,
+    # owns its pool and runs its transfers, on a group of the leaders (the
+    # plan's group when every rank is a node).
+    exchange_group, peers = group, list(range(agreed.n_nodes))
+    if agreed.n_nodes != world:
         ordered = sorted(leaders)
         exchange_group = dist.new_group(ordered, backend="gloo", timeout=datetime.timedelta(seconds=float(timeout)))
         peers = [ordered.index(r) for r in leaders]
-    node_plan = cp.node_plan(node)
-    plan = cp.pool_plan(node, node_plan)
-    # This rank's batches, as positions of its node's plan: each batch is a
-    # step of one rank, so its reads are one run of the plan (a window's
-    # RECEIVEs and SENDs come before its reads).
+    accesses = epochs * len(sampler) * world
+    cp, share, path = plan_once_per_node(sampler, epochs, agreed, group=group, opts=opts, progress=progress,
+                                         wait=float(timeout) + PLAN_WAIT_PER_ACCESS * accesses)
+    node_plan, plan = share.node_plan, share.plan
+    try:
+        starts, own, floors = _batches(node_plan, share.ranks, rank, sampler, epochs, int(batch_size))
+    except BaseException:
+        remove_share(path)
+        raise
+    raw = None if sizes is None else sizes.astype(np.int64) - CODEC_MARGIN
+    return ClusterSetup(cp=cp, node=node, node_plan=node_plan, plan=plan, pool_page=pool_page, group=group,
+                        exchange_group=exchange_group, peers=peers, leader=leaders[node], starts=starts, own=own,
+                        floors=floors, storage_sizes=raw, sampler=sampler, share=path)
+
+
+def _batches(node_plan: NodePlan, ranks: np.ndarray, rank: int, sampler: Any, epochs: int, batch_size: int
+             ) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
+    """This rank's batches, as positions of its node's plan: their starts,
+    lengths, and each epoch's floor. Each batch is a step of one rank, so
+    its reads are one run of the plan (a window's RECEIVEs and SENDs come
+    before its reads)."""
     reads = node_plan.reads
-    reads = reads[cp.timeline.rank[node_plan.position[reads]] == rank]
+    reads = reads[ranks[reads] == rank]
     starts, own, floors = [], [], []
     done = 0
     for per_epoch in _epoch_lengths(sampler, epochs):
@@ -129,9 +150,9 @@ def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sample
             own.append(np.empty(0, np.int64))
             floors.append(0)
             continue
-        lengths = np.full(per_epoch // int(batch_size), int(batch_size), dtype=np.int64)
-        if per_epoch % int(batch_size):
-            lengths = np.append(lengths, per_epoch % int(batch_size))
+        lengths = np.full(per_epoch // batch_size, batch_size, dtype=np.int64)
+        if per_epoch % batch_size:
+            lengths = np.append(lengths, per_epoch % batch_size)
         first = done + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
         starts.append(reads[first].astype(np.int64))
         own.append(lengths)
@@ -139,10 +160,87 @@ def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sample
         for f, n in zip(first.tolist(), lengths.tolist()):
             assert reads[f + n - 1] - reads[f] == n - 1, "a batch split by the node plan"
         done += per_epoch
-    raw = None if sizes is None else sizes.astype(np.int64) - CODEC_MARGIN
-    return ClusterSetup(cp=cp, node=node, node_plan=node_plan, plan=plan, pool_page=pool_page, group=group,
-                        exchange_group=exchange_group, peers=peers, leader=leaders[node], starts=starts, own=own,
-                        floors=floors, storage_sizes=raw, sampler=sampler)
+    return starts, own, floors
+
+
+#: How long a rank that does not plan waits for its node's leader to plan,
+#: beyond ``cluster_timeout``: 10 us an access of the global timeline. The
+#: capture and the plan took 0.57 us an access at ImageNet-1k, 90 epochs, 64
+#: nodes of 8 ranks (115 M accesses, 65 s) on a loaded 2-core machine
+#: (bench/RESULTS.md), so this is about 17 times that. A leader that dies is
+#: seen at once (gloo's connections close), one that fails says why.
+PLAN_WAIT_PER_ACCESS = 10e-6
+
+
+def plan_once_per_node(sampler: Any, epochs: int, agreed: JobAgreement, *, group: Any, opts: dict[str, Any],
+                       progress: bool | None, wait: float) -> tuple[ClusterFigures, NodeShare, str | None]:
+    """The cluster plan, made once a node: on each node's first rank (its
+    leader), which writes its node's part to shared memory when the node
+    has other ranks; they map it. One collective on every rank after the
+    leaders planned (bounded by ``wait`` seconds on a group of its own when
+    some rank waits for its leader, else on ``group``) hands over where
+    each node's part is, compares the leaders' checksums, and carries a
+    leader's failure to every rank as an error that names it. Returns the
+    plan (its figures alone on a rank that did not plan), this rank's share,
+    and the shared files' path on a leader that wrote them."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    node = agreed.node_of_rank[rank]
+    leader = agreed.leaders[node] == rank
+    followers = agreed.n_nodes != world
+    handoff = group
+    if followers:  # a rank that does not plan waits as long as planning takes
+        handoff = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=wait))
+    cp: ClusterFigures | None = None
+    share: NodeShare | None = None
+    path: str | None = None
+    failure: BaseException | None = None
+    said: dict[str, Any] | None = None
+    if leader:
+        try:
+            full = plan_agreed(sampler, epochs, agreed, progress=progress, **opts)
+            reading = np.zeros(world, dtype=bool)
+            reading[np.unique(full.timeline.rank)] = True
+            if not reading.all():
+                raise ValueError(f"ranks {np.flatnonzero(~reading).tolist()} read nothing in the cluster plan: "
+                                 "every rank needs at least one sample")
+            node_plan = full.node_plan(node)
+            share = NodeShare(node_plan=node_plan, ranks=full.timeline.rank[node_plan.position].astype(np.int32),
+                              plan=full.pool_plan(node, node_plan), figures=full)
+            if agreed.node_of_rank.count(node) > 1:
+                path = share_path(agreed.token, node)
+                write_share(path, share)
+            cp = full
+            said = {"checksum": full.checksum, "path": path}
+        except Exception as exc:  # every rank hears of it: none waits for a plan that will not come
+            failure = exc
+            said = {"error": f"{type(exc).__name__}: {exc}"}
+    everyone: list[Any] = [None] * world
+    try:
+        try:
+            dist.all_gather_object(everyone, said, group=handoff)
+        finally:
+            if handoff is not group:
+                release_group(handoff)
+        failed = [(r, e["error"]) for r, e in enumerate(everyone) if e is not None and "error" in e]
+        if failure is not None:
+            raise failure
+        if failed:
+            r, text = failed[0]
+            whose = "this node's" if agreed.node_of_rank[r] == node else f"node {agreed.node_of_rank[r]}'s"
+            raise RuntimeError(f"the cluster plan was not made: rank {r}, {whose} planning rank, failed "
+                               f"with {text}")
+        check_checksums([None if e is None else e["checksum"] for e in everyone])
+        if share is None:
+            got = everyone[agreed.leaders[node]]
+            share = read_share(str(got["path"]))
+            cp = share.figures
+    except BaseException:
+        remove_share(path)
+        raise
+    assert cp is not None
+    return cp, share, path
 
 
 def _epoch_lengths(sampler: Any, epochs: int) -> list[int]:
@@ -173,13 +271,17 @@ def cluster_pool(c: ClusterSetup, dataset: Any, *, reader: Any, allow_pickle: bo
     leader = c.leader == dist.get_rank()
     name: list[Any] = [None] * dist.get_world_size()
     cache: OPTCache | None = None
-    if leader:
-        cache = OPTCache(plan, c.pool_page, wait_timeout=wait_timeout, staging_slots=int(staging))
-        cache.transfers = ClusterRuntime(
-            c.cp, c.node_plan, cache.name, dataset, reader=reader(cache.name, len(c.node_plan)),
-            allow_pickle=allow_pickle, group=c.exchange_group, peers=c.peers, storage_sizes=c.storage_sizes,
-            timeout=timeout)
-    dist.all_gather_object(name, cache.name if cache is not None else None, group=c.group)
+    try:
+        if leader:
+            assert isinstance(c.cp, ClusterPlan)
+            cache = OPTCache(plan, c.pool_page, wait_timeout=wait_timeout, staging_slots=int(staging))
+            cache.transfers = ClusterRuntime(
+                c.cp, c.node_plan, cache.name, dataset, reader=reader(cache.name, len(c.node_plan)),
+                allow_pickle=allow_pickle, group=c.exchange_group, peers=c.peers, storage_sizes=c.storage_sizes,
+                timeout=timeout)
+        dist.all_gather_object(name, cache.name if cache is not None else None, group=c.group)
+    finally:  # the node's ranks mapped its share before this gather
+        remove_share(c.share)
     if c.group is not c.exchange_group:
         release_group(c.group)  # planned and shared: the exchange has a group of its own
     if cache is None:

@@ -11,6 +11,7 @@ planner; never a pool.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,9 +25,11 @@ from .sizing import choose_page
 from .plan import plan as build_plan
 from .timeline import Timeline, global_timeline, interleave
 
-__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_ENV", "NODE_KEYS", "ClusterPlan", "NodePlan",
+__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_ENV", "NODE_KEYS", "ClusterFigures",
+           "ClusterPlan", "NodePlan",
            "Timeline", "WORKER", "RECEIVE", "SEND", "FROM_POOL", "FROM_STORAGE", "FROM_PEER",
-           "check_nodes", "cluster_plan", "global_timeline", "interleave", "job_plan", "node_of_this_rank", "this_host"]
+           "JobAgreement", "agree", "check_checksums", "check_nodes", "cluster_plan", "global_timeline", "interleave",
+           "job_plan", "node_of_this_rank", "plan_agreed", "plans_made", "this_host"]
 
 def _capacities(capacity_per_node: Any, n_nodes: int) -> np.ndarray:
     if isinstance(capacity_per_node, (int, np.integer)) and not isinstance(capacity_per_node, bool):
@@ -93,6 +96,17 @@ def _aggregate(seq: np.ndarray, items: int, n_nodes: int, capacity_per_node: Any
     aggregate = build_plan(seq, items=items, capacity_bytes=int(caps.sum()) * page, item_sizes=sizes,
                            page_size=page, progress=progress)
     return aggregate, caps, page
+
+
+#: Cluster plans made in this process (:func:`plans_made`).
+_plans_made = 0
+
+
+def plans_made() -> int:
+    """How many cluster plans this process has made (:func:`cluster_plan`
+    calls that planned): a ``cluster=True`` rank that is not its node's
+    first plans none; it receives its node's part (distributed/handoff.py)."""
+    return _plans_made
 
 
 def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None, capacity_per_node: Any = None,
@@ -162,6 +176,8 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
         window_of = np.ascontiguousarray(w, dtype=np.uint32)
     info, per_node = _engine.cluster_place(aggregate._h, reader, caps, kinds, nodes, sizes, int(item_bytes),
                                            window_of)
+    global _plans_made
+    _plans_made += 1
     return ClusterPlan(aggregate, timeline, reader, caps.astype(np.int64), kinds, nodes, info, per_node,
                        None if sizes is None else sizes.astype(np.int64), int(item_bytes), page,
                        None if window is None else int(window))
@@ -255,6 +271,109 @@ def _disagreement(everyone: Sequence[dict[str, Any]]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class JobAgreement:
+    """What the ranks of a job agreed on before planning (:func:`agree`)."""
+
+    #: Each global rank's node, numbered densely in increasing node id.
+    node_of_rank: list[int]
+    #: Each node's first (lowest) global rank: the rank that plans for it.
+    leaders: list[int]
+    #: A token every rank got from rank 0: names what this build shares.
+    token: str
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.leaders)
+
+
+def _digest(a: np.ndarray | None) -> str | None:
+    """A short digest of an array's bytes (item sizes every rank must share)."""
+    if a is None:
+        return None
+    import hashlib
+
+    return hashlib.blake2b(np.ascontiguousarray(a, dtype=np.int64).tobytes(), digest_size=8).hexdigest()
+
+
+def agree(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any = None, cache_bytes: Any = None,
+          item_sizes: Any = None, item_bytes: int = 1, page_size: int | None = None, window: int | None = None,
+          group: Any = None, check_sizes: bool = False) -> JobAgreement:
+    """The first half of :func:`job_plan`, a collective of every rank on
+    ``group``: the ranks compare what must agree (the sampler's class, seed,
+    shuffle, drop_last and replica count, the dataset's length, ``epochs``,
+    ``batch_size``, the capacity, the window, how many item sizes) and
+    their node ids against their machines (:func:`check_nodes`); a
+    difference raises ``ValueError`` on every rank, naming the fact and each
+    rank's value. ``check_sizes``: the item sizes too, by a digest (ranks
+    that do not plan have no checksum of their own to compare)."""
+    import secrets
+
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if getattr(sampler, "num_replicas", None) != world or getattr(sampler, "rank", None) != rank:
+        raise InvalidInputError(
+            f"job_plan needs this rank's DistributedSampler (num_replicas={world}, rank={rank}); got "
+            f"{type(sampler).__name__} with num_replicas={getattr(sampler, 'num_replicas', None)!r}, "
+            f"rank={getattr(sampler, 'rank', None)!r}")
+    node = node_of_this_rank(rank)
+    sizes = None if item_sizes is None else np.asarray(item_sizes)
+    facts = {**_sampler_facts(sampler), "epochs": epochs, "batch_size": batch_size,
+             "capacity_per_node": None if capacity_per_node is None else np.asarray(capacity_per_node).tolist(),
+             "cache_bytes": None if cache_bytes is None else np.asarray(cache_bytes).tolist(),
+             "page_size": page_size, "item_bytes": item_bytes, "window": window,
+             "item_sizes": None if sizes is None else int(sizes.size)}
+    if check_sizes:
+        facts["item_sizes_digest"] = _digest(sizes)
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, {"node": node, "host": this_host(), "facts": facts,
+                                      "token": secrets.token_hex(6)}, group=group)
+    differs = _disagreement([e["facts"] for e in everyone])
+    if differs is not None:
+        raise ValueError(
+            f"the ranks of this job disagree on {differs}: one cluster plan needs the same sampler, "
+            "seed, dataset, epochs, batch size and cache on every rank (a rank started with other "
+            "arguments, or another version of the data?)")
+    check_nodes([int(e["node"]) for e in everyone], [str(e["host"]) for e in everyone])
+    node_ids = sorted({int(e["node"]) for e in everyone})
+    node_of_rank = [node_ids.index(int(e["node"])) for e in everyone]
+    leaders = [node_of_rank.index(n) for n in range(len(node_ids))]
+    return JobAgreement(node_of_rank=node_of_rank, leaders=leaders, token=str(everyone[0]["token"]))
+
+
+def plan_agreed(sampler: Any, epochs: int, agreement: JobAgreement, *, batch_size: int,
+                capacity_per_node: Any = None, cache_bytes: Any = None, item_sizes: Any = None,
+                item_bytes: int = 1, page_size: int | None = None, window: int | None = None,
+                progress: bool | None = None) -> ClusterPlan:
+    """The second half of :func:`job_plan`, on one rank, without a
+    collective: capture every rank's order and plan the whole cluster."""
+    from .capture import capture_ranks
+
+    seqs = capture_ranks(sampler, epochs, progress=progress)
+    return cluster_plan(seqs, agreement.node_of_rank, capacity_per_node, cache_bytes=cache_bytes,
+                        page_size=page_size, batch_size=batch_size, item_bytes=item_bytes,
+                        item_sizes=None if item_sizes is None else np.asarray(item_sizes), window=window,
+                        progress=progress)
+
+
+def check_checksums(sums: Sequence[int | None]) -> None:
+    """The plans' checksums, one per rank that planned (``None`` for a rank
+    that did not): they must be equal, else ``ValueError`` naming the ranks
+    of each plan. Catches what the facts cannot see (item sizes that differ
+    between nodes, a sampler whose order depends on the rank's own state)."""
+    planned = {r: int(s) for r, s in enumerate(sums) if s is not None}
+    if len(set(planned.values())) > 1:
+        groups: dict[int, list[int]] = {}
+        for r, s in planned.items():
+            groups.setdefault(s, []).append(r)
+        said = "; ".join(f"ranks {rs} planned {s:016x}" for s, rs in groups.items())
+        raise ValueError(
+            f"the ranks of this job planned different clusters ({said}) from the same arguments: "
+            "their orders or item sizes differ (files that differ between nodes, or a sampler whose "
+            "order depends on more than its seed and epoch)")
+
+
 def job_plan(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any = None,
              cache_bytes: Any = None, item_sizes: Any = None, item_bytes: int = 1,
              page_size: int | None = None, window: int | None = None, progress: bool | None = None,
@@ -266,62 +385,27 @@ def job_plan(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: A
     with this rank's ``rank``): each captures every rank's order (given the
     seed and the world size they are known everywhere) and plans the whole
     cluster, so no plan is sent anywhere. Before planning, the ranks compare
-    what must agree (the sampler's class, seed, shuffle, drop_last and
-    replica count, the dataset's length, ``epochs``, ``batch_size``, the
-    capacity, the window, how many item sizes): a difference raises ``ValueError`` on
+    what must agree (:func:`agree`): a difference raises ``ValueError`` on
     every rank, naming the fact and each rank's value. After, they compare
-    the plans' checksums, which catches what the facts cannot see (item sizes
-    that differ between nodes, a sampler whose order depends on the rank's
-    own state). ``window``: as in :func:`cluster_plan`. Node ids (:func:`node_of_this_rank`) are numbered densely in
-    the plan, in increasing order. The exchanges run on ``group`` (default: a
-    gloo group of its own, made here: a collective, as is every call).
+    the plans' checksums (:func:`check_checksums`). ``window``: as in
+    :func:`cluster_plan`. Node ids (:func:`node_of_this_rank`) are numbered
+    densely in the plan, in increasing order. The exchanges run on ``group``
+    (default: a gloo group of its own, made here: a collective, as is every
+    call). ``opt4torch.DataLoader(..., cluster=True)`` plans once a node
+    instead (distributed/setup.py): only each node's first rank plans.
     """
     import torch.distributed as dist
-
-    from .capture import capture_ranks
 
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("job_plan runs under torch.distributed (torchrun): call "
                            "torch.distributed.init_process_group first")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if getattr(sampler, "num_replicas", None) != world or getattr(sampler, "rank", None) != rank:
-        raise InvalidInputError(
-            f"job_plan needs this rank's DistributedSampler (num_replicas={world}, rank={rank}); got "
-            f"{type(sampler).__name__} with num_replicas={getattr(sampler, 'num_replicas', None)!r}, "
-            f"rank={getattr(sampler, 'rank', None)!r}")
     if group is None:
         group = dist.new_group(backend="gloo")
-    node = node_of_this_rank(rank)
-    sizes = None if item_sizes is None else np.asarray(item_sizes)
-    facts = {**_sampler_facts(sampler), "epochs": epochs, "batch_size": batch_size,
-             "capacity_per_node": None if capacity_per_node is None else np.asarray(capacity_per_node).tolist(),
-             "cache_bytes": None if cache_bytes is None else np.asarray(cache_bytes).tolist(),
-             "page_size": page_size, "item_bytes": item_bytes, "window": window,
-             "item_sizes": None if sizes is None else int(sizes.size)}
-    everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, {"node": node, "host": this_host(), "facts": facts}, group=group)
-    differs = _disagreement([e["facts"] for e in everyone])
-    if differs is not None:
-        raise ValueError(
-            f"the ranks of this job disagree on {differs}: one cluster plan needs the same sampler, "
-            "seed, dataset, epochs, batch size and cache on every rank (a rank started with other "
-            "arguments, or another version of the data?)")
-    check_nodes([int(e["node"]) for e in everyone], [str(e["host"]) for e in everyone])
-    node_ids = sorted({int(e["node"]) for e in everyone})
-    node_of_rank = [node_ids.index(int(e["node"])) for e in everyone]
-    seqs = capture_ranks(sampler, epochs, progress=progress)
-    plan = cluster_plan(seqs, node_of_rank, capacity_per_node, cache_bytes=cache_bytes, page_size=page_size,
-                        batch_size=batch_size, item_bytes=item_bytes, item_sizes=sizes, window=window,
-                        progress=progress)
-    sums: list[Any] = [None] * world
+    opts = dict(batch_size=batch_size, capacity_per_node=capacity_per_node, cache_bytes=cache_bytes,
+                item_sizes=item_sizes, item_bytes=item_bytes, page_size=page_size, window=window)
+    agreement = agree(sampler, epochs, group=group, **opts)
+    plan = plan_agreed(sampler, epochs, agreement, progress=progress, **opts)
+    sums: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(sums, plan.checksum, group=group)
-    if any(s != sums[0] for s in sums):
-        groups: dict[int, list[int]] = {}
-        for r, s in enumerate(sums):
-            groups.setdefault(int(s), []).append(r)
-        said = "; ".join(f"ranks {rs} planned {s:016x}" for s, rs in groups.items())
-        raise ValueError(
-            f"the ranks of this job planned different clusters ({said}) from the same arguments: "
-            "their orders or item sizes differ (files that differ between nodes, or a sampler whose "
-            "order depends on more than its seed and epoch)")
-    return plan, node_of_rank[rank]
+    check_checksums(sums)
+    return plan, agreement.node_of_rank[dist.get_rank()]

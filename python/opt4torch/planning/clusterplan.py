@@ -47,7 +47,7 @@ from .._engine import InvalidInputError
 from .plan import Plan
 from .timeline import Timeline
 
-__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_KEYS", "ClusterPlan", "NodePlan",
+__all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_KEYS", "ClusterFigures", "ClusterPlan", "NodePlan",
            "WORKER", "RECEIVE", "SEND", "FROM_POOL", "FROM_STORAGE", "FROM_PEER"]
 
 LOCAL_HIT: int = _engine.CLUSTER_LOCAL_HIT
@@ -113,24 +113,18 @@ class NodePlan:
 
 
 
-class ClusterPlan:
-    """One OPT plan over several nodes: per position of the global timeline
-    its kind (:data:`LOCAL_HIT`, :data:`PEER_HIT`, :data:`ADMIT`,
-    :data:`BYPASS`) and its node (an ADMIT's home, the node a hit reads), per
-    node its counts, and a checksum that every rank planning the same cluster
-    gets. Build one with :func:`cluster_plan`."""
+class ClusterFigures:
+    """The figures of a cluster plan, without its per-position arrays: the
+    nodes' capacities, the totals, each node's counts (:meth:`node_stats`)
+    and the checksum. A :class:`ClusterPlan` is one; on the ranks of a job
+    that did not plan (``cluster=True``: each node's first rank plans, its
+    other ranks receive their node's part, distributed/handoff.py) this is
+    what ``loader.cluster_plan`` is."""
 
-    __slots__ = ("plan", "timeline", "reader", "capacities", "kinds", "page_size", "window", "_nodes", "_info",
-                 "_per_node", "_sizes", "_item_bytes")
+    __slots__ = ("capacities", "page_size", "window", "_info", "_per_node")
 
-    def __init__(self, plan: Plan, timeline: Timeline, reader: np.ndarray, capacities: np.ndarray,
-                 kinds: np.ndarray, nodes: np.ndarray, info: dict[str, int], per_node: list[dict[str, int]],
-                 sizes: np.ndarray | None, item_bytes: int, page_size: int = 0, window: int | None = None) -> None:
-        #: The aggregate plan (Belady over the timeline at the total capacity).
-        self.plan = plan
-        self.timeline = timeline
-        #: The node that reads each position.
-        self.reader = reader
+    def __init__(self, capacities: np.ndarray, info: dict[str, int], per_node: list[dict[str, int]],
+                 page_size: int = 0, window: int | None = None) -> None:
         #: What each node holds: items, or pages of ``page_size`` bytes
         #: for a plan in bytes.
         self.capacities = capacities
@@ -138,25 +132,13 @@ class ClusterPlan:
         self.page_size = page_size
         #: Steps a transfer window (``None``: transfers assumed in time).
         self.window = window
-        #: LOCAL_HIT, PEER_HIT, ADMIT, BYPASS or LATE per position (uint8).
-        self.kinds = kinds
-        self._nodes = nodes
         self._info = info
         self._per_node = per_node
-        self._sizes = sizes
-        self._item_bytes = item_bytes
 
-    @property
-    def seq(self) -> npt.NDArray[np.int64]:
-        return self.timeline.seq
-
-    @property
-    def nodes(self) -> npt.NDArray[np.int64]:
-        """Per position: an ADMIT's home, the node a hit reads (for a LATE
-        read, the node that holds it), -1 for a BYPASS."""
-        out = self._nodes.astype(np.int64)
-        out[self._nodes == _NONE] = -1
-        return out
+    def figures(self) -> ClusterFigures:
+        """These figures alone (what a node's other ranks receive)."""
+        return ClusterFigures(np.array(self.capacities, dtype=np.int64), dict(self._info),
+                              [dict(d) for d in self._per_node], self.page_size, self.window)
 
     @property
     def sized(self) -> bool:
@@ -179,12 +161,6 @@ class ClusterPlan:
         """With windows: the aggregate plan's hits that cannot arrive in
         time, read from storage instead (:data:`LATE`)."""
         return int(self._info["late"])
-
-    def windows(self) -> npt.NDArray[np.int64]:
-        """Each position's transfer window (its step // :attr:`window`)."""
-        if self.window is None:
-            raise InvalidInputError("this plan has no windows: plan with window= (steps a window)")
-        return self.timeline.step // self.window
 
     @property
     def n_nodes(self) -> int:
@@ -245,14 +221,6 @@ class ClusterPlan:
         position's reader, kind and node."""
         return int(self._info["checksum"])
 
-    def item_size(self, items: Any) -> npt.NDArray[np.int64]:
-        """The bytes counted for these item ids."""
-        items = np.asarray(items, dtype=np.int64)
-        if self._sizes is not None:
-            sizes: npt.NDArray[np.int64] = self._sizes[items].astype(np.int64)
-            return sizes
-        return np.full(items.shape, self._item_bytes, dtype=np.int64)
-
     def node_stats(self) -> list[dict[str, int]]:
         """Per node, the counts of :data:`NODE_KEYS`."""
         out = []
@@ -275,6 +243,91 @@ class ClusterPlan:
                 "late": d["late"],
             })
         return out
+
+    def stats(self) -> dict[str, Any]:
+        """Totals and per-node counts as plain JSON-ready values."""
+        T = self.accesses
+        return {
+            "accesses": T,
+            "nodes": self.n_nodes,
+            "capacity": int(self._info["capacity"]),
+            "hits": self.hits,
+            "local_hits": self.local_hits,
+            "peer_hits": self.peer_hits,
+            "admits": self.admits,
+            "bypasses": self.bypasses,
+            "remote_admits": self.remote_admits,
+            "page_size": self.page_size,
+            "unplaced": self.unplaced,
+            "unplaced_hits": self.unplaced_hits,
+            "window": self.window,
+            "late": self.late,
+            "hit_rate": self.hits / T if T else 0.0,
+            "local_hit_rate": self.local_hits / T if T else 0.0,
+            "peer_hit_rate": self.peer_hits / T if T else 0.0,
+            "storage_bytes": self.storage_bytes,
+            "peer_bytes": self.peer_bytes,
+            "checksum": f"{self.checksum:016x}",
+            "per_node": self.node_stats(),
+        }
+
+    def __repr__(self) -> str:
+        T = max(self.accesses, 1)
+        return (f"<{type(self).__name__} {self.accesses} accesses over {self.n_nodes} nodes, capacity "
+                f"{int(self._info['capacity'])}: local {self.local_hits / T:.4f}, peer {self.peer_hits / T:.4f}, "
+                f"storage {self.storage_reads / T:.4f}>")
+
+
+
+class ClusterPlan(ClusterFigures):
+    """One OPT plan over several nodes: per position of the global timeline
+    its kind (:data:`LOCAL_HIT`, :data:`PEER_HIT`, :data:`ADMIT`,
+    :data:`BYPASS`) and its node (an ADMIT's home, the node a hit reads), per
+    node its counts, and a checksum that every rank planning the same cluster
+    gets. Build one with :func:`cluster_plan`."""
+
+    __slots__ = ("plan", "timeline", "reader", "kinds", "_nodes", "_sizes", "_item_bytes")
+
+    def __init__(self, plan: Plan, timeline: Timeline, reader: np.ndarray, capacities: np.ndarray,
+                 kinds: np.ndarray, nodes: np.ndarray, info: dict[str, int], per_node: list[dict[str, int]],
+                 sizes: np.ndarray | None, item_bytes: int, page_size: int = 0, window: int | None = None) -> None:
+        super().__init__(capacities, info, per_node, page_size, window)
+        #: The aggregate plan (Belady over the timeline at the total capacity).
+        self.plan = plan
+        self.timeline = timeline
+        #: The node that reads each position.
+        self.reader = reader
+        #: LOCAL_HIT, PEER_HIT, ADMIT, BYPASS or LATE per position (uint8).
+        self.kinds = kinds
+        self._nodes = nodes
+        self._sizes = sizes
+        self._item_bytes = item_bytes
+
+    @property
+    def seq(self) -> npt.NDArray[np.int64]:
+        return self.timeline.seq
+
+    @property
+    def nodes(self) -> npt.NDArray[np.int64]:
+        """Per position: an ADMIT's home, the node a hit reads (for a LATE
+        read, the node that holds it), -1 for a BYPASS."""
+        out = self._nodes.astype(np.int64)
+        out[self._nodes == _NONE] = -1
+        return out
+
+    def windows(self) -> npt.NDArray[np.int64]:
+        """Each position's transfer window (its step // :attr:`window`)."""
+        if self.window is None:
+            raise InvalidInputError("this plan has no windows: plan with window= (steps a window)")
+        return self.timeline.step // self.window
+
+    def item_size(self, items: Any) -> npt.NDArray[np.int64]:
+        """The bytes counted for these item ids."""
+        items = np.asarray(items, dtype=np.int64)
+        if self._sizes is not None:
+            sizes: npt.NDArray[np.int64] = self._sizes[items].astype(np.int64)
+            return sizes
+        return np.full(items.shape, self._item_bytes, dtype=np.int64)
 
     def transfers(self) -> dict[str, np.ndarray]:
         """Every transfer between nodes, in timeline order: ``position``,
@@ -310,22 +363,25 @@ class ClusterPlan:
         if not 0 <= node < self.n_nodes:
             raise InvalidInputError(f"node {node} is outside [0, {self.n_nodes})")
         hit, admit, bypass = _engine.OP_HIT, _engine.OP_ADMIT, _engine.OP_BYPASS
-        w = self.windows()
-        raw = self._nodes
+        raw, kinds, step, win = self._nodes, self.kinds, self.timeline.step, int(self.window)
         mine = np.flatnonzero(self.reader == node)
-        k = self.kinds[mine]
+        k = kinds[mine]
         op = np.full(mine.size, bypass, dtype=np.uint8)
         op[k == LOCAL_HIT] = hit
         op[(k == ADMIT) & (raw[mine] == node)] = admit
         source = np.where(k == LOCAL_HIT, FROM_POOL, np.where(k == PEER_HIT, FROM_PEER, FROM_STORAGE))
         forward = (k == ADMIT) & (raw[mine] != node)
-        tr = self.transfers()
-        recv = np.flatnonzero((tr["kind"] == ADMIT) & (tr["dst"] == node))
-        send = np.flatnonzero((tr["kind"] == PEER_HIT) & (tr["src"] == node))
+        # This node's rows of transfers(), found without building the whole
+        # cluster's (a node's part is all a node's plan needs): what it
+        # receives to keep (another node's ADMIT homed here, sent in the
+        # window after the read) and what it sends (its generations' peer
+        # hits, sent in the window before).
+        recv = np.flatnonzero((kinds == ADMIT) & (raw == node) & (self.reader != node))
+        send = np.flatnonzero((kinds == PEER_HIT) & (raw == node))
         n_r, n_s = recv.size, send.size
-        window = np.concatenate([w[mine], tr["window"][recv] + 1, tr["window"][send]])
+        window = np.concatenate([step[mine] // win, step[recv] // win + 2, step[send] // win - 1])
         role = np.concatenate([np.full(mine.size, WORKER), np.full(n_r, RECEIVE), np.full(n_s, SEND)])
-        position = np.concatenate([mine, tr["position"][recv], tr["position"][send]])
+        position = np.concatenate([mine, recv, send])
         # By window, then RECEIVE, SEND, WORKER, then position (lexsort's last key is its first).
         order = np.lexsort((position, np.where(role == WORKER, 2, role - 1), window))
         return NodePlan(
@@ -380,37 +436,3 @@ class ClusterPlan:
             "receives": {k: v[receives] for k, v in tr.items()},
             "stats": self.node_stats()[node],
         }
-
-    def stats(self) -> dict[str, Any]:
-        """Totals and per-node counts as plain JSON-ready values."""
-        T = self.accesses
-        return {
-            "accesses": T,
-            "nodes": self.n_nodes,
-            "capacity": int(self._info["capacity"]),
-            "hits": self.hits,
-            "local_hits": self.local_hits,
-            "peer_hits": self.peer_hits,
-            "admits": self.admits,
-            "bypasses": self.bypasses,
-            "remote_admits": self.remote_admits,
-            "page_size": self.page_size,
-            "unplaced": self.unplaced,
-            "unplaced_hits": self.unplaced_hits,
-            "window": self.window,
-            "late": self.late,
-            "hit_rate": self.hits / T if T else 0.0,
-            "local_hit_rate": self.local_hits / T if T else 0.0,
-            "peer_hit_rate": self.peer_hits / T if T else 0.0,
-            "storage_bytes": self.storage_bytes,
-            "peer_bytes": self.peer_bytes,
-            "checksum": f"{self.checksum:016x}",
-            "per_node": self.node_stats(),
-        }
-
-    def __repr__(self) -> str:
-        T = max(self.accesses, 1)
-        return (f"<ClusterPlan {self.accesses} accesses over {self.n_nodes} nodes, capacity "
-                f"{int(self._info['capacity'])}: local {self.local_hits / T:.4f}, peer {self.peer_hits / T:.4f}, "
-                f"storage {self.storage_reads / T:.4f}>")
-

@@ -172,6 +172,14 @@ def _batches(node_plan: NodePlan, ranks: np.ndarray, rank: int, sampler: Any, ep
 PLAN_WAIT_PER_ACCESS = 10e-6
 
 
+def share_of(full: ClusterPlan, node: int) -> NodeShare:
+    """What node ``node``'s ranks need of the plan its leader made: the node
+    plan, the global rank reading each of its positions, the pool's plan."""
+    node_plan = full.node_plan(node)
+    return NodeShare(node_plan=node_plan, ranks=full.timeline.rank[node_plan.position].astype(np.int32),
+                     plan=full.pool_plan(node, node_plan), figures=full.figures())
+
+
 def plan_once_per_node(sampler: Any, epochs: int, agreed: JobAgreement, *, group: Any, opts: dict[str, Any],
                        progress: bool | None, wait: float) -> tuple[ClusterFigures, NodeShare, str | None]:
     """The cluster plan, made once a node: on each node's first rank (its
@@ -205,9 +213,7 @@ def plan_once_per_node(sampler: Any, epochs: int, agreed: JobAgreement, *, group
             if not reading.all():
                 raise ValueError(f"ranks {np.flatnonzero(~reading).tolist()} read nothing in the cluster plan: "
                                  "every rank needs at least one sample")
-            node_plan = full.node_plan(node)
-            share = NodeShare(node_plan=node_plan, ranks=full.timeline.rank[node_plan.position].astype(np.int32),
-                              plan=full.pool_plan(node, node_plan), figures=full)
+            share = share_of(full, node)
             if agreed.node_of_rank.count(node) > 1:
                 path = share_path(agreed.token, node)
                 write_share(path, share)

@@ -35,8 +35,8 @@ __all__ = ["ClusterSetup", "cluster_pool", "cluster_setup"]
 class ClusterSetup:
     """What :func:`cluster_setup` decided for this rank."""
 
-    #: The cluster plan, on the ranks that made it (each node's first);
-    #: its figures alone on the node's other ranks. This rank's node in it.
+    #: The cluster plan's figures (totals, each node's counts, checksum),
+    #: the same on every rank, and this rank's node in it.
     cp: ClusterFigures
     node: int
     #: The node's part of the plan, and the plan its pool runs.
@@ -63,6 +63,9 @@ class ClusterSetup:
     #: The shared files of this node's part, on its leader until its ranks
     #: have mapped them (cluster_pool removes them).
     share: str | None = None
+    #: The whole plan, on the ranks that made it (each node's first), for
+    #: its transfer thread; None on the node's other ranks.
+    full: ClusterPlan | None = None
 
 
 def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sampler: Any, seed: int | None,
@@ -129,9 +132,10 @@ def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sample
         remove_share(path)
         raise
     raw = None if sizes is None else sizes.astype(np.int64) - CODEC_MARGIN
-    return ClusterSetup(cp=cp, node=node, node_plan=node_plan, plan=plan, pool_page=pool_page, group=group,
-                        exchange_group=exchange_group, peers=peers, leader=leaders[node], starts=starts, own=own,
-                        floors=floors, storage_sizes=raw, sampler=sampler, share=path)
+    return ClusterSetup(cp=share.figures, node=node, node_plan=node_plan, plan=plan, pool_page=pool_page,
+                        group=group, exchange_group=exchange_group, peers=peers, leader=leaders[node],
+                        starts=starts, own=own, floors=floors, storage_sizes=raw, sampler=sampler, share=path,
+                        full=cp if isinstance(cp, ClusterPlan) else None)
 
 
 def _batches(node_plan: NodePlan, ranks: np.ndarray, rank: int, sampler: Any, epochs: int, batch_size: int
@@ -165,9 +169,9 @@ def _batches(node_plan: NodePlan, ranks: np.ndarray, rank: int, sampler: Any, ep
 
 #: How long a rank that does not plan waits for its node's leader to plan,
 #: beyond ``cluster_timeout``: 10 us an access of the global timeline. The
-#: capture and the plan took 0.57 us an access at ImageNet-1k, 90 epochs, 64
-#: nodes of 8 ranks (115 M accesses, 65 s) on a loaded 2-core machine
-#: (bench/RESULTS.md), so this is about 17 times that. A leader that dies is
+#: capture, the plan and the node's part took 0.55 us an access at
+#: ImageNet-1k, 90 epochs, 64 nodes of 8 ranks (115 M accesses, 64 s) on a
+#: loaded 2-core machine (bench/RESULTS.md), so this is 18 times that. A leader that dies is
 #: seen at once (gloo's connections close), one that fails says why.
 PLAN_WAIT_PER_ACCESS = 10e-6
 
@@ -279,10 +283,10 @@ def cluster_pool(c: ClusterSetup, dataset: Any, *, reader: Any, allow_pickle: bo
     cache: OPTCache | None = None
     try:
         if leader:
-            assert isinstance(c.cp, ClusterPlan)
+            assert c.full is not None, "a node's first rank made the plan"
             cache = OPTCache(plan, c.pool_page, wait_timeout=wait_timeout, staging_slots=int(staging))
             cache.transfers = ClusterRuntime(
-                c.cp, c.node_plan, cache.name, dataset, reader=reader(cache.name, len(c.node_plan)),
+                c.full, c.node_plan, cache.name, dataset, reader=reader(cache.name, len(c.node_plan)),
                 allow_pickle=allow_pickle, group=c.exchange_group, peers=c.peers, storage_sizes=c.storage_sizes,
                 timeout=timeout)
         dist.all_gather_object(name, cache.name if cache is not None else None, group=c.group)

@@ -67,7 +67,7 @@ def share_path(token: str, node: int) -> str:
 def sweep_stale() -> list[str]:
     """Remove the shares of this user's processes that have died (a planning
     rank killed before its ranks mapped its files). Returns what it removed."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
@@ -122,7 +122,7 @@ def write_share(path: str, share: NodeShare) -> None:
             out.write(_HEAD.pack(_MAGIC, _VERSION, 0, len(text)))
             out.write(text)
             out.write(b"\0" * (start - _HEAD.size - len(text)))
-            for name, a in arrays.items():
+            for a in arrays.values():
                 out.write(memoryview(a).cast("B"))
                 out.write(b"\0" * (-a.nbytes % _ALIGN))
             out.write(struct.pack("<Q", start))  # where the arrays start, last

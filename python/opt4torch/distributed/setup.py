@@ -230,6 +230,13 @@ def plan_once_per_node(sampler: Any, epochs: int, agreed: JobAgreement, *, group
     try:
         try:
             dist.all_gather_object(everyone, said, group=handoff)
+        except RuntimeError as exc:  # gloo's: a connection closed, or the timeout
+            if failure is not None:
+                raise failure from exc
+            raise RuntimeError(
+                f"the cluster plan was not made: rank {rank} waited for the planning ranks (each node's first, "
+                f"{agreed.leaders}), and the gather failed (its bound: {wait:.0f} s): a planning rank died (out "
+                f"of memory? see its log) or did not answer ({exc})") from exc
         finally:
             if handoff is not group:
                 release_group(handoff)

@@ -19,7 +19,7 @@ import numpy as np
 from .. import _engine
 from .._engine import InvalidInputError
 from .clusterplan import (ADMIT, BYPASS, FROM_PEER, FROM_POOL, FROM_STORAGE, LATE, LOCAL_HIT, NODE_KEYS, PEER_HIT,
-                          RECEIVE, SEND, WORKER, ClusterPlan, NodePlan)
+                          RECEIVE, SEND, WORKER, ClusterFigures, ClusterPlan, NodePlan)
 from .plan import Plan, as_sequence
 from .sizing import choose_page
 from .plan import plan as build_plan

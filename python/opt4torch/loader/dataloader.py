@@ -203,7 +203,8 @@ class DataLoader(Checkpoints, Replans, tud.DataLoader[Any]):
             self.cache.configure_prefetch(dataset, **prefetch_opts)
         plan = self.cache.plan
         if built.cluster_plan is not None:
-            #: The cluster plan every rank made, and this rank's node in it.
+            #: The cluster plan's figures (a ClusterFigures, the same on every rank;
+            #: each node's first rank planned it), and this rank's node in it.
             self.cluster_plan, self.node = built.cluster_plan, built.node
         self.shared_across_ranks = built.group is not None
         self._group = built.group

@@ -5,6 +5,10 @@ RECEIVEs, then the window's exchange (opt4torch._exchange, a real
 all_to_all on gloo), then its ranks' reads, each checked against the
 source. Writes what it counted to <out>.<rank>.json.
 
+--rooms short: each window in one collective, every item in a room of its
+planned bytes, except every 37th item, whose room is too small: it goes
+empty, and its reader reads it from storage.
+
 --vanish-rank R --vanish-window K: rank R leaves at the start of window K
 without a word (os._exit(0), so torchrun does not stop the others): the
 others' collectives fail from then on, and what they would have received
@@ -30,7 +34,7 @@ from opt4torch import cluster  # noqa: E402
 from opt4torch._codec import decode  # noqa: E402
 from opt4torch._exchange import Exchange, record_of  # noqa: E402
 from opt4torch.cluster import job_plan  # noqa: E402
-from opt4torch.data import OPTCache, PlannedDataset  # noqa: E402
+from opt4torch.data import CODEC_MARGIN, OPTCache, PlannedDataset  # noqa: E402
 
 
 def size_of(x: int) -> int:
@@ -83,6 +87,9 @@ def main() -> None:
     ap.add_argument("--vanish-rank", type=int, default=-1)
     ap.add_argument("--vanish-window", type=int, default=-1)
     ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--rooms", choices=["none", "short"], default="none",
+                    help="none: two collectives a window (lengths, then bytes); short: one, each item in a room "
+                         "of its planned bytes, except items x % 37 == 0, whose room is too small")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
@@ -92,7 +99,14 @@ def main() -> None:
     cp, node = job_plan(sampler, args.epochs, batch_size=args.batch, capacity_per_node=args.capacity,
                         item_sizes=sizes, window=args.window)
     np_ = cp.node_plan(node)
-    exchange = Exchange(cp, np_)
+    rooms = None
+    if args.rooms == "short":  # the record's bound, as the loader gives it; too small for every 37th item
+        rooms = sizes + CODEC_MARGIN
+        rooms[::37] = sizes[::37] // 2
+    exchange = Exchange(cp, np_, rooms=rooms)
+    # Received items whose room is too small: sent empty, so read from storage.
+    short = sum(int(np_.seq[at]) % 37 == 0 for k in exchange.windows for at in exchange.incoming(k)) if \
+        rooms is not None else 0
     cache = OPTCache(cp.pool_plan(node, np_), 1024)
     router = Router(args.items, exchange)
     view = PlannedDataset(router, cache.name, len(np_), args.items)
@@ -128,6 +142,7 @@ def main() -> None:
         "pool_fallbacks": st["fallbacks"], "node_stats": cp.node_stats()[node],
         "items_sent": exchange.items_sent, "items_received": exchange.items_received,
         "bytes_sent": exchange.bytes_sent, "bytes_received": exchange.bytes_received,
+        "short_received": short, "oversize": exchange.oversize,
         "errors": [f"window {k}: {type(e).__name__}" for k, e in exchange.errors],
         "late": cp.late, "peer_hits": cp.peer_hits, "remote_admits": cp.remote_admits,
     }

@@ -34,21 +34,32 @@ def run(tmp_path, *args: str) -> list[dict | None]:
     return got
 
 
-@pytest.mark.parametrize("window", [1, 3])
-def test_every_node_runs_the_plan(tmp_path, window: int) -> None:
-    ranks = run(tmp_path, "--window", str(window))
+@pytest.mark.parametrize("window,rooms", [(1, "none"), (3, "short")])
+def test_every_node_runs_the_plan(tmp_path, window: int, rooms: str) -> None:
+    """Two collectives a window (lengths, then bytes), or one with every
+    item in a room of its planned bytes, where an item whose room is too
+    small goes empty and its reader reads it from storage."""
+    ranks = run(tmp_path, "--window", str(window), "--rooms", rooms)
     assert all(r is not None for r in ranks)
     assert ranks[0]["peer_hits"] > 0 and ranks[0]["remote_admits"] > 0
     for r in ranks:
         st = r["node_stats"]
         assert r["wrong"] == 0 and r["left"] == 0 and r["errors"] == []
-        assert (r["storage_reads"], r["storage_bytes"]) == (st["storage_reads"], st["plan_storage_bytes"])
-        assert r["fallbacks"] == r["pool_fallbacks"] == 0
+        # Exactly the plan's storage reads, plus the items sent empty.
+        assert r["fallbacks"] == r["short_received"]
+        assert r["storage_reads"] == st["storage_reads"] + r["fallbacks"]
+        if not r["fallbacks"]:
+            assert r["storage_bytes"] == st["plan_storage_bytes"]
+        assert r["pool_fallbacks"] == 0
         assert r["hits"] == r["plan_hits"]
         assert (r["items_sent"], r["items_received"]) == (st["peer_items_sent"], st["peer_items_received"])
         # Encoded items, a little larger than the item bytes the plan counts.
-        assert st["peer_bytes_sent"] <= r["bytes_sent"] <= st["peer_bytes_sent"] + 80 * r["items_sent"]
+        assert r["bytes_sent"] <= st["peer_bytes_sent"] + 80 * r["items_sent"]
+        if rooms == "none":
+            assert st["peer_bytes_sent"] <= r["bytes_sent"]
     assert sum(r["items_sent"] for r in ranks) == sum(r["items_received"] for r in ranks)
+    assert sum(r["oversize"] for r in ranks) == sum(r["short_received"] for r in ranks)
+    assert (sum(r["short_received"] for r in ranks) > 0) == (rooms == "short")
 
 
 def test_a_node_that_leaves_costs_storage_reads_only(tmp_path) -> None:

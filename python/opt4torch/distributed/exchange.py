@@ -3,7 +3,11 @@ docs/cluster.md, "The run time"): at the start of window k a node sends each
 other node what the plan says it sends in window k, in one ``all_to_all`` on
 a gloo group of the project's own. Nothing is asked for: both sides know
 from the plan which transfers a window holds, and in which order (timeline
-order), so only the lengths of the encoded items travel beside them.
+order), so only the lengths of the encoded items travel beside them. When
+the plan has the items' sizes, each item has a room of its planned bytes
+(the pool's bound on its record), so the receiver knows every pair's bytes
+beforehand and a window is one collective; without them, a collective of
+the lengths comes first.
 
 What a node sends in window k: copies of generations its pool holds, for
 peers that read them in window k + 1 (read from its pool at its SEND
@@ -56,7 +60,7 @@ class Exchange:
     """One node's side of the windowed transfers of a cluster plan."""
 
     def __init__(self, cp: ClusterPlan, node_plan: NodePlan, group: Any = None,
-                 peers: list[int] | None = None, timeout: float = 60.0) -> None:
+                 peers: list[int] | None = None, timeout: float = 60.0, rooms: np.ndarray | None = None) -> None:
         import torch.distributed as dist
 
         self.cp, self.plan, self.node = cp, node_plan, node_plan.node
@@ -75,23 +79,29 @@ class Exchange:
                                     f"{cp.checksum:x}/{'.'.join(map(str, self.peers))}")
         tr = cp.transfers()
         order = np.lexsort((tr["position"], tr["window"]))
-        win, pos, src, dst, kind = (tr[k][order] for k in ("window", "position", "src", "dst", "kind"))
+        win, pos, src, dst, kind, item = (tr[k][order] for k in ("window", "position", "src", "dst", "kind", "item"))
+        #: Each item's room in the one collective of a window (its record's
+        #: bound: the bytes the plan gives it, the codec's margin included),
+        #: or None: a collective of the lengths first, then one of the bytes.
+        self.rooms = None if rooms is None else np.asarray(rooms, dtype=np.int64)
+        room = np.zeros(item.size, np.int64) if self.rooms is None else self.rooms[item]
         #: Windows with a transfer anywhere in the cluster: every rank runs
         #: a collective in those, and only those.
         self.windows = np.unique(win).tolist()
         # By window, with the peers as group ranks.
-        self._out: dict[int, list[tuple[int, int, int]]] = {}  # (dst, position, kind)
-        self._in: dict[int, list[tuple[int, int, int]]] = {}  # (src, position, node-plan index)
+        self._out: dict[int, list[tuple[int, int, int, int]]] = {}  # (dst, position, kind, room)
+        self._in: dict[int, list[tuple[int, int, int, int]]] = {}  # (src, position, node-plan index, room)
         # Where in this node's plan each received item goes.
         p = node_plan
         where = {(int(r), int(t)): i for i, (r, t) in enumerate(zip(p.role, p.position)) if r != WORKER}
         reads = {int(t): i for i, t in zip(p.reads.tolist(), p.position[p.reads].tolist())}
-        for k, t, s, d, kd in zip(win.tolist(), pos.tolist(), src.tolist(), dst.tolist(), kind.tolist()):
+        for k, t, s, d, kd, r in zip(win.tolist(), pos.tolist(), src.tolist(), dst.tolist(), kind.tolist(),
+                                     room.tolist()):
             if s == self.node:
-                self._out.setdefault(k, []).append((self.peers[d], t, kd))
+                self._out.setdefault(k, []).append((self.peers[d], t, kd, r))
             if d == self.node:
                 at = reads[t] if kd == PEER_HIT else where[(RECEIVE, t)]
-                self._in.setdefault(k, []).append((self.peers[s], t, at))
+                self._in.setdefault(k, []).append((self.peers[s], t, at, r))
         for got in self._in.values():  # the bytes arrive grouped by sender (its group rank)
             got.sort()
         self._send_at = {t: i for (r, t), i in where.items() if r == SEND}
@@ -104,6 +114,8 @@ class Exchange:
         self.failed: list[int] = []
         self.errors: list[tuple[int, BaseException]] = []
         self.bytes_sent = self.bytes_received = self.items_sent = self.items_received = 0
+        #: Items larger than their room (sent empty: read from storage by their reader).
+        self.oversize = 0
         #: Seconds inside the collectives of the windows that worked.
         self.seconds = 0.0
         self._last_end = time.monotonic()
@@ -132,7 +144,7 @@ class Exchange:
 
     def incoming(self, k: int) -> list[int]:
         """The node-plan positions window k's collective brings items for."""
-        return [at for _, _, at in self._in.get(k, [])]
+        return [at for _, _, at, _ in self._in.get(k, [])]
 
     def run(self, k: int, read_pool: Callable[[int], bytes]) -> bool:
         """Window k's exchange, a collective of every rank: ``read_pool(i)``
@@ -140,12 +152,10 @@ class Exchange:
         (its SENDs). False when the window's items are lost (counted, and
         the error kept): its collective failed, or the nodes are forming
         their group again after an earlier one did."""
-        import torch
-
         if k not in self._windows:
             return True
         parts: list[list[bytes]] = [[] for _ in range(self.world)]
-        for d, t, kd in self._out.get(k, []):
+        for d, t, kd, _ in self._out.get(k, []):
             assert kd in (PEER_HIT, ADMIT)
             parts[d].append(read_pool(self._send_at[t]) if kd == PEER_HIT else self.outbox.pop(t, b""))
         # Only a node that comes late (a timeout or more after its last
@@ -158,38 +168,95 @@ class Exchange:
                 f"a node left the exchange's group; the nodes form it again (generation {self.groups.generation})")
             self._lose(k, RuntimeError(why))
             return False
-        lengths = [np.array([len(b) for b in bs], dtype=np.int64) for bs in parts]
-        expect = [0] * self.world
-        for s, _, _ in self._in.get(k, []):
-            expect[s] += 1
         t0 = time.monotonic()
         try:
-            # First each item's length, then the bytes; the counts are the plan's.
-            sizes = torch.from_numpy(np.concatenate(lengths)) if any(x.size for x in lengths) else \
-                torch.empty(0, dtype=torch.int64)
-            got_sizes = torch.empty(sum(expect), dtype=torch.int64)
-            self.groups.all_to_all(group, got_sizes, sizes, expect, [x.size for x in lengths])
-            blob = b"".join(b for bs in parts for b in bs)
-            send = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
-            per_src = np.split(got_sizes.numpy(), np.cumsum(expect)[:-1])
-            recv = torch.empty(int(got_sizes.sum()), dtype=torch.uint8)
-            self.groups.all_to_all(group, recv, send, [int(x.sum()) for x in per_src],
-                                   [int(x.sum()) for x in lengths])
+            if self.rooms is None:
+                moved, got = self._two_collectives(k, group, parts)
+            else:
+                moved, got = self._one_collective(k, group, parts)
         except (RuntimeError, ValueError) as e:  # a dead or late peer, a timeout: this window's items are lost
             self._lose(k, e)
             self.groups.lost()
             return False
         self._last_end = time.monotonic()
         self.seconds += self._last_end - t0
-        self.items_sent += sum(x.size for x in lengths)
-        self.bytes_sent += len(blob)
-        data = recv.numpy().tobytes()
-        offsets = np.concatenate([[0], np.cumsum(got_sizes.numpy())])
-        for j, (_, _, at) in enumerate(self._in.get(k, [])):
-            self.inbox[at] = data[offsets[j]:offsets[j + 1]]
-        self.items_received += len(self._in.get(k, []))
-        self.bytes_received += len(data)
+        self.items_sent += sum(len(bs) for bs in parts)
+        self.bytes_sent += moved
+        incoming = self._in.get(k, [])
+        for (_, _, at, _), record in zip(incoming, got):
+            self.inbox[at] = record
+        self.items_received += len(incoming)
+        self.bytes_received += sum(len(r) for r in got)
         return True
+
+    def _two_collectives(self, k: int, group: Any, parts: list[list[bytes]]) -> tuple[int, list[bytes]]:
+        """Window k's items without bounds on their sizes: each item's
+        length first, then the bytes. Returns the bytes sent and the records
+        received, in the order of ``self._in[k]``."""
+        import torch
+
+        lengths = [np.array([len(b) for b in bs], dtype=np.int64) for bs in parts]
+        expect = [0] * self.world
+        for s, _, _, _ in self._in.get(k, []):
+            expect[s] += 1
+        sizes = torch.from_numpy(np.concatenate(lengths)) if any(x.size for x in lengths) else \
+            torch.empty(0, dtype=torch.int64)
+        got_sizes = torch.empty(sum(expect), dtype=torch.int64)
+        self.groups.all_to_all(group, got_sizes, sizes, expect, [x.size for x in lengths])
+        blob = b"".join(b for bs in parts for b in bs)
+        send = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
+        per_src = np.split(got_sizes.numpy(), np.cumsum(expect)[:-1])
+        recv = torch.empty(int(got_sizes.sum()), dtype=torch.uint8)
+        self.groups.all_to_all(group, recv, send, [int(x.sum()) for x in per_src],
+                               [int(x.sum()) for x in lengths])
+        data = recv.numpy().tobytes()
+        offsets = np.concatenate([[0], np.cumsum(got_sizes.numpy())]).tolist()
+        return len(blob), [data[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)]
+
+    def _one_collective(self, k: int, group: Any, parts: list[list[bytes]]) -> tuple[int, list[bytes]]:
+        """Window k's items in one collective: every item has its room (its
+        record's bound, which both sides know from the plan), so each pair's
+        bytes are known before anything is sent. A pair's part is its
+        items' lengths (int64), then each item in its room. A record larger
+        than its room (one the pool would not keep either) goes as length 0:
+        lost, read from storage by its reader, as a failed window's."""
+        import torch
+
+        out: list[list[int]] = [[] for _ in range(self.world)]
+        for d, _, _, r in self._out.get(k, []):
+            out[d].append(r)
+        counts = [8 * len(rs) + sum(rs) for rs in out]
+        send = np.zeros(sum(counts), dtype=np.uint8)
+        at, moved = 0, 0
+        for bs, rs in zip(parts, out):
+            lens = np.array([len(b) if len(b) <= r else 0 for b, r in zip(bs, rs)], dtype=np.int64)
+            send[at:at + 8 * lens.size] = lens.view(np.uint8)
+            at += 8 * lens.size
+            for b, r, n in zip(bs, rs, lens.tolist()):
+                if n:
+                    send[at:at + n] = np.frombuffer(b, dtype=np.uint8)
+                at += r
+            moved += int(lens.sum())
+            self.oversize += int((lens == 0).sum()) - sum(1 for b in bs if not b)
+        incoming = self._in.get(k, [])
+        expect = [0] * self.world
+        for s, _, _, r in incoming:
+            expect[s] += 8 + r
+        recv = torch.empty(sum(expect), dtype=torch.uint8)
+        self.groups.all_to_all(group, recv, torch.from_numpy(send), expect, counts)
+        data = recv.numpy()
+        got: list[bytes] = []
+        at = 0
+        for s in range(self.world):
+            rs = [r for src, _, _, r in incoming if src == s]
+            lens = data[at:at + 8 * len(rs)].view(np.int64).tolist()
+            at += 8 * len(rs)
+            for r, n in zip(rs, lens):
+                if not 0 <= n <= r:
+                    raise ValueError(f"window {k}: group rank {s} sent an item of {n} bytes for a room of {r}")
+                got.append(data[at:at + n].tobytes())
+                at += r
+        return moved, got
 
     def _lose(self, k: int, e: BaseException) -> None:
         self.failed.append(k)

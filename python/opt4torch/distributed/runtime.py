@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import _engine
 from ..io.forksafe import ForkGate
+from ..planning.sizing import CODEC_MARGIN
 from ..planning.cluster import FROM_PEER, FROM_STORAGE, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
 from ..planning.clusterplan import ClusterFigures
 from .exchange import Exchange, record_of
@@ -71,7 +72,11 @@ class ClusterRuntime:
 
         self.cp, self.plan, self.dataset, self.allow_pickle = cp, node_plan, dataset, allow_pickle
         self.plan_keys = plan_keys(cp, node_plan, storage_sizes)
-        self.exchange = Exchange(cp, node_plan, group, peers, timeout)
+        # Each item's room in its window's one collective: its record's bound,
+        # the bytes the pool plans for it (None without per-item sizes: two
+        # collectives a window, the lengths first).
+        rooms = None if storage_sizes is None else storage_sizes.astype(np.int64) + CODEC_MARGIN
+        self.exchange = Exchange(cp, node_plan, group, peers, timeout, rooms=rooms)
         #: This rank (the node's first): where the node's transfer figures are.
         self.leader = dist.get_rank()
         p = node_plan
@@ -110,8 +115,11 @@ class ClusterRuntime:
             self._pace[k] = (int(reads[min(j, reads.size - 1)]) // 32 * 32) if reads.size else 0
         # The pace of the last read: the workers got there unless the run was cut.
         self._end = int(reads[-1]) // 32 * 32 if reads.size else 0
-        #: Threads reading forwards from storage at once.
-        self.readers = 8
+        #: Threads reading forwards from storage at once. A first epoch's
+        #: window has most of a node's reads as forwards (92 of 128 in
+        #: bench/cluster.py); at 8 threads and 10 ms a read their wait was a
+        #: third of the transfer thread's time (bench/RESULTS.md).
+        self.readers = 32
         # Reads of its own positions (RECEIVEs, SENDs), as a worker reads.
         # The node's pool as a worker reads it (the loader's PlannedDataset):
         # a RECEIVE is read here as a worker would.
@@ -369,6 +377,9 @@ class ClusterRuntime:
         errors = [f"window {k}: {type(e).__name__}: {e}" for k, e in ex.errors[:3]]
         if len(ex.failed) > len(errors):
             errors.append(f"{len(ex.failed)} windows read from storage in all")
+        if ex.oversize:
+            errors.append(f"{ex.oversize} items sent were larger than their planned bytes: their readers read "
+                          "them from storage")
         return {
             "local_hits": hits - self.own_sends,
             "peer_hits": self.handed_over["peer"],

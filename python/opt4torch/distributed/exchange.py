@@ -88,6 +88,10 @@ class Exchange:
         #: Windows with a transfer anywhere in the cluster: every rank runs
         #: a collective in those, and only those.
         self.windows = np.unique(win).tolist()
+        # Only this node's rows go through the Python loop below: at
+        # ImageNet-1k, 90 epochs, 64 nodes the cluster has 55 M transfers.
+        ours = np.flatnonzero((src == self.node) | (dst == self.node))
+        win, pos, src, dst, kind, room = (a[ours] for a in (win, pos, src, dst, kind, room))
         # By window, with the peers as group ranks.
         self._out: dict[int, list[tuple[int, int, int, int]]] = {}  # (dst, position, kind, room)
         self._in: dict[int, list[tuple[int, int, int, int]]] = {}  # (src, position, node-plan index, room)

@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster_peers  # noqa: E402
 from _machine import machine  # noqa: E402
 
 CONFIGS = ("no cache", "per-node OPT", "cluster OPT")
@@ -67,6 +68,18 @@ CONFIGS = ("no cache", "per-node OPT", "cluster OPT")
 
 #: Pages of the runs with ``--of stored``.
 STORED_PAGE = 1024
+
+
+def node_capacity(sizes: np.ndarray, capacity: float, of: str) -> int:
+    """A node's cache in bytes: ``capacity`` of the dataset's bytes, or with
+    ``of="stored"`` of the dataset as a pool stores it (the codec's margin,
+    whole pages of :data:`STORED_PAGE`, and a page more)."""
+    if of != "stored":
+        return int(capacity * int(sizes.sum()))
+    from opt4torch.data import CODEC_MARGIN
+
+    stored = -(-(sizes.astype(np.int64) + CODEC_MARGIN) // STORED_PAGE) * STORED_PAGE
+    return int(capacity * int(stored.sum())) + STORED_PAGE
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -84,18 +97,11 @@ def rank_main(args: argparse.Namespace) -> None:
         ds = opt4torch.S3ImageFolder(args.path, client="c")
     else:
         ds = opt4torch.RecordFile(args.path, latency=args.latency)
-    total = int(ds.item_sizes().sum())
     sampler = DistributedSampler(ds, num_replicas=dist.get_world_size(), rank=rank, shuffle=True, seed=0)
     common = dict(batch_size=args.batch, num_workers=args.workers, persistent_workers=args.workers > 0,
                   multiprocessing_context="fork", collate_fn=list)
-    page: dict[str, Any] = {}
-    if args.of == "stored":  # the dataset as a pool stores it: the codec's margin, whole pages
-        from opt4torch.data import CODEC_MARGIN
-
-        page = {"page_size": STORED_PAGE}
-        stored = -(-(ds.item_sizes().astype(np.int64) + CODEC_MARGIN) // STORED_PAGE) * STORED_PAGE
-        total = int(stored.sum())
-    cap = int(args.capacity * total) + (STORED_PAGE if args.of == "stored" else 0)
+    page: dict[str, Any] = {"page_size": STORED_PAGE} if args.of == "stored" else {}
+    cap = node_capacity(ds.item_sizes(), args.capacity, args.of)
     if args.config == "no cache":
         loader: Any = torch.utils.data.DataLoader(ds, sampler=sampler, **common)
     elif args.config == "per-node OPT":
@@ -204,7 +210,11 @@ def main() -> None:
                     help="capacity as a share of the dataset's bytes, or of the dataset as a pool stores it "
                          f"(each item with the codec's margin, in whole pages of {STORED_PAGE} bytes)")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help=f"of {', '.join(CONFIGS)}; with --store s3 also Streaming and LitData "
+                         "(bench/cluster_peers.py, run by --peer-python)")
+    ap.add_argument("--peer-python", default=sys.executable,
+                    help="the Python that runs Streaming's and LitData's ranks (one with them: .venv-bench)")
     ap.add_argument("--store", choices=["records", "s3"], default="records",
                     help="a record file with emulated latency, or objects on the loopback S3 server")
     ap.add_argument("--link", default="0",
@@ -252,6 +262,12 @@ def main() -> None:
         where = f"on the S3 server, {args.latency * 1000:.0f} ms a request" if server else \
             f"{args.latency * 1000:.0f} ms a read"
         print(f"{args.items} items, {int(sizes.sum()):,} bytes, {where}; 4 nodes")
+        peers = [c for c in configs if c in cluster_peers.PEERS]
+        if peers:
+            if server is None:
+                raise SystemExit("Streaming and LitData run over the S3 server: give --store s3")
+            budget = 4 * node_capacity(sizes, caps[0], args.of)
+            urls = _peer_shards(args, bodies, server, budget, tmp)
         if args.preempt:
             results["preemption"] = preemption(args, path, caps[0], tmp)
         for rep in range(0 if args.preempt else args.repeats):
@@ -262,9 +278,15 @@ def main() -> None:
                     for config in configs:
                         t0 = time.perf_counter()
                         served = server.stats()["get_bytes"] if server is not None else 0
-                        s = summary(run_config(args, path, config, cap, tmp))
+                        if config in cluster_peers.PEERS:
+                            ranks = run_peer(args, config, urls[config], 4 * node_capacity(sizes, cap, args.of), tmp)
+                        else:
+                            ranks = run_config(args, path, config, cap, tmp)
+                        s = summary(ranks)
                         if server is not None:
                             s["server_get_bytes"] = server.stats()["get_bytes"] - served
+                            if config in cluster_peers.PEERS:  # theirs is the server's count only
+                                s["storage_bytes"] = s["server_get_bytes"]
                         results["runs"].setdefault(_key(cap, link, server is not None), {}).setdefault(
                             config, []).append(s)
                         print(f"  repeat {rep + 1}, {_key(cap, link, server is not None)}, {config}: epochs "
@@ -278,6 +300,64 @@ def main() -> None:
     print(f"\nraw results: {args.out}")
     if args.plot:
         print("plot:", plot(results, args.plot))
+
+
+# ---- Streaming and LitData (bench/cluster_peers.py) ----
+
+
+def _peer_shards(args: argparse.Namespace, bodies: list[bytes], server: Any, budget: int,
+                 tmp: str) -> dict[str, str]:
+    """The items in Streaming's and LitData's shard formats (converted by
+    ``--peer-python``), put on the S3 server beside the images; each
+    peer's prefix URL. Shards as bench/e2e.py sizes them: 64 MiB, or an
+    eighth of the cache when that is smaller."""
+    import subprocess
+
+    import boto3
+
+    import opt4torch
+
+    records = os.path.join(tmp, "peers.rec")
+    opt4torch.write_records(records, bodies, labels=[i % 10 for i in range(len(bodies))])
+    shard = max(1 << 16, min(1 << 26, budget // 8))
+    r = subprocess.run([args.peer_python, cluster_peers.__file__, "--prepare", records, os.path.join(tmp, "shards"),
+                        "--shard-bytes", str(shard)], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError(f"converting to the peers' shards failed:\n{r.stderr[-3000:]}")
+    made = json.loads(r.stdout.strip().splitlines()[-1])
+    client = boto3.client("s3", endpoint_url=server.endpoint)
+    urls = {}
+    for name, d in made.items():
+        prefix = os.path.basename(d)
+        for root, _, files in os.walk(d):
+            for f in files:
+                with open(os.path.join(root, f), "rb") as fh:
+                    client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/{os.path.relpath(os.path.join(root, f), d)}",
+                                      Body=fh.read())
+        urls[name] = f"s3://{S3_BUCKET}/{prefix}"
+    return urls
+
+
+def run_peer(args: argparse.Namespace, config: str, url: str, budget: int, tmp: str) -> list[dict[str, Any]]:
+    """Streaming or LitData as the 4 ranks of one node, their cache the four
+    nodes' capacities together; each rank's epochs (the bytes are the
+    server's, counted around the job)."""
+    import shutil
+
+    from opt4torch.lab.launch import rank_errors, torchrun
+
+    out, cache = os.path.join(tmp, config), os.path.join(tmp, f"{config}-cache")
+    shutil.rmtree(cache, ignore_errors=True)  # each run starts cold, as the others do
+    os.makedirs(cache)
+    r = torchrun(cluster_peers.__file__, 4, "--rank-run", "--config", config, "--url", url, "--cache", cache,
+                 "--budget", str(budget), "--epochs", str(args.epochs), "--batch", str(args.batch),
+                 "--workers", str(args.workers), "--out", out, timeout=900, python=args.peer_python)
+    if r.returncode != 0:
+        raise RuntimeError(f"{config}: torchrun failed\n{r.stdout[-2000:]}\n{rank_errors(r.stderr)}")
+    ranks = [json.load(open(f"{out}.{k}.json")) for k in range(4)]
+    for rk in ranks:
+        rk.update(accesses=sum(rk["samples"]), storage_reads=0, storage_bytes=0)
+    return ranks
 
 
 # ---- the preemption row (--preempt) ----
@@ -488,7 +568,7 @@ def table(results: dict[str, Any]) -> str:
             elif "hit_rate" in runs[0]:
                 hr = f"{statistics.median(s['hit_rate'] for s in runs):.1%}"
             else:
-                hr = "0.0%"
+                hr = "–" if config in cluster_peers.PEERS else "0.0%"
             stall = f"{statistics.median(s['stall_rate'] for s in runs):.2%}" if "stall_rate" in runs[0] else "–"
             rel = f"{base / run:.2f}x" if base else "–"
             if "server_get_bytes" in runs[0]:  # the store's own count beside the ranks'

@@ -34,9 +34,15 @@ accelerator's step), and ``--slow-rank R`` makes node R's step, CPU and wait,
 ``--slow-factor`` times as long (a slow node); every rank's epoch times are
 kept in the results.
 
+``--preempt`` runs issue 36's preemption instead of the table: cluster OPT
+on 4 nodes stopped after its first epoch (every rank saves ``state_dict()``),
+a 2-node job resuming those states (``load_state_dict``) for the other
+epochs, and a fresh 2-node run; their hits and storage bytes as planned and
+as measured, at the first ``--capacity``.
+
     python bench/cluster.py [--items 2000] [--latency 0.010] [--epochs 3]
         [--capacity 0.25,0.5] [--of dataset|stored] [--batch 16] [--workers 2] [--window 8] [--repeats 2]
-        [--store records|s3] [--link 0,4e6,16e6] [--plot PNG] [--out bench/results/cluster.json]
+        [--store records|s3] [--link 0,4e6,16e6] [--plot PNG] [--preempt] [--out bench/results/cluster.json]
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cluster_peers  # noqa: E402
 from _machine import machine  # noqa: E402
 
 CONFIGS = ("no cache", "per-node OPT", "cluster OPT")
@@ -61,6 +68,18 @@ CONFIGS = ("no cache", "per-node OPT", "cluster OPT")
 
 #: Pages of the runs with ``--of stored``.
 STORED_PAGE = 1024
+
+
+def node_capacity(sizes: np.ndarray, capacity: float, of: str) -> int:
+    """A node's cache in bytes: ``capacity`` of the dataset's bytes, or with
+    ``of="stored"`` of the dataset as a pool stores it (the codec's margin,
+    whole pages of :data:`STORED_PAGE`, and a page more)."""
+    if of != "stored":
+        return int(capacity * int(sizes.sum()))
+    from opt4torch.data import CODEC_MARGIN
+
+    stored = -(-(sizes.astype(np.int64) + CODEC_MARGIN) // STORED_PAGE) * STORED_PAGE
+    return int(capacity * int(stored.sum())) + STORED_PAGE
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -78,18 +97,11 @@ def rank_main(args: argparse.Namespace) -> None:
         ds = opt4torch.S3ImageFolder(args.path, client="c")
     else:
         ds = opt4torch.RecordFile(args.path, latency=args.latency)
-    total = int(ds.item_sizes().sum())
     sampler = DistributedSampler(ds, num_replicas=dist.get_world_size(), rank=rank, shuffle=True, seed=0)
     common = dict(batch_size=args.batch, num_workers=args.workers, persistent_workers=args.workers > 0,
                   multiprocessing_context="fork", collate_fn=list)
-    page: dict[str, Any] = {}
-    if args.of == "stored":  # the dataset as a pool stores it: the codec's margin, whole pages
-        from opt4torch.data import CODEC_MARGIN
-
-        page = {"page_size": STORED_PAGE}
-        stored = -(-(ds.item_sizes().astype(np.int64) + CODEC_MARGIN) // STORED_PAGE) * STORED_PAGE
-        total = int(stored.sum())
-    cap = int(args.capacity * total) + (STORED_PAGE if args.of == "stored" else 0)
+    page: dict[str, Any] = {"page_size": STORED_PAGE} if args.of == "stored" else {}
+    cap = node_capacity(ds.item_sizes(), args.capacity, args.of)
     if args.config == "no cache":
         loader: Any = torch.utils.data.DataLoader(ds, sampler=sampler, **common)
     elif args.config == "per-node OPT":
@@ -98,11 +110,13 @@ def rank_main(args: argparse.Namespace) -> None:
     else:
         loader = opt4torch.DataLoader(ds, cluster=True, sampler=sampler, epochs=args.epochs, cache_bytes=cap,
                                       prefetch=True, cluster_window=args.window, **page, **common)
+    first = resume_states(loader, args.resume_from, rank) if args.resume_from else 0
     a = torch.randn(96, 96)
     before = ds.info()
     dist.barrier()
-    times = []
-    for e in range(args.epochs):
+    times: list[float] = []
+    marks: list[dict[str, int]] = []
+    for e in range(first, args.epochs):
         sampler.set_epoch(e)  # torch's loader needs it; opt4torch's replays what it captured
         t0 = time.perf_counter()
         for batch in loader:
@@ -112,10 +126,18 @@ def rank_main(args: argparse.Namespace) -> None:
             if args.step_ms:  # an accelerator's step: time that takes no CPU of ours
                 time.sleep(args.step_ms * slow / 1000)
         times.append(time.perf_counter() - t0)
+        if args.marks:  # the preemption row: each epoch's counters
+            marks.append(epoch_marks(loader, ds, before))
+        if e + 1 == args.stop_after:  # preempted: every rank saves where it stopped
+            with open(f"{args.out}.state.{rank}.json", "w") as f:
+                json.dump(loader.state_dict(), f)
+            break
     after = ds.info()
-    out: dict[str, Any] = {"rank": rank, "epoch_seconds": times, "accesses": args.epochs * len(sampler),
+    out: dict[str, Any] = {"rank": rank, "epoch_seconds": times, "accesses": len(times) * len(sampler),
                            "storage_reads": after["reads"] - before["reads"],
                            "storage_bytes": after["bytes_read"] - before["bytes_read"]}
+    if marks:
+        out.update(first_epoch=first, epoch_marks=marks, plan_epochs=plan_epochs(loader, ds, first))
     if isinstance(loader, opt4torch.DataLoader):
         rt = loader.cache.transfers
         if rt is not None:
@@ -135,19 +157,20 @@ def rank_main(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def run_config(args: argparse.Namespace, path: str, config: str, capacity: float, tmp: str) -> list[dict]:
+def run_config(args: argparse.Namespace, path: str, config: str, capacity: float, tmp: str, *extra: str,
+               world: int = 4, name: str = "") -> list[dict]:
     from opt4torch.lab.launch import rank_errors, torchrun
 
-    out = os.path.join(tmp, f"{config}-{capacity}")
+    out = os.path.join(tmp, name or f"{config}-{capacity}")
     store = ["--store", args.store, "--slow-rank", str(args.slow_rank), "--slow-factor", str(args.slow_factor),
-             "--step-ms", str(args.step_ms)]
-    r = torchrun(os.path.abspath(__file__), 4, "--rank-run", "--path", path, "--config", config,
+             "--step-ms", str(args.step_ms), *extra]
+    r = torchrun(os.path.abspath(__file__), world, "--rank-run", "--path", path, "--config", config,
                  "--capacity", str(capacity), "--latency", str(args.latency), "--epochs", str(args.epochs),
                  "--batch", str(args.batch), "--workers", str(args.workers), "--window", str(args.window),
                  "--of", args.of, "--out", out, *store, node_env="rank", timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"{config} at {capacity}: torchrun failed\n{r.stdout[-2000:]}\n{rank_errors(r.stderr)}")
-    return [json.load(open(f"{out}.{k}.json")) for k in range(4)]
+    return [json.load(open(f"{out}.{k}.json")) for k in range(world)]
 
 
 def summary(ranks: list[dict]) -> dict[str, Any]:
@@ -187,7 +210,11 @@ def main() -> None:
                     help="capacity as a share of the dataset's bytes, or of the dataset as a pool stores it "
                          f"(each item with the codec's margin, in whole pages of {STORED_PAGE} bytes)")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help=f"of {', '.join(CONFIGS)}; with --store s3 also Streaming and LitData "
+                         "(bench/cluster_peers.py, run by --peer-python)")
+    ap.add_argument("--peer-python", default=sys.executable,
+                    help="the Python that runs Streaming's and LitData's ranks (one with them: .venv-bench)")
     ap.add_argument("--store", choices=["records", "s3"], default="records",
                     help="a record file with emulated latency, or objects on the loopback S3 server")
     ap.add_argument("--link", default="0",
@@ -203,6 +230,12 @@ def main() -> None:
     ap.add_argument("--rank-run", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
+    ap.add_argument("--preempt", action="store_true",
+                    help="the preemption row instead: cluster OPT on 4 nodes stopped after epoch 1, resumed on 2, "
+                         "against a fresh 2-node run")
+    ap.add_argument("--stop-after", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--marks", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--resume-from", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank_run:
         args.capacity = float(args.capacity)
@@ -229,7 +262,15 @@ def main() -> None:
         where = f"on the S3 server, {args.latency * 1000:.0f} ms a request" if server else \
             f"{args.latency * 1000:.0f} ms a read"
         print(f"{args.items} items, {int(sizes.sum()):,} bytes, {where}; 4 nodes")
-        for rep in range(args.repeats):
+        peers = [c for c in configs if c in cluster_peers.PEERS]
+        if peers:
+            if server is None:
+                raise SystemExit("Streaming and LitData run over the S3 server: give --store s3")
+            budget = 4 * node_capacity(sizes, caps[0], args.of)
+            urls = _peer_shards(args, bodies, server, budget, tmp)
+        if args.preempt:
+            results["preemption"] = preemption(args, path, caps[0], tmp)
+        for rep in range(0 if args.preempt else args.repeats):
             for link in links:
                 if server is not None:
                     server.call("set", link=link)
@@ -237,22 +278,196 @@ def main() -> None:
                     for config in configs:
                         t0 = time.perf_counter()
                         served = server.stats()["get_bytes"] if server is not None else 0
-                        s = summary(run_config(args, path, config, cap, tmp))
+                        if config in cluster_peers.PEERS:
+                            ranks = run_peer(args, config, urls[config], 4 * node_capacity(sizes, cap, args.of), tmp)
+                        else:
+                            ranks = run_config(args, path, config, cap, tmp)
+                        s = summary(ranks)
                         if server is not None:
                             s["server_get_bytes"] = server.stats()["get_bytes"] - served
+                            if config in cluster_peers.PEERS:  # theirs is the server's count only
+                                s["storage_bytes"] = s["server_get_bytes"]
                         results["runs"].setdefault(_key(cap, link, server is not None), {}).setdefault(
                             config, []).append(s)
                         print(f"  repeat {rep + 1}, {_key(cap, link, server is not None)}, {config}: epochs "
                               f"{', '.join(f'{x:.2f}' for x in s['epoch_seconds'])} s, storage "
                               f"{s['storage_bytes'] / 1e6:.1f} MB, {time.perf_counter() - t0:.0f} s", flush=True)
     print()
-    print(table(results))
+    print(preemption_table(results["preemption"]) if args.preempt else table(results))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     print(f"\nraw results: {args.out}")
     if args.plot:
         print("plot:", plot(results, args.plot))
+
+
+# ---- Streaming and LitData (bench/cluster_peers.py) ----
+
+
+def _peer_shards(args: argparse.Namespace, bodies: list[bytes], server: Any, budget: int,
+                 tmp: str) -> dict[str, str]:
+    """The items in Streaming's and LitData's shard formats (converted by
+    ``--peer-python``), put on the S3 server beside the images; each
+    peer's prefix URL. Shards as bench/e2e.py sizes them: 64 MiB, or an
+    eighth of the cache when that is smaller."""
+    import subprocess
+
+    import boto3
+
+    import opt4torch
+
+    records = os.path.join(tmp, "peers.rec")
+    opt4torch.write_records(records, bodies, labels=[i % 10 for i in range(len(bodies))])
+    shard = max(1 << 16, min(1 << 26, budget // 8))
+    r = subprocess.run([args.peer_python, cluster_peers.__file__, "--prepare", records, os.path.join(tmp, "shards"),
+                        "--shard-bytes", str(shard)], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError(f"converting to the peers' shards failed:\n{r.stderr[-3000:]}")
+    made = json.loads(r.stdout.strip().splitlines()[-1])
+    client = boto3.client("s3", endpoint_url=server.endpoint)
+    urls = {}
+    for name, d in made.items():
+        prefix = os.path.basename(d)
+        for root, _, files in os.walk(d):
+            for f in files:
+                with open(os.path.join(root, f), "rb") as fh:
+                    client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/{os.path.relpath(os.path.join(root, f), d)}",
+                                      Body=fh.read())
+        urls[name] = f"s3://{S3_BUCKET}/{prefix}"
+    return urls
+
+
+def run_peer(args: argparse.Namespace, config: str, url: str, budget: int, tmp: str) -> list[dict[str, Any]]:
+    """Streaming or LitData as the 4 ranks of one node, their cache the four
+    nodes' capacities together; each rank's epochs (the bytes are the
+    server's, counted around the job)."""
+    import shutil
+
+    from opt4torch.lab.launch import rank_errors, torchrun
+
+    out, cache = os.path.join(tmp, config), os.path.join(tmp, f"{config}-cache")
+    shutil.rmtree(cache, ignore_errors=True)  # each run starts cold, as the others do
+    os.makedirs(cache)
+    r = torchrun(cluster_peers.__file__, 4, "--rank-run", "--config", config, "--url", url, "--cache", cache,
+                 "--budget", str(budget), "--epochs", str(args.epochs), "--batch", str(args.batch),
+                 "--workers", str(args.workers), "--out", out, timeout=900, python=args.peer_python)
+    if r.returncode != 0:
+        raise RuntimeError(f"{config}: torchrun failed\n{r.stdout[-2000:]}\n{rank_errors(r.stderr)}")
+    ranks = [json.load(open(f"{out}.{k}.json")) for k in range(4)]
+    for rk in ranks:
+        rk.update(accesses=sum(rk["samples"]), storage_reads=0, storage_bytes=0)
+    return ranks
+
+
+# ---- the preemption row (--preempt) ----
+
+
+def resume_states(loader: Any, prefix: str, rank: int) -> int:
+    """Every rank of the relaunched job loads the state an old rank saved
+    (rank r old rank r % the old world's: on fewer ranks, the first ones),
+    as the collective ``load_state_dict`` wants; returns the epoch it resumes
+    at (the next one: the first run stopped at an epoch's end)."""
+    with open(f"{prefix}.state.0.json") as f:
+        old = int(json.load(f)["distributed"]["world"])
+    with open(f"{prefix}.state.{rank % old}.json") as f:
+        state = json.load(f)
+    loader.load_state_dict(state)
+    return int(state["epoch"]) + int(state["distributed"]["consumed"] >= state["items"])
+
+
+def epoch_marks(loader: Any, ds: Any, before: dict[str, int]) -> dict[str, Any]:
+    """This rank's counters at an epoch's end, since the loop began: storage
+    (reads counted as they are made, so a prefetch of the next epoch's items
+    counts in this one), and the node pool's hits and transfers."""
+    now = ds.info()
+    out: dict[str, Any] = {"storage_reads": now["reads"] - before["reads"],
+                           "storage_bytes": now["bytes_read"] - before["bytes_read"]}
+    st = loader.cache.stats()
+    out.update({k: st.get(k) for k in ("hits", "peer_hits", "peer_bytes_received")})
+    return out
+
+
+def plan_epochs(loader: Any, ds: Any, first: int) -> list[dict[str, int]]:
+    """The cluster plan's counts epoch by epoch, from epoch ``first`` (whole
+    epochs only: the preemption row resumes at an epoch's start), summed over
+    the nodes: hits (local and peer), storage reads and their bytes (the
+    source's sizes)."""
+    from opt4torch.cluster import ADMIT, BYPASS, LATE, LOCAL_HIT, PEER_HIT
+
+    import torch.distributed as dist
+
+    cp = loader.cluster_plan
+    world = dist.get_world_size()
+    per = -(-len(ds) // world) * world  # a DistributedSampler's epoch over this world, padded
+    sizes = ds.item_sizes().astype(np.int64)
+    out = []
+    for a in range(0, cp.accesses, per):
+        kinds, seq = cp.kinds[a:a + per], cp.seq[a:a + per]
+        storage = np.isin(kinds, (ADMIT, BYPASS, LATE))
+        out.append({"epoch": first + a // per, "hits": int(np.isin(kinds, (LOCAL_HIT, PEER_HIT)).sum()),
+                    "peer_hits": int((kinds == PEER_HIT).sum()), "storage_reads": int(storage.sum()),
+                    "storage_bytes": int(sizes[seq[storage]].sum())})
+    return out
+
+
+def preemption(args: argparse.Namespace, path: str, capacity: float, tmp: str) -> list[dict[str, Any]]:
+    """Issue 36's preemption: cluster OPT on 4 nodes stopped after its first
+    epoch (every rank saves ``state_dict()``), the job relaunched on 2 nodes
+    resuming those states for the remaining epochs, and beside it a fresh
+    2-node run of every epoch; each rank a node, ``capacity`` of the dataset a
+    node in every run. Per repeat, each run's ranks."""
+    out = []
+    for rep in range(args.repeats):
+        first = os.path.join(tmp, f"preempt-{rep}-first")
+        runs = {}
+        for name, world, extra in (("first", 4, ("--stop-after", "1")), ("resumed", 2, ("--resume-from", first)),
+                                   ("fresh", 2, ())):
+            t0 = time.perf_counter()
+            runs[name] = run_config(args, path, "cluster OPT", capacity, tmp, "--marks", *extra, world=world,
+                                    name=f"preempt-{rep}-{name}")
+            slowest = [max(r["epoch_seconds"][e] for r in runs[name])
+                       for e in range(len(runs[name][0]["epoch_seconds"]))]
+            print(f"  repeat {rep + 1}, preemption, {name} on {world} nodes: epochs "
+                  f"{', '.join(f'{t:.2f}' for t in slowest)} s, {time.perf_counter() - t0:.0f} s", flush=True)
+        out.append(runs)
+    return out
+
+
+def preemption_table(repeats: list[dict[str, Any]]) -> str:
+    """Per repeat: the first run's epoch, the resumed run's epochs, and the
+    fresh 2-node run's same epochs and all of it; as planned (the cluster
+    plan's positions of those epochs, summed over the nodes) and, for runs
+    that ran their plan to its end, as measured (the pools' hits, the
+    storage's reads). A cut run's or an epoch's own counters are not
+    shown: storage reads run ahead of the epoch (prefetch), and so do the
+    transfer thread's reads of what it sends, which a node's pool counts as
+    hits (``stats()``' ``local_hits`` takes them out)."""
+    rows = ["| repeat | run | epochs | plan: hits (peer) | plan: storage reads | plan: storage bytes | measured: "
+            "hits (peer) | measured: storage reads, bytes | received from peers | time (slowest rank, each epoch) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for rep, runs in enumerate(repeats):
+        for name, label, epochs in (("first", "4 nodes, stopped", slice(0, 1)), ("resumed", "2 nodes, resumed", None),
+                                    ("fresh", "2 nodes, fresh: the same epochs", slice(1, None)),
+                                    ("fresh", "2 nodes, fresh: all", None)):
+            ranks = runs[name]
+            plan = ranks[0]["plan_epochs"][epochs or slice(None)]
+            times = [max(r["epoch_seconds"][e] for r in ranks) for e in range(len(ranks[0]["epoch_seconds"]))]
+            times = times[epochs or slice(None)]
+            if epochs is None:  # the whole plan ran: the counters are the run's
+                ends = [r["epoch_marks"][-1] for r in ranks]
+                measured = (f"{sum(m['hits'] for m in ends):,} ({sum(m['peer_hits'] for m in ends):,}) | "
+                            f"{sum(m['storage_reads'] for m in ends):,}, "
+                            f"{sum(m['storage_bytes'] for m in ends) / 1e6:.2f} MB | "
+                            f"{sum(m['peer_bytes_received'] for m in ends) / 1e6:.2f} MB")
+            else:
+                measured = "– | – | –"
+            rows.append(
+                f"| {rep + 1} | {label} | {plan[0]['epoch']}-{plan[-1]['epoch']} | "
+                f"{sum(p['hits'] for p in plan):,} ({sum(p['peer_hits'] for p in plan):,}) | "
+                f"{sum(p['storage_reads'] for p in plan):,} | {sum(p['storage_bytes'] for p in plan) / 1e6:.2f} MB | "
+                f"{measured} | {', '.join(f'{t:.2f}' for t in times)} s |")
+    return "\n".join(rows)
 
 
 #: The bucket of ``--store s3``.
@@ -353,7 +568,7 @@ def table(results: dict[str, Any]) -> str:
             elif "hit_rate" in runs[0]:
                 hr = f"{statistics.median(s['hit_rate'] for s in runs):.1%}"
             else:
-                hr = "0.0%"
+                hr = "–" if config in cluster_peers.PEERS else "0.0%"
             stall = f"{statistics.median(s['stall_rate'] for s in runs):.2%}" if "stall_rate" in runs[0] else "–"
             rel = f"{base / run:.2f}x" if base else "–"
             if "server_get_bytes" in runs[0]:  # the store's own count beside the ranks'

@@ -11,13 +11,15 @@ what it read to <dir>/save.<rank>.json, and is closed.
 --phase resume: the same two loaders built on this world, each given the
 state old rank (rank % saved world) saved; with --refusals, first the
 refusals (another seed, another dataset: each a cluster loader built and
-refused). Then the rest of the run: every sample checked against the
+refused; then a cluster loader built with the last rank's OPT4TORCH_NODE
+unset, then unreadable, refused on every rank). Then the rest of the run: every sample checked against the
 source, what each epoch read, and stats() to <dir>/resume.<rank>.json."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 import numpy as np
@@ -67,6 +69,24 @@ def refused(build: Any, state: dict[str, Any]) -> str:
         loader.cache.close()
 
 
+def refused_to_build(build: Any, node_env: str | None) -> str:
+    """The error building a loader raises with this rank's OPT4TORCH_NODE
+    set to ``node_env`` (None: unset), or "" if it builds."""
+    kept = os.environ.get("OPT4TORCH_NODE")
+    os.environ.pop("OPT4TORCH_NODE", None)
+    if node_env is not None:
+        os.environ["OPT4TORCH_NODE"] = node_env
+    try:
+        build().cache.close()
+        return ""
+    except ValueError as e:
+        return str(e)
+    finally:
+        os.environ.pop("OPT4TORCH_NODE", None)
+        if kept is not None:
+            os.environ["OPT4TORCH_NODE"] = kept
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--phase", choices=["save", "resume"], required=True)
@@ -96,6 +116,14 @@ def main() -> None:
             out["refused_dataset"] = refused(lambda: cluster_loader(Items(args.items + 1), 3, args),
                                              saved["cluster_state"])
             out["own_refused_seed"] = refused(lambda: own_loader(ds, 6, args), saved["own_state"])
+            # Ranks that disagree on their node ids: the last one numbers
+            # nodes otherwise (unset: torchrun's GROUP_RANK), then cannot
+            # read its setting at all; refused on every rank.
+            last = rank == dist.get_world_size() - 1
+            out["refused_numbering"] = refused_to_build(lambda: cluster_loader(ds, 3, args),
+                                                        None if last else "rank")
+            out["refused_unreadable"] = refused_to_build(lambda: cluster_loader(ds, 3, args),
+                                                         "node1" if last else "rank")
         # What a fresh run on this world plans, beside the resumed one.
         out["fresh_plan"] = {"hits": cl.cluster_plan.hits, "accesses": cl.cluster_plan.accesses}
         reads_before = ds.counts[0]

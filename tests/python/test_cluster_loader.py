@@ -178,3 +178,24 @@ def test_cluster_arguments_are_checked() -> None:
         opt4torch.DataLoader(list(range(10)), cluster=True, cache_items=4, cluster_window=0)
     with pytest.raises(RuntimeError, match="torch.distributed"):
         opt4torch.DataLoader(list(range(10)), cluster=True, cache_items=4)
+
+
+def test_node_numberings_that_differ_are_refused() -> None:
+    """What a job's ranks say of OPT4TORCH_NODE (the torchrun case is in
+    test_cluster_resume.py): one way on every rank, or an explicit id each
+    machine gives its own; a value one rank cannot read is said on all."""
+    from opt4torch.cluster import check_numbering
+
+    none = [None] * 4
+    check_numbering(["rank"] * 4, none)
+    check_numbering([None] * 4, none)
+    check_numbering(["0", "0", " 1", "1"], none)  # an id per machine
+    check_numbering(["rank//2", "RANK // 2", "rank//2", "rank//2"], none)
+    with pytest.raises(ValueError, match=r"OPT4TORCH_NODE is 'rank//2' on ranks \[0, 1\]; 'rank//4' on ranks "
+                                         r"\[2, 3\]\. Set OPT4TORCH_NODE the same way on every rank"):
+        check_numbering(["rank//2", "rank//2", "rank//4", "rank//4"], none)
+    with pytest.raises(ValueError, match=r"'rank' on ranks \[0, 1, 2, 3, 4, 5, 6, 7, \.\.\.\] \(511 ranks\); "
+                                         r"a node id given per machine on ranks \[511\]"):
+        check_numbering(["rank"] * 511 + ["3"], [None] * 512)
+    with pytest.raises(ValueError, match=r"^rank 2 cannot tell its node: bad \(nor can ranks \[3\]\)$"):
+        check_numbering(["rank", "rank", "x", "y"], [None, None, "bad", "worse"])

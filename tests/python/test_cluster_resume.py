@@ -13,7 +13,8 @@ none on 2); the next epoch is the new world's. On the same world the
 resumed ranks read exactly what they would have read. A resumed cluster
 node reads from storage exactly what its new plan says, with the plan's
 hits and no fallback. A state is refused, naming the fact, by a loader of
-another seed or another dataset."""
+another seed or another dataset; ranks that disagree on their node ids
+(OPT4TORCH_NODE) are refused on every rank."""
 
 from __future__ import annotations
 
@@ -88,14 +89,32 @@ def test_saved_on_4_nodes_resumes_on_4(saved) -> None:
     check_resumed(saves, job(directory, 4, "--phase", "resume"), 4)
 
 
-def test_saved_on_4_nodes_resumes_on_2_and_refuses_another_seed_or_dataset(saved) -> None:
-    directory, saves = saved
-    ranks = job(directory, 2, "--phase", "resume", "--refusals")
-    check_resumed(saves, ranks, 2)
-    for r in ranks:
+@pytest.fixture(scope="module")
+def resumed_on_2(saved) -> list[dict]:
+    directory, _ = saved
+    return job(directory, 2, "--phase", "resume", "--refusals")
+
+
+def test_saved_on_4_nodes_resumes_on_2_and_refuses_another_seed_or_dataset(saved, resumed_on_2) -> None:
+    check_resumed(saved[1], resumed_on_2, 2)
+    for r in resumed_on_2:
         assert r["refused_seed"].startswith("the seed differs: state['distributed']['seed'] is 3")
         assert r["refused_dataset"].startswith("the dataset differs: state['items'] is 242")
         assert r["own_refused_seed"].startswith("the seed differs: state['distributed']['seed'] is 5")
+
+
+def test_ranks_that_disagree_on_their_node_ids_are_refused_on_every_rank(resumed_on_2) -> None:
+    """Issue 36: rank 1 leaves OPT4TORCH_NODE unset (torchrun's GROUP_RANK,
+    0 here) where rank 0 says 'rank'; then rank 1's cannot be read. On one
+    machine no node spans two machines, so only the settings can tell."""
+    for r in resumed_on_2:
+        assert r["refused_numbering"] == (
+            "the ranks of this job disagree on their node ids: OPT4TORCH_NODE is 'rank' on ranks [0]; unset "
+            "(torchrun's GROUP_RANK) on ranks [1]. Set OPT4TORCH_NODE the same way on every rank ('rank', "
+            "'rank//K', or unset to take torchrun's GROUP_RANK; an explicit id on every machine), or the nodes' "
+            "pools and transfers would not be the ones each rank plans"), r["rank"]
+        assert r["refused_unreadable"].startswith("rank 1 cannot tell its node: OPT4TORCH_NODE='node1': give a "
+                                                  "node id"), r["rank"]
 
 
 @pytest.mark.timeout(60)

@@ -27,10 +27,12 @@ def free_port() -> int:
 
 
 def torchrun(path: str, nproc: int, *args: str, node_env: str | None = None, timeout: float = 600,
-             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+             env: Mapping[str, str] | None = None, python: str | None = None) -> subprocess.CompletedProcess[str]:
     """``torchrun --nproc-per-node nproc path args`` on the loopback address,
     one OpenMP thread a rank, with ``OPT4TORCH_NODE`` set to ``node_env`` (or
-    unset) and ``env`` added; its input closed, its output captured.
+    unset) and ``env`` added; its input closed, its output captured. Run by
+    ``python`` (default: this interpreter; another environment's, for a
+    benchmark of packages this one lacks).
 
     A job still running after ``timeout`` seconds is a hang: every process of
     it (torchrun, the ranks, their DataLoader workers) gets SIGABRT, so that
@@ -40,7 +42,7 @@ def torchrun(path: str, nproc: int, *args: str, node_env: str | None = None, tim
     sessions of their own (torch's elastic agent makes them), and a process
     whose parent died is no one's descendant, so what the job left behind
     is found by what it holds: the job's output pipes. Every wait here ends."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
+    cmd = [python or sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
            "127.0.0.1", "--master-port", str(free_port()), path, *args]
     full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
     full.pop("OPT4TORCH_NODE", None)

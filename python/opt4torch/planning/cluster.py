@@ -28,8 +28,8 @@ from .timeline import Timeline, global_timeline, interleave
 __all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_ENV", "NODE_KEYS", "ClusterFigures",
            "ClusterPlan", "NodePlan",
            "Timeline", "WORKER", "RECEIVE", "SEND", "FROM_POOL", "FROM_STORAGE", "FROM_PEER",
-           "JobAgreement", "agree", "check_checksums", "check_nodes", "cluster_plan", "global_timeline", "interleave",
-           "job_plan", "node_of_this_rank", "plan_agreed", "plans_made", "this_host"]
+           "JobAgreement", "agree", "check_checksums", "check_nodes", "check_numbering", "cluster_plan",
+           "global_timeline", "interleave", "job_plan", "node_of_this_rank", "plan_agreed", "plans_made", "this_host"]
 
 def _capacities(capacity_per_node: Any, n_nodes: int) -> np.ndarray:
     if isinstance(capacity_per_node, (int, np.integer)) and not isinstance(capacity_per_node, bool):
@@ -248,6 +248,50 @@ def check_nodes(nodes: Sequence[int], hosts: Sequence[str]) -> None:
                 "own node ids")
 
 
+def _numbering(setting: str | None) -> str:
+    """How one rank's ``OPT4TORCH_NODE`` numbers the nodes, as said in an
+    error: unset, ``'rank'``, ``'rank//K'``, or an id given per machine."""
+    if setting is None:
+        return "unset (torchrun's GROUP_RANK)"
+    text = setting.strip().lower().replace(" ", "")
+    if text.isdigit():
+        return "a node id given per machine"
+    return repr(text)
+
+
+def check_numbering(settings: Sequence[str | None], unreadable: Sequence[str | None]) -> None:
+    """Every rank's ``OPT4TORCH_NODE`` (``settings[r]``, None where unset)
+    and the error its value raised on that rank (``unreadable[r]``, None if
+    none). A value one rank cannot read is refused on every rank, naming it
+    (refused on its rank alone, it would leave the others waiting in the
+    job's next collective). Ranks that number nodes in different ways
+    (``'rank'`` on some, unset or ``'rank//4'`` on others) disagree on
+    their node ids even where no node spans two machines, and are refused
+    naming the ways and their ranks: the setting is the job's, the same on
+    every rank, except an explicit id, which each machine gives its own."""
+    bad = [(r, e) for r, e in enumerate(unreadable) if e]
+    if bad:
+        r, e = bad[0]
+        others = f" (nor can ranks {_some([r for r, _ in bad[1:]])})" if len(bad) > 1 else ""
+        raise InvalidInputError(f"rank {r} cannot tell its node: {e}{others}")
+    ways: dict[str, list[int]] = {}
+    for r, s in enumerate(settings):
+        ways.setdefault(_numbering(s), []).append(r)
+    if len(ways) > 1:
+        said = "; ".join(f"{way} on ranks {_some(rs)}" for way, rs in ways.items())
+        raise ValueError(
+            f"the ranks of this job disagree on their node ids: {NODE_ENV} is {said}. Set {NODE_ENV} the "
+            "same way on every rank ('rank', 'rank//K', or unset to take torchrun's GROUP_RANK; an explicit id "
+            "on every machine), or the nodes' pools and transfers would not be the ones each rank plans")
+
+
+def _some(ranks: Sequence[int], shown: int = 8) -> str:
+    """Ranks as said in an error: every one of a few, the first of many."""
+    if len(ranks) <= shown:
+        return str(list(ranks))
+    return "[" + ", ".join(str(r) for r in ranks[:shown]) + f", ...] ({len(ranks)} ranks)"
+
+
 def _sampler_facts(sampler: Any) -> dict[str, Any]:
     """What every rank's copy of the sampler must agree on."""
     facts: dict[str, Any] = {"sampler": f"{type(sampler).__module__}.{type(sampler).__qualname__}"}
@@ -307,6 +351,7 @@ def agree(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any 
     difference raises ``ValueError`` on every rank, naming the fact and each
     rank's value. ``check_sizes``: the item sizes too, by a digest (ranks
     that do not plan have no checksum of their own to compare)."""
+    import os
     import secrets
 
     import torch.distributed as dist
@@ -317,7 +362,11 @@ def agree(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any 
             f"job_plan needs this rank's DistributedSampler (num_replicas={world}, rank={rank}); got "
             f"{type(sampler).__name__} with num_replicas={getattr(sampler, 'num_replicas', None)!r}, "
             f"rank={getattr(sampler, 'rank', None)!r}")
-    node = node_of_this_rank(rank)
+    setting = os.environ.get(NODE_ENV)
+    try:
+        node, unreadable = node_of_this_rank(rank), None
+    except InvalidInputError as exc:  # said on every rank, after the gather
+        node, unreadable = -1, str(exc)
     sizes = None if item_sizes is None else np.asarray(item_sizes)
     facts = {**_sampler_facts(sampler), "epochs": epochs, "batch_size": batch_size,
              "capacity_per_node": None if capacity_per_node is None else np.asarray(capacity_per_node).tolist(),
@@ -327,14 +376,16 @@ def agree(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any 
     if check_sizes:
         facts["item_sizes_digest"] = _digest(sizes)
     everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, {"node": node, "host": this_host(), "facts": facts,
-                                      "token": secrets.token_hex(6)}, group=group)
+    dist.all_gather_object(everyone, {"node": node, "setting": setting, "unreadable": unreadable,
+                                      "host": this_host(), "facts": facts, "token": secrets.token_hex(6)},
+                           group=group)
     differs = _disagreement([e["facts"] for e in everyone])
     if differs is not None:
         raise ValueError(
             f"the ranks of this job disagree on {differs}: one cluster plan needs the same sampler, "
             "seed, dataset, epochs, batch size and cache on every rank (a rank started with other "
             "arguments, or another version of the data?)")
+    check_numbering([e["setting"] for e in everyone], [e["unreadable"] for e in everyone])
     check_nodes([int(e["node"]) for e in everyone], [str(e["host"]) for e in everyone])
     node_ids = sorted({int(e["node"]) for e in everyone})
     node_of_rank = [node_ids.index(int(e["node"])) for e in everyone]

@@ -389,25 +389,28 @@ def epoch_marks(loader: Any, ds: Any, before: dict[str, int]) -> dict[str, Any]:
 
 
 def plan_epochs(loader: Any, ds: Any, first: int) -> list[dict[str, int]]:
-    """The cluster plan's counts epoch by epoch, from epoch ``first`` (whole
-    epochs only: the preemption row resumes at an epoch's start), summed over
-    the nodes: hits (local and peer), storage reads and their bytes (the
-    source's sizes)."""
-    from opt4torch.cluster import ADMIT, BYPASS, LATE, LOCAL_HIT, PEER_HIT
+    """This node's part of the cluster plan, counted epoch by epoch from
+    epoch ``first`` (whole epochs only: the preemption row resumes at an
+    epoch's start): its ranks' hits (local and peer), storage reads and
+    their bytes (the source's sizes). The report sums the nodes (one rank
+    a node here: no rank plans the whole cluster but each node's first)."""
+    from opt4torch.cluster import FROM_PEER, FROM_STORAGE, WORKER
 
     import torch.distributed as dist
 
-    cp = loader.cluster_plan
+    np_ = loader.node_plan
     world = dist.get_world_size()
     per = -(-len(ds) // world) * world  # a DistributedSampler's epoch over this world, padded
     sizes = ds.item_sizes().astype(np.int64)
+    reads = np_.role == WORKER
+    epoch = np_.position // per
     out = []
-    for a in range(0, cp.accesses, per):
-        kinds, seq = cp.kinds[a:a + per], cp.seq[a:a + per]
-        storage = np.isin(kinds, (ADMIT, BYPASS, LATE))
-        out.append({"epoch": first + a // per, "hits": int(np.isin(kinds, (LOCAL_HIT, PEER_HIT)).sum()),
-                    "peer_hits": int((kinds == PEER_HIT).sum()), "storage_reads": int(storage.sum()),
-                    "storage_bytes": int(sizes[seq[storage]].sum())})
+    for e in range(int(loader.cluster_plan.accesses) // per):
+        mine = reads & (epoch == e)
+        storage = mine & (np_.source == FROM_STORAGE)
+        out.append({"epoch": first + e, "hits": int((mine & ~storage).sum()),
+                    "peer_hits": int((mine & (np_.source == FROM_PEER)).sum()), "storage_reads": int(storage.sum()),
+                    "storage_bytes": int(sizes[np_.seq[storage]].sum())})
     return out
 
 
@@ -451,7 +454,8 @@ def preemption_table(repeats: list[dict[str, Any]]) -> str:
                                     ("fresh", "2 nodes, fresh: the same epochs", slice(1, None)),
                                     ("fresh", "2 nodes, fresh: all", None)):
             ranks = runs[name]
-            plan = ranks[0]["plan_epochs"][epochs or slice(None)]
+            plan = [{k: (e["epoch"] if k == "epoch" else sum(r["plan_epochs"][i][k] for r in ranks)) for k in e}
+                    for i, e in enumerate(ranks[0]["plan_epochs"])][epochs or slice(None)]
             times = [max(r["epoch_seconds"][e] for r in ranks) for e in range(len(ranks[0]["epoch_seconds"]))]
             times = times[epochs or slice(None)]
             if epochs is None:  # the whole plan ran: the counters are the run's

@@ -59,6 +59,8 @@ class Built:
     #: A cluster's plan and this rank's node in it (cluster=True), else None.
     cluster_plan: Any = None
     node: int | None = None
+    #: This node's part of that plan (a NodePlan), else None.
+    node_plan: Any = None
     #: What the pool holds items of, and the transform after the cache,
     #: where they differ from the loader's (a :class:`ReadUnits` source's
     #: units, and the step that takes a position's row from its unit).
@@ -356,5 +358,5 @@ def build_cluster(dataset: Any, o: Options, reader: Callable[[str, int], Any]) -
                          staging=o.staging_slots, timeout=timeout)
     seed = None if o.sampler is not None else (0 if o.seed is None else int(o.seed))  # cluster_setup's
     return Built(cache=cache, starts=c.starts, own=c.own, floors=c.floors, seed=seed, seed_drawn=False,
-                 group=None, replan=None, cluster_plan=c.cp, node=c.node,
+                 group=None, replan=None, cluster_plan=c.cp, node=c.node, node_plan=c.node_plan,
                  dist_sampler=resumable(c.sampler))

@@ -206,6 +206,9 @@ class DataLoader(Checkpoints, Replans, tud.DataLoader[Any]):
             #: The cluster plan's figures (a ClusterFigures, the same on every rank;
             #: each node's first rank planned it), and this rank's node in it.
             self.cluster_plan, self.node = built.cluster_plan, built.node
+            #: This node's part of the plan (a NodePlan: its positions, their
+            #: ops, roles and sources), the same on every rank of the node.
+            self.node_plan = built.node_plan
         self.shared_across_ranks = built.group is not None
         self._group = built.group
         #: The global position the last load_state_dict() resumed at.

@@ -114,7 +114,7 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--from-json", default=None, metavar="PATH",
                     help="do not run: rewrite the table and plots of an earlier run's JSON (with --format parquet: "
-                    "A,B,... draws their epoch times side by side in <name>-epoch-time.png)")
+                    "A,B,...: each one's table, and their epoch times side by side in <name>-epoch-time.png)")
     a = ap.parse_args(argv)
     parquet = a.format == "parquet"
     every = e2e_parquet.CONFIGS if parquet else ALL_CONFIGS
@@ -210,7 +210,9 @@ def _parquet_from_json(paths: list[str], a: Any, info: dict[str, Any]) -> int:
     for p in paths:
         with open(p) as f:
             result = json.load(f)
-        print(report.markdown(result) + "\n")
+        machine_info = result.pop("machine", None) or info
+        name = os.path.basename(p).removesuffix(".json")
+        print("wrote " + ", ".join(report.write_outputs(result, a.out, machine_info, prefix=name, plots=False)))
         results[report.panel_title(result)] = result
     if not a.no_plots:
         os.makedirs(a.out, exist_ok=True)

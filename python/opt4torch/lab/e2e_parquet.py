@@ -155,19 +155,6 @@ class CropFlip:
         return e2e.crop_flip(image, self.then.crop), lab
 
 
-class _Mapped:
-    """A dataset with the transform applied on access (torch's DataLoader)."""
-
-    def __init__(self, data: Any, transform: Callable[[Any], Any]) -> None:
-        self.data, self.transform = data, transform
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.transform(self.data[i])
-
-
 class _AllowHttp:
     """LitData's transform, made again in each spawned worker with its obstore
     client allowed plain http (the loopback server; the parent's allowance
@@ -263,7 +250,7 @@ def _loader(name: str, sampler_kind: str, paths: list[str], setup: Setup, out: d
         if name == "memory":
             col = hf.data.column("image").to_pylist()
             data = [(c["bytes"], int(k)) for c, k in zip(col, labels.tolist())]
-        return torch.utils.data.DataLoader(_Mapped(data, tf), sampler=sampler, **common)
+        return torch.utils.data.DataLoader(e2e._NoCache(data, tf), sampler=sampler, **common)
     if name == "hf-opt":
         out["cache_bytes"] = int(setup.capacity * HFDataset(hf).item_sizes().sum())
         source: Any = hf

@@ -145,10 +145,9 @@ def plot(results: dict[str, dict[str, Any]], path: str, sampler: str = "shuffle"
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .e2e_parquet import CONFIGS
-
+    # In the order the runs list them (the configurations' order), all runs' together.
     labels = {c: v["label"] for r in results.values() for c, v in r["summary"].get(sampler, {}).items()}
-    configs = [c for c in CONFIGS if c in labels]
+    configs = list(labels)
     colour = {c: "#c0392b" if c in ("hf-opt", "parquet-opt", "parquet-opt-rowgroups", "parquet-opt-small")
               else "#27ae60" if c in ("litdata", "hf-torch") else "#7f8c8d" for c in configs}
     fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results) + 2.6, 0.5 * len(configs) + 1.8),

@@ -19,10 +19,18 @@ sampling. Writes bench/results/e2e.md, e2e.json and two PNG plots. This file
 is the full comparison's command line; the run itself is opt4torch.lab.e2e,
 which `opt4torch demo` runs small (installed wheels have no bench/).
 
+--format parquet: the same JPEGs as Hub-style Parquet shards (datasets'
+to_parquet), read by datasets with torch's DataLoader, datasets in
+opt4torch.DataLoader, opt4torch.Parquet (page ranges, row groups, a rewrite
+in small row groups), LitData's ParquetLoader and in memory, locally or
+(--store s3) over the S3 server (opt4torch.lab.e2e_parquet). Writes
+<out>/e2e-parquet.{md,json} and e2e-parquet-epoch-time.png; --from-json A,B
+draws several runs (local, over a link) side by side.
+
     python bench/e2e.py [--images 1000] [--epochs 3] [--capacity 0.5] [--latency 0.005]
         [--bandwidth 100e6] [--repeats 3] [--configs ...] [--samplers ...] [--data out/e2e-data]
         [--image-size-max PX] [--v11-src PATH] [--shard-bytes B] [--progress] [--store {file,s3}] [--link B]
-        [--train-cpus LIST] [--server-cpus LIST]
+        [--train-cpus LIST] [--server-cpus LIST] [--format {records,parquet}] [--shards N] [--small-row-group N]
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import machine  # noqa: E402
 from s3server import parse_cpus  # noqa: E402
 
+from opt4torch.lab import e2e_parquet  # noqa: E402
 from opt4torch.lab.e2e import (  # noqa: E402
     ALL_CONFIGS, CONFIGS, SAMPLERS, Setup, markdown, prepare_data, run, write_outputs,
 )
@@ -77,9 +86,17 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
     ap.add_argument("--lookahead", type=int, default=d.lookahead)
     ap.add_argument("--repeats", type=int, default=d.repeats)
     ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--configs", default=",".join(CONFIGS),
+    ap.add_argument("--format", choices=("records", "parquet"), default=d.format,
+                    help="records: the record file (default); parquet: the same JPEGs as Hub-style Parquet shards, "
+                    "the Parquet configurations (local files in the page cache, no emulated latency; with --store "
+                    "s3 the server's)")
+    ap.add_argument("--shards", type=int, default=d.parquet_shards, help="with --format parquet: shards")
+    ap.add_argument("--small-row-group", type=int, default=d.small_row_group,
+                    help="with --format parquet: rows a row group of the rewrite parquet-opt-small reads")
+    ap.add_argument("--configs", default=None,
                     help="comma-separated, of: " + ", ".join(ALL_CONFIGS) + " (default: the first "
-                    f"{len(CONFIGS)}; 'all' for every one)")
+                    f"{len(CONFIGS)}; 'all' for every one); with --format parquet, of: "
+                    + ", ".join(e2e_parquet.CONFIGS) + " (default and 'all': every one)")
     ap.add_argument("--v11-src", default=d.v11_src, metavar="PATH",
                     help="a checkout of OPT4TorchDataSet v1.1.0 (its repository's root): the "
                     "'OPT4TorchDataSet v1.1.0' configuration builds its extension from it (docs/e2e.md)")
@@ -87,25 +104,37 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
                     help="Streaming's and LitData's shard size (default: theirs, 64 MiB, made smaller when "
                     "the cache budget would hold fewer than 8 shards)")
     ap.add_argument("--progress", action="store_true", help="tqdm bars: data generation, each run's batches")
-    ap.add_argument("--samplers", default=",".join(SAMPLERS), help="comma-separated, of: " + ", ".join(SAMPLERS))
+    ap.add_argument("--samplers", default=None, help="comma-separated, of: " + ", ".join(SAMPLERS)
+                    + " (default: all; with --format parquet: shuffle)")
     ap.add_argument("--data", default="out/e2e-data", help="where the JPEGs and the record file go "
                     "(made once, reused; a disk, not tmpfs, for O_DIRECT)")
     ap.add_argument("--out", default="bench/results", help="where e2e.md, e2e.json and the plots go")
-    ap.add_argument("--name", default="e2e", help="file name prefix of the outputs (default: %(default)s)")
+    ap.add_argument("--name", default=None, help="file name prefix of the outputs (default: e2e; with --format "
+                    "parquet: e2e-parquet)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--from-json", default=None, metavar="PATH",
-                    help="do not run: rewrite the table and plots of an earlier run's JSON")
+                    help="do not run: rewrite the table and plots of an earlier run's JSON (with --format parquet: "
+                    "A,B,...: each one's table, and their epoch times side by side in <name>-epoch-time.png)")
     a = ap.parse_args(argv)
+    parquet = a.format == "parquet"
+    every = e2e_parquet.CONFIGS if parquet else ALL_CONFIGS
+    if a.configs is None:
+        a.configs = ",".join(e2e_parquet.CONFIGS if parquet else CONFIGS)
+    if a.samplers is None:
+        a.samplers = "shuffle" if parquet else ",".join(SAMPLERS)
+    if a.name is None:
+        a.name = "e2e-parquet" if parquet else "e2e"
     setup = Setup(images=a.images, classes=a.classes, image_size=a.image_size, crop=a.crop, epochs=a.epochs,
                   batch=a.batch, workers=a.workers, capacity=a.capacity, latency=a.latency,
                   bandwidth=a.bandwidth, direct=not a.buffered, threads=a.threads, lookahead=a.lookahead,
                   repeats=a.repeats, seed=a.seed,
-                  configs=(list(ALL_CONFIGS) if a.configs.strip() == "all"
+                  configs=(list(every) if a.configs.strip() == "all"
                            else [c.strip() for c in a.configs.split(",") if c.strip()]),
                   samplers=[s.strip() for s in a.samplers.split(",") if s.strip()],
                   image_size_max=a.image_size_max, v11_src=a.v11_src, shard_bytes=a.shard_bytes,
                   progress=a.progress, store=a.store, link=a.link, train_cpus=a.train_cpus,
-                  server_cpus=a.server_cpus)
+                  server_cpus=a.server_cpus, format=a.format, parquet_shards=a.shards,
+                  small_row_group=a.small_row_group)
     for opt in ("train_cpus", "server_cpus"):
         if getattr(a, opt):
             try:
@@ -120,7 +149,9 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     setup, a = _argv_setup(argv)
     info = machine(("numpy", "opt4torchdataset", "torch", "cachetools", "pillow", "mosaicml-streaming",
-                    "litdata", "torchvision"))
+                    "litdata", "torchvision", "datasets", "pyarrow", "polars"))
+    if a.from_json and setup.format == "parquet":
+        return _parquet_from_json(a.from_json.split(","), a, info)
     if a.from_json:
         with open(a.from_json) as f:
             result = json.load(f)
@@ -129,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nwrote " + ", ".join(write_outputs(result, a.out, info, prefix=a.name, plots=not a.no_plots)))
         return 0
     path = prepare_data(a.data, setup, log=lambda m: print(m, file=sys.stderr))
+    runner = e2e_parquet.run if setup.format == "parquet" else run
+    uptime0 = _uptime()
     if setup.train_cpus:  # after the data is made (on every core); threads and processes started later inherit it
         os.sched_setaffinity(0, parse_cpus(setup.train_cpus))
     if setup.store == "s3":
@@ -145,13 +178,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             setup.s3_endpoint, setup.s3_server_pid = server.endpoint, server.proc.pid
             os.environ["AWS_ENDPOINT_URL"] = os.environ["S3_ENDPOINT_URL"] = server.endpoint
             print(f"S3 server at {server.endpoint} (pid {server.proc.pid})", file=sys.stderr)
-            result = run(setup, path, log=lambda m: print(m, file=sys.stderr))
+            result = runner(setup, path, log=lambda m: print(m, file=sys.stderr))
     else:
-        result = run(setup, path, log=lambda m: print(m, file=sys.stderr))
+        result = runner(setup, path, log=lambda m: print(m, file=sys.stderr))
     result["command"] = ["python", "bench/e2e.py", *(argv if argv is not None else sys.argv[1:])]
-    print(markdown(result))
-    written = write_outputs(result, a.out, info, prefix=a.name, plots=not a.no_plots)
+    if setup.format == "parquet":
+        from opt4torch.lab import e2e_parquet_report as report
+
+        result["uptime"] = [uptime0, _uptime()]
+        print(report.markdown(result))
+        written = report.write_outputs(result, a.out, info, prefix=a.name, plots=not a.no_plots)
+    else:
+        print(markdown(result))
+        written = write_outputs(result, a.out, info, prefix=a.name, plots=not a.no_plots)
     print("\nwrote " + ", ".join(written))
+    return 0
+
+
+def _uptime() -> str:
+    """The machine's load as `uptime` prints it (the runs share it)."""
+    import subprocess
+
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def _parquet_from_json(paths: list[str], a: Any, info: dict[str, Any]) -> int:
+    """Parquet runs' JSONs: each one's table again, and one plot of them all."""
+    from opt4torch.lab import e2e_parquet_report as report
+
+    results = {}
+    for p in paths:
+        with open(p) as f:
+            result = json.load(f)
+        machine_info = result.pop("machine", None) or info
+        name = os.path.basename(p).removesuffix(".json")
+        print("wrote " + ", ".join(report.write_outputs(result, a.out, machine_info, prefix=name, plots=False)))
+        results[report.panel_title(result)] = result
+    if not a.no_plots:
+        os.makedirs(a.out, exist_ok=True)
+        print("wrote " + report.plot(results, os.path.join(a.out, f"{a.name}-epoch-time.png")))
     return 0
 
 

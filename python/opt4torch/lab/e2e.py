@@ -118,6 +118,9 @@ class Setup:
     link: float = 0.0             # with store="s3": bytes/s of the server's one shared link (0: none)
     train_cpus: str = ""          # the CPUs the training process (and all it starts) ran on ("": all)
     server_cpus: str = ""         # with store="s3": the CPUs the server ran on ("": all)
+    format: str = "records"       # "parquet": the same JPEGs as Hub-style Parquet shards (.e2e_parquet)
+    parquet_shards: int = 4       # with format="parquet": the shards datasets writes
+    small_row_group: int = 8      # ... and the rows a row group of their rewrite by pyarrow
 
     @property
     def capacity_items(self) -> int:
@@ -614,7 +617,6 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
     """Train ``setup.epochs`` epochs under configuration ``name``; the counters.
     ``prepared``: what :func:`.peers.prepare` made for the peer configurations."""
     import torch
-    import torch.nn.functional as F
     from torch.utils.data import DataLoader as TorchLoader
 
     from ..sources.records import RecordFile
@@ -651,10 +653,6 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
         _s3_stats(setup, "reset")
         server_cpu0 = _proc_cpu_seconds(setup.s3_server_pid) if setup.s3_server_pid else 0.0
     manager = None
-    torch.manual_seed(setup.seed)
-    model = make_model(setup.classes)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
     t0 = time.perf_counter()
     ds: Any = None
     peer: Any = None
@@ -703,35 +701,12 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
             raise ValueError(f"unknown configuration {name!r} (one of {', '.join(CONFIGS)})")
         loader = TorchLoader(ds, sampler=make_sampler(sampler_kind, labels, setup.seed), **common)
     setup_s = time.perf_counter() - t0
-
-    epoch_s, samples, label_sum, loss = [], 0, 0, float("nan")
-    bar = None
-    if setup.progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=setup.epochs * math.ceil(n / setup.batch), desc=f"{name} / {sampler_kind}", unit="batch",
-                   leave=False)
-    for _ in range(setup.epochs):
-        e0 = time.perf_counter()
-        for x, y in loader:
-            logits = model(x)
-            l = F.cross_entropy(logits, y)
-            opt.zero_grad()
-            l.backward()
-            opt.step()
-            samples += len(y)
-            label_sum += int(y.sum())
-            loss = float(l.detach())
-            if bar is not None:
-                bar.update(1)
-        epoch_s.append(time.perf_counter() - e0)
-    if bar is not None:
-        bar.close()
+    trained = train(loader, setup, f"{name} / {sampler_kind}", n)
+    samples = trained["samples"]
     seconds = time.perf_counter() - t0
     _shutdown(loader)
     after = rf.info()
-    out.update(seconds=seconds, setup_s=setup_s, epoch_s=epoch_s, samples=samples, label_sum=label_sum,
-               final_loss=loss, storage_reads=after["reads"] - before["reads"],
+    out.update(trained, seconds=seconds, setup_s=setup_s, storage_reads=after["reads"] - before["reads"],
                storage_bytes=after["bytes_read"] - before["bytes_read"], accesses=samples)
     if s3:
         # What the server served, whoever asked (the peers' own clients too):
@@ -786,22 +761,60 @@ def run_config(name: str, sampler_kind: str, path: str, setup: Setup,
     return out
 
 
-def _child(conn: Any, name: str, sampler_kind: str, path: str, setup: Setup,
-           prepared: dict[str, Any] | None = None) -> None:
+def train(loader: Any, setup: Setup, desc: str, n: int | None = None) -> dict[str, Any]:
+    """``setup.epochs`` epochs of the small CNN (seeded) on ``loader``'s
+    batches: every epoch's seconds, the samples, their labels' sum, the last
+    loss. ``n``: the items an epoch has, for the progress bar."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(setup.seed)
+    model = make_model(setup.classes)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    epoch_s, samples, label_sum, loss = [], 0, 0, float("nan")
+    bar = None
+    if setup.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=setup.epochs * math.ceil((n or setup.images) / setup.batch), desc=desc, unit="batch",
+                   leave=False)
+    for _ in range(setup.epochs):
+        e0 = time.perf_counter()
+        for x, y in loader:
+            logits = model(x)
+            l = F.cross_entropy(logits, y)
+            opt.zero_grad()
+            l.backward()
+            opt.step()
+            samples += len(y)
+            label_sum += int(y.sum())
+            loss = float(l.detach())
+            if bar is not None:
+                bar.update(1)
+        epoch_s.append(time.perf_counter() - e0)
+    if bar is not None:
+        bar.close()
+    return {"epoch_s": epoch_s, "samples": samples, "label_sum": label_sum, "final_loss": loss}
+
+
+def _child(conn: Any, target: Callable[..., dict[str, Any]], args: tuple[Any, ...]) -> None:
     try:
-        conn.send(("ok", run_config(name, sampler_kind, path, setup, prepared)))
+        conn.send(("ok", target(*args)))
     except BaseException:  # report any failure to the parent, then exit
         conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
 
 
-def run_isolated(name: str, sampler_kind: str, path: str, setup: Setup, timeout: float = 1800,
-                 prepared: dict[str, Any] | None = None) -> dict[str, Any]:
-    """:func:`run_config` in a forked child process of its own."""
+def run_isolated(name: str, sampler_kind: str, path: Any, setup: Setup, timeout: float = 1800,
+                 prepared: dict[str, Any] | None = None,
+                 target: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
+    """:func:`run_config` (or ``target``, given the same arguments but
+    ``prepared``) in a forked child process of its own."""
     ctx = mp.get_context("fork")
     here, there = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=_child, args=(there, name, sampler_kind, path, setup, prepared))
+    args = (name, sampler_kind, path, setup) + ((prepared,) if target is None else ())
+    p = ctx.Process(target=_child, args=(there, target or run_config, args))
     p.start()
     there.close()
     try:
@@ -879,10 +892,7 @@ def run(setup: Setup, path: str, log: Callable[[str], None] = print) -> dict[str
     t_start = time.perf_counter()
     for s in setup.samplers:
         for r in range(setup.repeats):
-            # Each repeat starts one configuration later: none always runs
-            # first (after the imports) or right after the same neighbour.
-            k = r % max(1, len(plan[s]))
-            for c in plan[s][k:] + plan[s][:k]:
+            for c in rotated(plan[s], r):
                 if c in failed.get(s, {}):
                     continue
                 try:
@@ -904,6 +914,13 @@ def run(setup: Setup, path: str, log: Callable[[str], None] = print) -> dict[str
     summary = {s: {c: summarize(runs[s][c]) for c in runs[s]} for s in setup.samplers}
     return {"setup": asdict(setup), "summary": summary, "runs": runs, "skipped": skipped,
             "failed": failed, "prepared": prepared, "wall_s": time.perf_counter() - t_start}
+
+
+def rotated(configs: list[str], r: int) -> list[str]:
+    """The order of repeat ``r``: each repeat starts one configuration later,
+    so none always runs first (after the imports) or after the same neighbour."""
+    k = r % max(1, len(configs))
+    return configs[k:] + configs[:k]
 
 
 def summarize(rs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,9 +11,9 @@ rows), a smaller read serves a row: the pages that hold it. Here:
   page) and the run of data pages covering the unit's rows. The leaves of a
   top-level field that is not a plain struct (a list, a map) are read over
   one row range, the smallest that every one of their page runs covers.
-- :class:`PagesDecoder` decodes a unit's bytes with pyarrow: it lays them
-  out as a small Parquet file (``PAR1``, the pages, a footer naming them:
-  :func:`parquetmeta.pages_footer`), one row group for each row range its
+- :class:`PagesDecoder` decodes a unit's bytes with pyarrow: it reads them
+  as a small Parquet file (the pages as they are, a footer naming them:
+  :class:`parquetmeta.PagesFooter`), one row group for each row range its
   leaves cover, reads each row group's leaves, cuts them to the unit's rows
   and puts the struct fields split across row groups together again.
 
@@ -224,29 +224,39 @@ def page_units(chunks: Sequence[Chunk], rows: int, fields: Sequence[int], types:
 
 
 class PagesDecoder:
-    """A unit's bytes -> its rows as a pyarrow Table (the file's schema)."""
+    """A unit's bytes -> its rows as a pyarrow Table (the file's schema).
 
-    def __init__(self, meta: pm.Struct, schema: Any, fields: Sequence[int]) -> None:
-        self.meta = meta
+    The small file is the unit's bytes as they are (a view, not a copy),
+    its pages from offset 0; only where its first byte is a dictionary page
+    (which pyarrow does not take at offset 0) are they copied behind
+    ``PAR1``. Its footer (:class:`parquetmeta.PagesFooter`) is parsed alone
+    and given to pyarrow with the bytes. ``parsed`` is pyarrow's metadata
+    of the original file: its pickling (``__reduce__``) names pyarrow's
+    parser of thrift footers, which parses the small footers here."""
+
+    def __init__(self, meta: pm.Struct, schema: Any, fields: Sequence[int], parsed: Any) -> None:
+        self.footers = pm.PagesFooter(meta)
         self.schema = schema
         self.fields = list(fields)
+        self._parse = parsed.__reduce__()[0]
 
     def table(self, chunks: Sequence[Chunk], rg: int, rows: int, r0: int, r1: int, runs: np.ndarray,
               blob: Any) -> Any:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        pairs = runs.tolist()
+        at = base = 4 if chunks[0].dict_bytes(pairs[0][0]) else 0
         layout = []  # per leaf: (dict at, data at, bytes) in the small file
-        at = 4
-        for c, (p0, p1) in zip(chunks, runs.tolist()):
+        for c, (p0, p1) in zip(chunks, pairs):
             d = c.dict_bytes(p0)
             n = d + c.run(p0, p1)[1]
             layout.append((at if d else -1, at + d, n))
             at += n
-        if at - 4 != len(blob):
-            raise ValueError(f"{len(blob)} bytes where the unit's pages take {at - 4}")
+        if at - base != len(blob):
+            raise ValueError(f"{len(blob)} bytes where the unit's pages take {at - base}")
         spans: dict[tuple[int, int], list[int]] = {}
-        for k, (c, (p0, p1)) in enumerate(zip(chunks, runs.tolist())):
+        for k, (c, (p0, p1)) in enumerate(zip(chunks, pairs)):
             fr = c.pages.first_rows
             spans.setdefault((fr[p0], fr[p1 + 1] if p1 + 1 < len(fr) else rows), []).append(k)
         groups = []
@@ -254,8 +264,9 @@ class PagesDecoder:
             cols = [(layout[k][0], layout[k][1], layout[k][2], chunks[k].values) if k in leaves else (-1, 4, 0, 0)
                     for k in range(len(chunks))]
             groups.append((rg, a1 - a0, cols))
-        data = b"".join((b"PAR1", blob, pm.pages_footer(self.meta, groups)))
-        reader = pq.ParquetFile(pa.BufferReader(data)).reader
+        meta = self._parse(pa.py_buffer(self.footers.footer(groups)[:-8]))
+        source = pa.BufferReader(b"".join((b"PAR1", blob)) if base else blob)
+        reader = pq.ParquetFile(source, metadata=meta, pre_buffer=False).reader
         parts: dict[int, list[Any]] = {}
         for j, ((a0, a1), leaves) in enumerate(spans.items()):
             got = reader.read_row_group(j, column_indices=leaves, use_threads=False)
@@ -263,7 +274,8 @@ class PagesDecoder:
                 raise ValueError(f"pages of rows {a0}-{a1} decoded to {got.num_rows} rows")
             got = got.slice(r0 - a0, r1 - r0)
             for f, col in zip(sorted({self.fields[k] for k in leaves}), got.columns):
-                parts.setdefault(f, []).append(col.combine_chunks())
+                # One chunk: its slice as it is (concatenating would copy it).
+                parts.setdefault(f, []).append(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
         columns = [_merge(self.schema.field(f).type, parts[f]) for f in range(len(self.schema))]
         return pa.Table.from_arrays(columns, schema=self.schema)
 
@@ -282,4 +294,5 @@ def _merge(t: Any, arrays: list[Any]) -> Any:
     for f in t:
         got = [a.field(f.name) for a in arrays if a.type.get_field_index(f.name) >= 0]
         children.append(_merge(f.type, got))
-    return pa.StructArray.from_arrays(children, fields=list(t), mask=pc.invert(arrays[0].is_valid()))
+    mask = pc.invert(arrays[0].is_valid()) if arrays[0].null_count else None
+    return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)

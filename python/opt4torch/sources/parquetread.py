@@ -233,7 +233,7 @@ class UnitDecoder:
                     if meta is None:
                         meta = self._meta[f] = parse_footer(pyarrow_parquet(), self.footers[f])
                     dec = self._pages_dec[f] = PagesDecoder(pm.parse(self.footers[f])[0],
-                                                            meta.schema.to_arrow_schema(), self.pages.fields[f])
+                                                            meta.schema.to_arrow_schema(), self.pages.fields[f], meta)
                 table = dec.table(self.pages.chunks[(f, rg)], rg, self.pages.rows[(f, rg)], r0, r0 + n,
                                   self.pages.runs_of(unit), blob)
             else:

@@ -372,13 +372,15 @@ class PagesFooter:
     """Footers (thrift, its length, ``PAR1``) of small files of pages, for
     one original file whose FileMetaData is ``meta``: :meth:`footer` takes
     ``groups``, each one row group of the small file, ``(row group in the
-    original, rows, chunks)``, ``chunks`` one per leaf column, ``(dictionary
-    offset or -1, data offset, bytes from the first to the end, values upper
-    bound)`` in the small file; a leaf that a group does not hold has bytes 0
-    and is never read (the reader selects the group's leaves). Everything
-    else (schema, key-value metadata, the writer, column orders) is the
-    original's: written once here, in :class:`Template` s, so that a
-    footer costs its integers only."""
+    original, rows, chunks)``, ``chunks`` one per leaf column, ``(first
+    byte, bytes, values upper bound)`` in the small file, the first byte
+    that of its dictionary page where it has one (named as the first data
+    page: a reader takes a dictionary page first in a chunk as its
+    dictionary); a leaf that a group does not hold has bytes 0 and is never
+    read (the reader selects the group's leaves). Everything else (schema,
+    key-value metadata, the writer, column orders) is the original's:
+    written once here, in :class:`Template` s, so that a footer costs its
+    integers only."""
 
     def __init__(self, meta: Struct) -> None:
         self.meta = meta
@@ -394,11 +396,10 @@ class PagesFooter:
                 out.append((fid, t, v))
         self._file = Template(out)
         self._group = Template([(1, LIST, Hole("cols", raw=True)), (2, I64, 0), (3, I64, Hole("rows"))])
-        self._chunks: dict[tuple[int, int, bool], Template] = {}
+        self._chunks: dict[tuple[int, int], Template] = {}
 
-    def _chunk(self, rg: int, k: int, has_dict: bool) -> Template:
-        key = (rg, k, has_dict)
-        got = self._chunks.get(key)
+    def _chunk(self, rg: int, k: int) -> Template:
+        got = self._chunks.get((rg, k))
         if got is None:
             md = field(field(self._rgs[rg], 1)[1][k], 3)
             new_md: Struct = []
@@ -410,23 +411,18 @@ class PagesFooter:
                 elif fid == 7:
                     new_md.append((7, I64, Hole("length")))
                 elif fid == 9:
-                    new_md.append((9, I64, Hole("data")))
-                    if has_dict:
-                        new_md.append((11, I64, Hole("dict")))
-            got = self._chunks[key] = Template([(2, I64, Hole("first")), (3, STRUCT, new_md)])
+                    new_md.append((9, I64, Hole("at")))
+            got = self._chunks[(rg, k)] = Template([(2, I64, Hole("at")), (3, STRUCT, new_md)])
         return got
 
-    def footer(self, groups: Sequence[tuple[int, int, Sequence[tuple[int, int, int, int]]]]) -> bytes:
+    def footer(self, groups: Sequence[tuple[int, int, Sequence[tuple[int, int, int]]]]) -> bytes:
         new_rgs = list_head(len(groups), STRUCT)
         total = 0
         for rg, rows, chunks in groups:
             cols = list_head(len(chunks), STRUCT)
-            for k, (dict_at, data_at, length, values) in enumerate(chunks):
-                cols += self._chunk(rg, k, dict_at >= 0).fill(
-                    {"first": dict_at if dict_at >= 0 else data_at, "values": values, "length": length,
-                     "data": data_at, "dict": dict_at})
+            for k, (at, length, values) in enumerate(chunks):
+                cols += self._chunk(rg, k).fill({"at": at, "values": values, "length": length})
             new_rgs += self._group.fill({"cols": cols, "rows": rows})
             total += rows
         body = self._file.fill({"rows": total, "groups": new_rgs})
         return bytes(body + len(body).to_bytes(4, "little") + b"PAR1")
-

@@ -13,9 +13,10 @@ rows), a smaller read serves a row: the pages that hold it. Here:
   one row range, the smallest that every one of their page runs covers.
 - :class:`PagesDecoder` decodes a unit's bytes with pyarrow: it reads them
   as a small Parquet file (the pages as they are, a footer naming them:
-  :class:`parquetmeta.PagesFooter`), one row group for each row range its
-  leaves cover, reads each row group's leaves, cuts them to the unit's rows
-  and puts the struct fields split across row groups together again.
+  :class:`parquetmeta.PagesFooter`; a whole row group likewise), one row
+  group for each row range its leaves cover, reads each row group's leaves,
+  cuts them to the unit's rows and puts the struct fields split across row
+  groups together again.
 
 Decoding reads nothing but the unit's bytes and the footer kept at indexing.
 May touch: nothing but its arguments.
@@ -31,7 +32,7 @@ import numpy as np
 
 from . import parquetmeta as pm
 
-__all__ = ["Chunk", "PagesDecoder", "leaf_fields", "page_units", "read_chunks"]
+__all__ = ["Chunk", "PagesDecoder", "chunk_start", "leaf_fields", "page_units", "read_chunks"]
 
 
 @dataclass(frozen=True)
@@ -226,47 +227,67 @@ def page_units(chunks: Sequence[Chunk], rows: int, fields: Sequence[int], types:
 class PagesDecoder:
     """A unit's bytes -> its rows as a pyarrow Table (the file's schema).
 
-    The small file is the unit's bytes as they are (a view, not a copy),
-    its pages from offset 0; only where its first byte is a dictionary page
-    (which pyarrow does not take at offset 0) are they copied behind
-    ``PAR1``. Its footer (:class:`parquetmeta.PagesFooter`) is parsed alone
-    and given to pyarrow with the bytes. ``parsed`` is pyarrow's metadata
-    of the original file: its pickling (``__reduce__``) names pyarrow's
-    parser of thrift footers, which parses the small footers here."""
+    The small file is the unit's bytes as they are (a view, not a copy).
+    Its footer (:class:`parquetmeta.PagesFooter`) is parsed alone and given
+    to pyarrow with the bytes; it names each leaf's bytes from their first
+    page, a dictionary page where they begin with one, which pyarrow reads
+    as the first page of the chunk (a dictionary page offset would be 0 for
+    the first leaf, which pyarrow takes for none). ``parsed`` is pyarrow's
+    metadata of the original file: its pickling (``__reduce__``) names
+    pyarrow's parser of thrift footers, which parses the small footers here.
+    ``fields`` (each leaf's top-level field) is needed for page ranges only.
+    """
 
-    def __init__(self, meta: pm.Struct, schema: Any, fields: Sequence[int], parsed: Any) -> None:
+    def __init__(self, meta: pm.Struct, schema: Any, fields: Sequence[int] | None, parsed: Any) -> None:
         self.footers = pm.PagesFooter(meta)
         self.schema = schema
-        self.fields = list(fields)
+        self.fields = list(fields or ())
+        self.parsed = parsed
         self._parse = parsed.__reduce__()[0]
 
-    def table(self, chunks: Sequence[Chunk], rg: int, rows: int, r0: int, r1: int, runs: np.ndarray,
-              blob: Any) -> Any:
+    def _reader(self, groups: list[tuple[int, int, list[tuple[int, int, int]]]], blob: Any) -> Any:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        meta = self._parse(pa.py_buffer(self.footers.footer(groups)[:-8]))
+        return pq.ParquetFile(pa.BufferReader(blob), metadata=meta, pre_buffer=False).reader
+
+    def row_group(self, rg: int, blob: Any) -> Any:
+        """Row group ``rg`` whole, from its bytes (its column chunks)."""
+        g = self.parsed.row_group(rg)
+        starts = [chunk_start(g.column(k)) for k in range(g.num_columns)]
+        lo = min(starts)
+        cols = [(a - lo, g.column(k).total_compressed_size, g.column(k).num_values) for k, a in enumerate(starts)]
+        got = self._reader([(rg, g.num_rows, cols)], blob).read_row_group(0, use_threads=False)
+        if got.num_rows != g.num_rows:
+            raise ValueError(f"row group {rg} decoded to {got.num_rows} rows where the footer says {g.num_rows}")
+        return got
+
+    def table(self, chunks: Sequence[Chunk], rg: int, rows: int, r0: int, r1: int, runs: np.ndarray,
+              blob: Any) -> Any:
+        """Rows ``[r0, r1)`` of row group ``rg`` (of ``rows``) from the unit's
+        bytes: each leaf's page run ``runs[k]``, one after another."""
+        import pyarrow as pa
+
         pairs = runs.tolist()
-        at = base = 4 if chunks[0].dict_bytes(pairs[0][0]) else 0
-        layout = []  # per leaf: (dict at, data at, bytes) in the small file
+        at = 0
+        layout = []  # per leaf: (first byte, bytes) in the small file
         for c, (p0, p1) in zip(chunks, pairs):
-            d = c.dict_bytes(p0)
-            n = d + c.run(p0, p1)[1]
-            layout.append((at if d else -1, at + d, n))
+            n = c.dict_bytes(p0) + c.run(p0, p1)[1]
+            layout.append((at, n))
             at += n
-        if at - base != len(blob):
-            raise ValueError(f"{len(blob)} bytes where the unit's pages take {at - base}")
+        if at != len(blob):
+            raise ValueError(f"{len(blob)} bytes where the unit's pages take {at}")
         spans: dict[tuple[int, int], list[int]] = {}
         for k, (c, (p0, p1)) in enumerate(zip(chunks, pairs)):
             fr = c.pages.first_rows
             spans.setdefault((fr[p0], fr[p1 + 1] if p1 + 1 < len(fr) else rows), []).append(k)
         groups = []
         for (a0, a1), leaves in spans.items():
-            cols = [(layout[k][0], layout[k][1], layout[k][2], chunks[k].values) if k in leaves else (-1, 4, 0, 0)
+            cols = [(layout[k][0], layout[k][1], chunks[k].values) if k in leaves else (0, 0, 0)
                     for k in range(len(chunks))]
             groups.append((rg, a1 - a0, cols))
-        meta = self._parse(pa.py_buffer(self.footers.footer(groups)[:-8]))
-        source = pa.BufferReader(b"".join((b"PAR1", blob)) if base else blob)
-        reader = pq.ParquetFile(source, metadata=meta, pre_buffer=False).reader
+        reader = self._reader(groups, blob)
         parts: dict[int, list[Any]] = {}
         for j, ((a0, a1), leaves) in enumerate(spans.items()):
             got = reader.read_row_group(j, column_indices=leaves, use_threads=False)
@@ -278,6 +299,15 @@ class PagesDecoder:
                 parts.setdefault(f, []).append(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
         columns = [_merge(self.schema.field(f).type, parts[f]) for f in range(len(self.schema))]
         return pa.Table.from_arrays(columns, schema=self.schema)
+
+
+def chunk_start(col: Any) -> int:
+    """A column chunk's first byte (pyarrow's metadata): its dictionary
+    page where it has one, else its first data page."""
+    start = int(col.data_page_offset)
+    if col.has_dictionary_page and col.dictionary_page_offset is not None and col.dictionary_page_offset > 0:
+        start = min(start, int(col.dictionary_page_offset))
+    return start
 
 
 def _merge(t: Any, arrays: list[Any]) -> Any:

@@ -26,8 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "Hole", "PageLocations", "PagesFooter", "Template", "ThriftError", "field", "items",
-           "offset_index", "parse", "write"]
+__all__ = ["DATA_PAGE", "DATA_PAGE_V2", "DICTIONARY_PAGE", "INDEX_PAGE", "MAX_DEPTH", "Hole", "PageHead",
+           "PageLocations", "PagesFooter", "Template", "ThriftError", "field", "items", "offset_index", "page_header",
+           "parse", "write"]
 
 #: The deepest nesting of structs and containers read (Parquet's footer
 #: nests about 8 deep: FileMetaData, row groups, ColumnChunk, ColumnMetaData,
@@ -164,8 +165,10 @@ def parse(data: bytes | memoryview) -> tuple[Struct, int]:
     return r.struct(0), r.pos
 
 
+#: What a value of each type is, for :func:`field`'s check (a map is a
+#: tuple too, but of three: never taken for a list).
 _KINDS = {BYTE: int, I16: int, I32: int, I64: int, TRUE: bool, DOUBLE: float, BINARY: bytes, LIST: tuple,
-          SET: tuple, MAP: tuple, STRUCT: list}
+          SET: tuple, MAP: dict, STRUCT: list}
 
 
 def field(s: Any, fid: int, default: Any = None, ttype: int | None = None) -> Any:
@@ -309,6 +312,42 @@ def offset_index(data: bytes, chunk_lo: int, chunk_hi: int, rows: int) -> PageLo
         first_rows.append(first)
         end, row = off + size, first
     return PageLocations(tuple(offsets), tuple(sizes), tuple(first_rows))
+
+
+#: PageHeader's page types (Parquet's PageType).
+DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = range(4)
+
+
+@dataclass(frozen=True)
+class PageHead:
+    """A page's header: its type, the bytes of the header and of the body
+    after it (compressed), its values and, for a data page v2, its rows
+    (None for v1, whose header does not say)."""
+
+    kind: int
+    head: int
+    body: int
+    values: int
+    rows: int | None
+
+
+def page_header(data: bytes) -> PageHead:
+    """The PageHeader at the start of ``data``, checked: its type, sizes
+    and, for a data page, its counts present and not negative."""
+    s, used = parse(data)
+    kind, body = field(s, 1, None, I32), field(s, 3, None, I32)
+    if not isinstance(kind, int) or not isinstance(body, int) or body < 0:
+        raise ThriftError("a page header without its type or compressed size")
+    values: Any = 0
+    rows: Any = None
+    if kind in (DATA_PAGE, DATA_PAGE_V2):
+        sub = field(s, 5 if kind == DATA_PAGE else 8, None, STRUCT)
+        values = field(sub, 1, None, I32) if sub is not None else None
+        if kind == DATA_PAGE_V2:
+            rows = field(sub, 3, None, I32) if sub is not None else None
+    if not isinstance(values, int) or values < 0 or (kind == DATA_PAGE_V2 and (not isinstance(rows, int) or rows < 0)):
+        raise ThriftError(f"a page header of type {kind} without its value or row count")
+    return PageHead(kind, used, body, values, rows)
 
 
 class Hole:

@@ -32,7 +32,8 @@ import numpy as np
 
 from . import parquetmeta as pm
 
-__all__ = ["Chunk", "PagesDecoder", "chunk_start", "leaf_fields", "page_units", "read_chunks"]
+__all__ = ["Chunk", "PagesDecoder", "check_pages", "chunk_start", "leaf_fields", "leaf_levels", "page_units",
+           "read_chunks"]
 
 
 @dataclass(frozen=True)
@@ -74,30 +75,38 @@ class Chunk:
 def leaf_fields(meta: pm.Struct) -> list[int]:
     """Each leaf column's top-level field (an index into the schema's
     top-level fields), from the footer's schema, checked to be a tree."""
+    return [f for f, _ in leaf_levels(meta)]
+
+
+def leaf_levels(meta: pm.Struct) -> list[tuple[int, bool]]:
+    """Each leaf column's top-level field, and whether it is repeated (it
+    or a field above it is ``REPEATED``: a list's values, whose count is
+    not its rows'), from the footer's schema, checked to be a tree."""
     nodes = pm.items(meta, 2, pm.STRUCT)
     if not nodes:
         raise pm.ThriftError("a footer without a schema")
-    out: list[int] = []
+    out: list[tuple[int, bool]] = []
     pos = 1
     top = pm.field(nodes[0], 5, 0, pm.I32)
     if not isinstance(top, int) or not 0 <= top <= len(nodes):
         raise pm.ThriftError("a schema root with a bad child count")
 
-    def walk(top_field: int, depth: int) -> None:
+    def walk(top_field: int, depth: int, repeated: bool) -> None:
         nonlocal pos
         if pos >= len(nodes) or depth > pm.MAX_DEPTH:
             raise pm.ThriftError("a schema whose child counts do not match its elements")
         n = pm.field(nodes[pos], 5, 0, pm.I32)
+        repeated = repeated or pm.field(nodes[pos], 3, 0, pm.I32) == 2
         pos += 1
         if not isinstance(n, int) or n < 0 or n > len(nodes):
             raise pm.ThriftError("a schema element with a bad child count")
         if n == 0:
-            out.append(top_field)
+            out.append((top_field, repeated))
         for _ in range(n):
-            walk(top_field, depth + 1)
+            walk(top_field, depth + 1, repeated)
 
     for k in range(top):
-        walk(k, 1)
+        walk(k, 1, False)
     if pos != len(nodes):
         raise pm.ThriftError("a schema with elements outside its tree")
     return out
@@ -138,11 +147,79 @@ def read_chunks(meta: pm.Struct, rg: int, read: Callable[[int, int], bytes], dat
     if hi_i - lo_i > 1 << 28:
         raise pm.ThriftError(f"offset indexes spread over {hi_i - lo_i} bytes")
     blob = read(lo_i, hi_i - lo_i)  # one read: a row group's offset indexes lie together
+    levels = leaf_levels(meta)
+    if len(levels) != len(spans):
+        raise pm.ThriftError(f"{len(spans)} column chunks for {len(levels)} leaf columns")
     out = []
-    for lo, size, values, oi, ol, dict_pages in spans:
+    for k, (lo, size, values, oi, ol, dict_pages) in enumerate(spans):
         pages = pm.offset_index(blob[oi - lo_i:oi - lo_i + ol], lo, lo + size, rows)
+        check_pages(pages, rows, levels[k][1], read, _column_name(cols[k], k))
         out.append(Chunk(lo, pages, values, min(dict_pages, len(pages.offsets))))
     return out
+
+
+#: Bytes read at a page's offset for its header, at first (more where it
+#: is longer: statistics of long values); pages closer than
+#: :data:`_HEADS_TOGETHER` are read in one.
+_HEAD_BYTES = 256
+_HEADS_TOGETHER = 1 << 16
+
+
+def check_pages(pages: pm.PageLocations, rows: int, repeated: bool, read: Callable[[int, int], bytes],
+                column: str) -> None:
+    """Each page's header, read at the offset index's location, checked
+    against it: a data page, its header and body filling the location's
+    bytes, and its rows those the index gives it (the rows between its first
+    row and the next page's): a data page v2 says its rows, a v1 page of a
+    column that is not repeated its values, one a row; a repeated column's
+    v1 page has at least a value a row. An index whose pages are shifted by
+    some rows (every one alike, so the index itself is in order) would
+    otherwise have rows decoded under other rows' numbers. ThriftError
+    naming the column and page where they disagree."""
+    n = len(pages.offsets)
+    k = 0
+    while k < n:
+        # Pages close together (small columns' pages) in one read.
+        j = k + 1
+        while j < n and pages.offsets[j] + _HEAD_BYTES - pages.offsets[k] <= _HEADS_TOGETHER:
+            j += 1
+        start = pages.offsets[k]
+        end = pages.offsets[j - 1] + min(pages.sizes[j - 1], _HEAD_BYTES)
+        blob = read(start, end - start)
+        for p in range(k, j):
+            at, size = pages.offsets[p] - start, pages.sizes[p]
+            want = (pages.first_rows[p + 1] if p + 1 < n else rows) - pages.first_rows[p]
+            try:
+                try:
+                    head = pm.page_header(blob[at:at + min(size, _HEAD_BYTES)])
+                except pm.ThriftError:
+                    if size <= _HEAD_BYTES:
+                        raise
+                    head = pm.page_header(read(pages.offsets[p], min(size, 1 << 20)))  # a long header
+            except pm.ThriftError as e:
+                raise pm.ThriftError(f"column {column} page {p}: no page header at byte {pages.offsets[p]} ({e})"
+                                     ) from None
+            what = f"column {column} page {p} (at byte {pages.offsets[p]}, rows {pages.first_rows[p]}-" \
+                   f"{pages.first_rows[p] + want} by the offset index)"
+            if head.kind not in (pm.DATA_PAGE, pm.DATA_PAGE_V2):
+                raise pm.ThriftError(f"{what} is a page of type {head.kind}, not a data page")
+            if head.head + head.body != size:
+                raise pm.ThriftError(f"{what}: its header and body take {head.head + head.body} bytes where the "
+                                     f"offset index says {size}")
+            if head.rows is not None and head.rows != want:
+                raise pm.ThriftError(f"{what} holds {head.rows} rows")
+            if head.rows is None and (head.values < want if repeated else head.values != want):
+                raise pm.ThriftError(f"{what} holds {head.values} values")
+        k = j
+
+
+def _column_name(cc: pm.Struct, k: int) -> str:
+    """A column chunk's path in the schema (``image.bytes``), else its number."""
+    md = pm.field(cc, 3)
+    path = pm.field(md, 3) if isinstance(md, list) else None
+    if isinstance(path, tuple) and path[0] == pm.BINARY and all(isinstance(x, bytes) for x in path[1]):
+        return ".".join(x.decode("utf-8", "replace") for x in path[1])
+    return f"#{k}"
 
 
 def _dict_pages(md: pm.Struct) -> int:

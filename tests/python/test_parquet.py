@@ -190,19 +190,6 @@ def test_a_file_changed_after_it_was_indexed(tmp_path) -> None:
         ds[15]
 
 
-def test_a_cached_view_serves_only_what_was_read() -> None:
-    from opt4torch.sources.parquetread import CachedView as _CachedView
-
-    v = _CachedView("x.parquet", 1000, b"F" * 100, 200, b"D" * 50)
-    v.seek(210)
-    assert v.read(10) == b"D" * 10
-    v.seek(950)
-    assert v.read() == b"F" * 50
-    v.seek(240)
-    with pytest.raises(ParquetError, match="x.parquet: the reader asked for bytes 240-260, outside"):
-        v.read(20)
-
-
 # ---- objects in an S3-compatible store (the loopback server the object-store tests use) ----
 
 

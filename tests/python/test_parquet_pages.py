@@ -144,8 +144,9 @@ def test_the_loader_gathers_page_units_exactly(tmp_path) -> None:
 
 
 @pytest.fixture(scope="module")
-def sample(tmp_path_factory) -> tuple[str, bytes, bytes, list[tuple[int, int]]]:
-    """A file, its footer's thrift, one offset index's bytes, and where the offset indexes lie."""
+def sample(tmp_path_factory) -> tuple[str, bytes, bytes, list[tuple[int, int]], bytes]:
+    """A file, its footer's thrift, one offset index's bytes, where the
+    offset indexes lie, and a data page's header (with what follows it)."""
     path = write(tmp_path_factory.mktemp("hostile"), "h.parquet", 40, 3, row_group_size=20, max_rows_per_page=4)
     raw = open(path, "rb").read()
     flen = int.from_bytes(raw[-8:-4], "little")
@@ -156,14 +157,16 @@ def sample(tmp_path_factory) -> tuple[str, bytes, bytes, list[tuple[int, int]]]:
         for cc in pm.field(rg, 1)[1]:
             places.append((pm.field(cc, 4), pm.field(cc, 5)))
     off, n = places[0]
-    return path, raw[-8 - flen:-8], raw[off:off + n], places
+    first = pm.offset_index(raw[off:off + n], 4, len(raw), 20).offsets[0]
+    assert pm.page_header(raw[first:first + 256]).kind in (pm.DATA_PAGE, pm.DATA_PAGE_V2)
+    return path, raw[-8 - flen:-8], raw[off:off + n], places, raw[first:first + 256]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_the_thrift_reader_takes_any_bytes(sample, data) -> None:
-    _, footer, oindex, _ = sample
-    base = data.draw(st.sampled_from([footer, oindex, b""]))
+    _, footer, oindex, _, header = sample
+    base = data.draw(st.sampled_from([footer, oindex, header, b""]))
     raw = bytearray(data.draw(st.binary(max_size=300)) if not base else base)
     for _ in range(data.draw(st.integers(0, 6)) if base else 0):
         k = data.draw(st.integers(0, len(raw) - 1))
@@ -179,8 +182,9 @@ def test_the_thrift_reader_takes_any_bytes(sample, data) -> None:
     path = sample[0]
     data = open(path, "rb").read()
     end = len(data) - 8 - len(sample[1])
-    for check in (lambda: parquetpages.leaf_fields(tree), lambda: pm.offset_index(bytes(raw), 4, 1 << 20, 40),
-                  lambda: parquetpages.read_chunks(tree, 0, lambda off, n: data[off:off + n], end)):
+    for check in (lambda: parquetpages.leaf_levels(tree), lambda: pm.offset_index(bytes(raw), 4, 1 << 20, 40),
+                  lambda: parquetpages.read_chunks(tree, 0, lambda off, n: data[off:off + n], end),
+                  lambda: pm.page_header(bytes(raw))):
         try:
             got = check()
         except pm.ThriftError:
@@ -188,6 +192,15 @@ def test_the_thrift_reader_takes_any_bytes(sample, data) -> None:
         if isinstance(got, pm.PageLocations):
             assert got.first_rows[0] == 0 and list(got.first_rows) == sorted(set(got.first_rows))
             assert all(o + s <= 1 << 20 for o, s in zip(got.offsets, got.sizes))
+            # Its pages' headers, read from the file where the locations lie in it.
+            if all(o + s <= len(data) for o, s in zip(got.offsets, got.sizes)):
+                try:
+                    parquetpages.check_pages(got, 40, False, lambda off, n: data[off:off + n], "c")
+                except pm.ThriftError:
+                    pass
+        elif isinstance(got, pm.PageHead):
+            assert 0 < got.head <= len(raw) and got.body >= 0 and got.values >= 0
+            assert got.kind != pm.DATA_PAGE_V2 or got.rows is not None and got.rows >= 0
 
 
 def test_deep_nesting_and_huge_counts_are_refused() -> None:
@@ -197,12 +210,15 @@ def test_deep_nesting_and_huge_counts_are_refused() -> None:
         pm.parse(b"\x19\xfc\xff\xff\xff\x0f")  # a list of 2^32 structs in 6 bytes
     with pytest.raises(pm.ThriftError, match="varint longer"):
         pm.parse(b"\x16" + b"\xff" * 11)
+    # An empty map where a list belongs (the fuzzer's find: was a KeyError).
+    with pytest.raises(pm.ThriftError, match="field 4 holds thrift type 11 where type 9 belongs"):
+        pm.items(pm.parse(b"\x4b\x00\x00")[0], 4, pm.STRUCT)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_damaged_offset_index_is_refused_or_read_right(sample, tmp_path_factory, data) -> None:
-    path, _, _, places = sample
+    path, _, _, places, _ = sample
     raw = bytearray(open(path, "rb").read())
     off, n = data.draw(st.sampled_from(places))
     for _ in range(data.draw(st.integers(1, 3))):
@@ -222,3 +238,64 @@ def test_a_damaged_offset_index_is_refused_or_read_right(sample, tmp_path_factor
             assert "h.parquet" in str(e)
             continue
         assert got == want[i], i
+
+
+def _shift_offset_indexes(path: str, out: str, shift: int) -> None:
+    """``path`` written again to ``out`` with every offset index's pages
+    after the first claiming to start ``shift`` rows later: an index still
+    in order, every column alike, that names wrong rows. The indexes are
+    written anew after the data (the column indexes left out), the footer
+    pointing at them."""
+    raw = open(path, "rb").read()
+    flen = int.from_bytes(raw[-8:-4], "little")
+    meta, _ = pm.parse(raw[-8 - flen:-8])
+    ccs = [cc for rg in pm.field(meta, 4)[1] for cc in pm.field(rg, 1)[1]]
+    data_end = min(pm.field(cc, f) for cc in ccs for f in (4, 6) if pm.field(cc, f) is not None)
+    body = bytearray(raw[:data_end])
+    for cc in ccs:
+        at, n = pm.field(cc, 4), pm.field(cc, 5)
+        index, _ = pm.parse(raw[at:at + n])
+        locs = pm.field(index, 1)[1]
+        for loc in locs[1:]:
+            loc[:] = [(f, t, v + shift if f == 3 else v) for f, t, v in loc]
+        new = pm.write(index)
+        cc[:] = [(f, t, len(body) if f == 4 else len(new) if f == 5 else v) for f, t, v in cc if f not in (6, 7)]
+        body += new
+    footer = pm.write(meta)
+    open(out, "wb").write(bytes(body) + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+
+
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_an_offset_index_shifted_in_itself_is_refused(tmp_path, version: str) -> None:
+    path = os.fspath(tmp_path / "a.parquet")
+    pq.write_table(table(40, 4), path, row_group_size=20, max_rows_per_page=5,
+                   write_page_index=True, data_page_version=version, compression="snappy")
+    same = os.fspath(tmp_path / "same.parquet")
+    _shift_offset_indexes(path, same, 0)  # the rewriting itself keeps the rows
+    assert [opt4torch.Parquet(same)[i] for i in range(40)] == pq.read_table(path).to_pylist()
+    bad = os.fspath(tmp_path / "shifted.parquet")
+    _shift_offset_indexes(path, bad, 1)
+    with pytest.raises(ParquetError, match=r"shifted\.parquet: row group 0's offset index is damaged \(column "
+                                           r"image\.bytes page 0 \(at byte \d+, rows 0-6 by the offset index\) holds "
+                                           r"(5 rows|5 values)\)"):
+        opt4torch.Parquet(bad)
+    # Read by row groups, the file is read right.
+    whole = opt4torch.Parquet(bad, pages=False)
+    assert [whole[i] for i in range(40)] == pq.read_table(path).to_pylist()
+
+
+def test_a_repeated_column_needs_a_value_a_row(tmp_path) -> None:
+    """A list column's v1 pages say their values, not their rows; a row
+    has at least one (an empty or null list one level): fewer values than
+    the index's rows are refused."""
+    path = os.fspath(tmp_path / "l.parquet")
+    xs = pa.array([[k] if k % 4 else ([] if k % 8 else None) for k in range(30)], pa.list_(pa.int64()))
+    pq.write_table(pa.table({"xs": xs}), path, row_group_size=30, max_rows_per_page=5, write_page_index=True,
+                   data_page_version="1.0")
+    same = os.fspath(tmp_path / "l-same.parquet")
+    _shift_offset_indexes(path, same, 0)
+    assert [opt4torch.Parquet(same)[i] for i in range(30)] == pq.read_table(path).to_pylist()
+    bad = os.fspath(tmp_path / "l-shifted.parquet")
+    _shift_offset_indexes(path, bad, 1)
+    with pytest.raises(ParquetError, match=r"l-shifted\.parquet: .*column xs\.list\.element page 0 .* holds 5 values"):
+        opt4torch.Parquet(bad)

@@ -26,12 +26,10 @@ which row). Storage bytes then equal the plan's miss bytes, as for every
 other source; docs/algorithm.md, "Read units", has the rule and what it
 costs against OPT over rows.
 
-Decoding a cached unit: a row group through pyarrow's ``ParquetFile`` given
-a file-like view that serves the file's footer (read once, here) and the
-row group's bytes at their original offsets, and refuses anything else; a
-page range as a small Parquet file of its pages with a footer naming them
-(parquetpages.py). Either way a row is decoded from what was read and
-cached, or not at all.
+Decoding a cached unit: pyarrow reads its bytes in place as a small Parquet
+file, with a footer naming its column chunks or pages, made from the file's
+footer (read once, here; parquetpages.py). A row is decoded from what was
+read and cached, or not at all.
 
 Bad input is refused naming the file: a file that is not Parquet, a corrupt
 footer or offset index, a row group that reaches past the end of the file
@@ -138,8 +136,8 @@ class Parquet:
                 raise ParquetError(f"{changed}: the file changed while it was being indexed; try again")
             reader = PieceReader(list(self.paths), pieces, self.direct, self.latency, files)
         self._groups = UnitReader(reader, first_piece)
-        self._decoder = UnitDecoder(list(self.paths), sizes, idents, [f for f, _ in footers], units, pieces,
-                                 first_piece, page_info)
+        self._decoder = UnitDecoder(list(self.paths), idents, [f for f, _ in footers], units, pieces, first_piece,
+                                    page_info)
 
     def __len__(self) -> int:
         return self._n

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import parquetmeta as pm
-from .parquetpages import Chunk, leaf_fields, page_units, read_chunks
+from .parquetpages import Chunk, chunk_start, leaf_fields, page_units, read_chunks
 
 __all__ = ["PageInfo", "ParquetError", "footer_of", "index_units", "parse_footer", "pread_exact", "pyarrow_parquet",
            "read_footer"]
@@ -161,15 +161,10 @@ def pread_exact(path: str, offset: int, length: int) -> bytes:
 def _row_group_range(g: Any) -> tuple[int, int]:
     """The byte range of a row group's column chunks (each from its
     dictionary page, where it has one, to its last data page)."""
-    lo, hi = None, 0
-    for c in range(g.num_columns):
-        col = g.column(c)
-        start = col.data_page_offset
-        if col.has_dictionary_page and col.dictionary_page_offset is not None and col.dictionary_page_offset > 0:
-            start = min(start, col.dictionary_page_offset)
-        lo = start if lo is None else min(lo, start)
-        hi = max(hi, start + col.total_compressed_size)
-    return (lo if lo is not None else 4), hi
+    starts = [(chunk_start(g.column(c)), g.column(c).total_compressed_size) for c in range(g.num_columns)]
+    if not starts:
+        return 4, 0
+    return min(a for a, _ in starts), max(a + n for a, n in starts)
 
 
 def read_footer(pq: Any, path: str) -> tuple[tuple[int, int, int], bytes, Any]:

@@ -11,8 +11,9 @@ left, a varint longer than 10 bytes, nesting deeper than :data:`MAX_DEPTH`
 are a :class:`ThriftError`), and :func:`write` writes such a tree back. The
 Parquet side: :func:`offset_index` (the page locations of one column chunk,
 checked to lie in it, in order, and to start at row 0) and
-:func:`pages_footer` (a footer whose row groups name only the pages a read
-unit holds, at their places in a small file of those pages).
+:class:`PagesFooter` (footers whose row groups name only the pages a read
+unit holds, at their places in a small file of those pages; the original
+footer's fixed parts written once, :class:`Template`).
 
 Fed random and mutated bytes by hypothesis in tests/python/test_parquet_pages.py.
 May touch: nothing but its arguments.
@@ -25,8 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "PageLocations", "ThriftError", "field", "items", "offset_index", "pages_footer", "parse",
-           "write"]
+__all__ = ["DATA_PAGE", "DATA_PAGE_V2", "DICTIONARY_PAGE", "INDEX_PAGE", "MAX_DEPTH", "Hole", "PageHead",
+           "PageLocations", "PagesFooter", "Template", "ThriftError", "field", "items", "offset_index", "page_header",
+           "parse", "write"]
 
 #: The deepest nesting of structs and containers read (Parquet's footer
 #: nests about 8 deep: FileMetaData, row groups, ColumnChunk, ColumnMetaData,
@@ -163,8 +165,10 @@ def parse(data: bytes | memoryview) -> tuple[Struct, int]:
     return r.struct(0), r.pos
 
 
+#: What a value of each type is, for :func:`field`'s check (a map is a
+#: tuple too, but of three: never taken for a list).
 _KINDS = {BYTE: int, I16: int, I32: int, I64: int, TRUE: bool, DOUBLE: float, BINARY: bytes, LIST: tuple,
-          SET: tuple, MAP: tuple, STRUCT: list}
+          SET: tuple, MAP: dict, STRUCT: list}
 
 
 def field(s: Any, fid: int, default: Any = None, ttype: int | None = None) -> Any:
@@ -207,7 +211,11 @@ def _zigzag(v: int, out: bytearray) -> None:
 
 
 def _write_value(ttype: int, v: Any, out: bytearray) -> None:
-    if ttype == BYTE:
+    if isinstance(v, Hole):
+        if not isinstance(out, _Segments):
+            raise ValueError("a Hole outside a Template")
+        out.hole(v)
+    elif ttype == BYTE:
         out.append(v & 0xFF)
     elif ttype in (I16, I32, I64):
         _zigzag(int(v), out)
@@ -306,48 +314,154 @@ def offset_index(data: bytes, chunk_lo: int, chunk_hi: int, rows: int) -> PageLo
     return PageLocations(tuple(offsets), tuple(sizes), tuple(first_rows))
 
 
-def pages_footer(meta: Struct, groups: Sequence[tuple[int, int, Sequence[tuple[int, int, int, int]]]]) -> bytes:
-    """The footer (thrift, its length, ``PAR1``) of a small file of pages:
-    ``meta`` is the original file's FileMetaData, and each of ``groups`` one
-    row group of the small file, ``(row group in the original, rows,
-    chunks)``, ``chunks`` one per leaf column, ``(dictionary offset or -1,
-    data offset, bytes from the first to the end, values upper bound)`` in
-    the small file; a leaf that a group does not hold has bytes 0 and is
-    never read (the reader selects the group's leaves). Everything else
-    (schema, key-value metadata, the writer, column orders) is the
-    original's."""
-    rgs = field(meta, 4)
-    new_rgs = []
-    total = 0
-    for rg, rows, chunks in groups:
-        cols = field(rgs[1][rg], 1)[1]
-        new_cols = []
-        for cc, (dict_at, data_at, length, values) in zip(cols, chunks):
-            md = field(cc, 3)
+#: PageHeader's page types (Parquet's PageType).
+DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = range(4)
+
+
+@dataclass(frozen=True)
+class PageHead:
+    """A page's header: its type, the bytes of the header and of the body
+    after it (compressed), its values and, for a data page v2, its rows
+    (None for v1, whose header does not say)."""
+
+    kind: int
+    head: int
+    body: int
+    values: int
+    rows: int | None
+
+
+def page_header(data: bytes) -> PageHead:
+    """The PageHeader at the start of ``data``, checked: its type, sizes
+    and, for a data page, its counts present and not negative."""
+    s, used = parse(data)
+    kind, body = field(s, 1, None, I32), field(s, 3, None, I32)
+    if not isinstance(kind, int) or not isinstance(body, int) or body < 0:
+        raise ThriftError("a page header without its type or compressed size")
+    values: Any = 0
+    rows: Any = None
+    if kind in (DATA_PAGE, DATA_PAGE_V2):
+        sub = field(s, 5 if kind == DATA_PAGE else 8, None, STRUCT)
+        values = field(sub, 1, None, I32) if sub is not None else None
+        if kind == DATA_PAGE_V2:
+            rows = field(sub, 3, None, I32) if sub is not None else None
+    if not isinstance(values, int) or values < 0 or (kind == DATA_PAGE_V2 and (not isinstance(rows, int) or rows < 0)):
+        raise ThriftError(f"a page header of type {kind} without its value or row count")
+    return PageHead(kind, used, body, values, rows)
+
+
+class Hole:
+    """A value left open in a :class:`Template`: an integer (written as an
+    I64 is), or with ``raw`` the bytes of a whole value (a list written by
+    the caller)."""
+
+    __slots__ = ("key", "raw")
+
+    def __init__(self, key: str, raw: bool = False) -> None:
+        self.key = key
+        self.raw = raw
+
+
+class _Segments(bytearray):
+    """A writer's output that stops at each :class:`Hole`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[bytes | Hole] = []
+
+    def hole(self, h: Hole) -> None:
+        self.parts += [bytes(self), h]
+        del self[:]
+
+
+class Template:
+    """A struct written once with some values left open (:class:`Hole`):
+    :meth:`fill` writes only those. What a footer per read unit costs is
+    then its integers, not the original footer's schema and metadata."""
+
+    def __init__(self, s: Struct) -> None:
+        out = _Segments()
+        _write_struct(s, out)
+        self.parts = [*out.parts, bytes(out)]
+
+    def fill(self, values: dict[str, Any]) -> bytearray:
+        out = bytearray()
+        for p in self.parts:
+            if isinstance(p, bytes):
+                out += p
+            elif p.raw:
+                out += values[p.key]
+            else:
+                _zigzag(int(values[p.key]), out)
+        return out
+
+
+def list_head(n: int, etype: int) -> bytearray:
+    """The compact protocol's header of a list of ``n`` elements of type ``etype``."""
+    out = bytearray()
+    if n < 15:
+        out.append((n << 4) | etype)
+    else:
+        out.append(0xF0 | etype)
+        _varint(n, out)
+    return out
+
+
+class PagesFooter:
+    """Footers (thrift, its length, ``PAR1``) of small files of pages, for
+    one original file whose FileMetaData is ``meta``: :meth:`footer` takes
+    ``groups``, each one row group of the small file, ``(row group in the
+    original, rows, chunks)``, ``chunks`` one per leaf column, ``(first
+    byte, bytes, values upper bound)`` in the small file, the first byte
+    that of its dictionary page where it has one (named as the first data
+    page: a reader takes a dictionary page first in a chunk as its
+    dictionary); a leaf that a group does not hold has bytes 0 and is never
+    read (the reader selects the group's leaves). Everything else (schema,
+    key-value metadata, the writer, column orders) is the original's:
+    written once here, in :class:`Template` s, so that a footer costs its
+    integers only."""
+
+    def __init__(self, meta: Struct) -> None:
+        self.meta = meta
+        rgs = field(meta, 4)
+        self._rgs = rgs[1] if rgs is not None else []
+        out: Struct = []
+        for fid, t, v in meta:
+            if fid == 3:
+                out.append((3, I64, Hole("rows")))
+            elif fid == 4:
+                out.append((4, LIST, Hole("groups", raw=True)))
+            elif fid not in (8, 9):
+                out.append((fid, t, v))
+        self._file = Template(out)
+        self._group = Template([(1, LIST, Hole("cols", raw=True)), (2, I64, 0), (3, I64, Hole("rows"))])
+        self._chunks: dict[tuple[int, int], Template] = {}
+
+    def _chunk(self, rg: int, k: int) -> Template:
+        got = self._chunks.get((rg, k))
+        if got is None:
+            md = field(field(self._rgs[rg], 1)[1][k], 3)
             new_md: Struct = []
             for fid, t, v in md:
-                if fid in (1, 2, 3, 4, 8):
+                if fid in (1, 2, 3, 4, 6, 8):
                     new_md.append((fid, t, v))
                 elif fid == 5:
-                    new_md.append((5, I64, values))
-                elif fid == 6:
-                    new_md.append((6, I64, v))
+                    new_md.append((5, I64, Hole("values")))
                 elif fid == 7:
-                    new_md.append((7, I64, length))
+                    new_md.append((7, I64, Hole("length")))
                 elif fid == 9:
-                    new_md.append((9, I64, data_at))
-                    if dict_at >= 0:
-                        new_md.append((11, I64, dict_at))
-            new_cols.append([(2, I64, dict_at if dict_at >= 0 else data_at), (3, STRUCT, new_md)])
-        new_rgs.append([(1, LIST, (STRUCT, new_cols)), (2, I64, 0), (3, I64, rows)])
-        total += rows
-    out: Struct = []
-    for fid, t, v in meta:
-        if fid == 3:
-            out.append((3, I64, total))
-        elif fid == 4:
-            out.append((4, LIST, (STRUCT, new_rgs)))
-        elif fid not in (8, 9):
-            out.append((fid, t, v))
-    body = write(out)
-    return body + len(body).to_bytes(4, "little") + b"PAR1"
+                    new_md.append((9, I64, Hole("at")))
+            got = self._chunks[(rg, k)] = Template([(2, I64, Hole("at")), (3, STRUCT, new_md)])
+        return got
+
+    def footer(self, groups: Sequence[tuple[int, int, Sequence[tuple[int, int, int]]]]) -> bytes:
+        new_rgs = list_head(len(groups), STRUCT)
+        total = 0
+        for rg, rows, chunks in groups:
+            cols = list_head(len(chunks), STRUCT)
+            for k, (at, length, values) in enumerate(chunks):
+                cols += self._chunk(rg, k).fill({"at": at, "values": values, "length": length})
+            new_rgs += self._group.fill({"cols": cols, "rows": rows})
+            total += rows
+        body = self._file.fill({"rows": total, "groups": new_rgs})
+        return bytes(body + len(body).to_bytes(4, "little") + b"PAR1")

@@ -11,11 +11,12 @@ rows), a smaller read serves a row: the pages that hold it. Here:
   page) and the run of data pages covering the unit's rows. The leaves of a
   top-level field that is not a plain struct (a list, a map) are read over
   one row range, the smallest that every one of their page runs covers.
-- :class:`PagesDecoder` decodes a unit's bytes with pyarrow: it lays them
-  out as a small Parquet file (``PAR1``, the pages, a footer naming them:
-  :func:`parquetmeta.pages_footer`), one row group for each row range its
-  leaves cover, reads each row group's leaves, cuts them to the unit's rows
-  and puts the struct fields split across row groups together again.
+- :class:`PagesDecoder` decodes a unit's bytes with pyarrow: it reads them
+  as a small Parquet file (the pages as they are, a footer naming them:
+  :class:`parquetmeta.PagesFooter`; a whole row group likewise), one row
+  group for each row range its leaves cover, reads each row group's leaves,
+  cuts them to the unit's rows and puts the struct fields split across row
+  groups together again.
 
 Decoding reads nothing but the unit's bytes and the footer kept at indexing.
 May touch: nothing but its arguments.
@@ -31,7 +32,8 @@ import numpy as np
 
 from . import parquetmeta as pm
 
-__all__ = ["Chunk", "PagesDecoder", "leaf_fields", "page_units", "read_chunks"]
+__all__ = ["Chunk", "PagesDecoder", "check_pages", "chunk_start", "leaf_fields", "leaf_levels", "page_units",
+           "read_chunks"]
 
 
 @dataclass(frozen=True)
@@ -73,30 +75,38 @@ class Chunk:
 def leaf_fields(meta: pm.Struct) -> list[int]:
     """Each leaf column's top-level field (an index into the schema's
     top-level fields), from the footer's schema, checked to be a tree."""
+    return [f for f, _ in leaf_levels(meta)]
+
+
+def leaf_levels(meta: pm.Struct) -> list[tuple[int, bool]]:
+    """Each leaf column's top-level field, and whether it is repeated (it
+    or a field above it is ``REPEATED``: a list's values, whose count is
+    not its rows'), from the footer's schema, checked to be a tree."""
     nodes = pm.items(meta, 2, pm.STRUCT)
     if not nodes:
         raise pm.ThriftError("a footer without a schema")
-    out: list[int] = []
+    out: list[tuple[int, bool]] = []
     pos = 1
     top = pm.field(nodes[0], 5, 0, pm.I32)
     if not isinstance(top, int) or not 0 <= top <= len(nodes):
         raise pm.ThriftError("a schema root with a bad child count")
 
-    def walk(top_field: int, depth: int) -> None:
+    def walk(top_field: int, depth: int, repeated: bool) -> None:
         nonlocal pos
         if pos >= len(nodes) or depth > pm.MAX_DEPTH:
             raise pm.ThriftError("a schema whose child counts do not match its elements")
         n = pm.field(nodes[pos], 5, 0, pm.I32)
+        repeated = repeated or pm.field(nodes[pos], 3, 0, pm.I32) == 2
         pos += 1
         if not isinstance(n, int) or n < 0 or n > len(nodes):
             raise pm.ThriftError("a schema element with a bad child count")
         if n == 0:
-            out.append(top_field)
+            out.append((top_field, repeated))
         for _ in range(n):
-            walk(top_field, depth + 1)
+            walk(top_field, depth + 1, repeated)
 
     for k in range(top):
-        walk(k, 1)
+        walk(k, 1, False)
     if pos != len(nodes):
         raise pm.ThriftError("a schema with elements outside its tree")
     return out
@@ -137,11 +147,79 @@ def read_chunks(meta: pm.Struct, rg: int, read: Callable[[int, int], bytes], dat
     if hi_i - lo_i > 1 << 28:
         raise pm.ThriftError(f"offset indexes spread over {hi_i - lo_i} bytes")
     blob = read(lo_i, hi_i - lo_i)  # one read: a row group's offset indexes lie together
+    levels = leaf_levels(meta)
+    if len(levels) != len(spans):
+        raise pm.ThriftError(f"{len(spans)} column chunks for {len(levels)} leaf columns")
     out = []
-    for lo, size, values, oi, ol, dict_pages in spans:
+    for k, (lo, size, values, oi, ol, dict_pages) in enumerate(spans):
         pages = pm.offset_index(blob[oi - lo_i:oi - lo_i + ol], lo, lo + size, rows)
+        check_pages(pages, rows, levels[k][1], read, _column_name(cols[k], k))
         out.append(Chunk(lo, pages, values, min(dict_pages, len(pages.offsets))))
     return out
+
+
+#: Bytes read at a page's offset for its header, at first (more where it
+#: is longer: statistics of long values); pages closer than
+#: :data:`_HEADS_TOGETHER` are read in one.
+_HEAD_BYTES = 256
+_HEADS_TOGETHER = 1 << 16
+
+
+def check_pages(pages: pm.PageLocations, rows: int, repeated: bool, read: Callable[[int, int], bytes],
+                column: str) -> None:
+    """Each page's header, read at the offset index's location, checked
+    against it: a data page, its header and body filling the location's
+    bytes, and its rows those the index gives it (the rows between its first
+    row and the next page's): a data page v2 says its rows, a v1 page of a
+    column that is not repeated its values, one a row; a repeated column's
+    v1 page has at least a value a row. An index whose pages are shifted by
+    some rows (every one alike, so the index itself is in order) would
+    otherwise have rows decoded under other rows' numbers. ThriftError
+    naming the column and page where they disagree."""
+    n = len(pages.offsets)
+    k = 0
+    while k < n:
+        # Pages close together (small columns' pages) in one read.
+        j = k + 1
+        while j < n and pages.offsets[j] + _HEAD_BYTES - pages.offsets[k] <= _HEADS_TOGETHER:
+            j += 1
+        start = pages.offsets[k]
+        end = pages.offsets[j - 1] + min(pages.sizes[j - 1], _HEAD_BYTES)
+        blob = read(start, end - start)
+        for p in range(k, j):
+            at, size = pages.offsets[p] - start, pages.sizes[p]
+            want = (pages.first_rows[p + 1] if p + 1 < n else rows) - pages.first_rows[p]
+            try:
+                try:
+                    head = pm.page_header(blob[at:at + min(size, _HEAD_BYTES)])
+                except pm.ThriftError:
+                    if size <= _HEAD_BYTES:
+                        raise
+                    head = pm.page_header(read(pages.offsets[p], min(size, 1 << 20)))  # a long header
+            except pm.ThriftError as e:
+                raise pm.ThriftError(f"column {column} page {p}: no page header at byte {pages.offsets[p]} ({e})"
+                                     ) from None
+            what = f"column {column} page {p} (at byte {pages.offsets[p]}, rows {pages.first_rows[p]}-" \
+                   f"{pages.first_rows[p] + want} by the offset index)"
+            if head.kind not in (pm.DATA_PAGE, pm.DATA_PAGE_V2):
+                raise pm.ThriftError(f"{what} is a page of type {head.kind}, not a data page")
+            if head.head + head.body != size:
+                raise pm.ThriftError(f"{what}: its header and body take {head.head + head.body} bytes where the "
+                                     f"offset index says {size}")
+            if head.rows is not None and head.rows != want:
+                raise pm.ThriftError(f"{what} holds {head.rows} rows")
+            if head.rows is None and (head.values < want if repeated else head.values != want):
+                raise pm.ThriftError(f"{what} holds {head.values} values")
+        k = j
+
+
+def _column_name(cc: pm.Struct, k: int) -> str:
+    """A column chunk's path in the schema (``image.bytes``), else its number."""
+    md = pm.field(cc, 3)
+    path = pm.field(md, 3) if isinstance(md, list) else None
+    if isinstance(path, tuple) and path[0] == pm.BINARY and all(isinstance(x, bytes) for x in path[1]):
+        return ".".join(x.decode("utf-8", "replace") for x in path[1])
+    return f"#{k}"
 
 
 def _dict_pages(md: pm.Struct) -> int:
@@ -224,38 +302,69 @@ def page_units(chunks: Sequence[Chunk], rows: int, fields: Sequence[int], types:
 
 
 class PagesDecoder:
-    """A unit's bytes -> its rows as a pyarrow Table (the file's schema)."""
+    """A unit's bytes -> its rows as a pyarrow Table (the file's schema).
 
-    def __init__(self, meta: pm.Struct, schema: Any, fields: Sequence[int]) -> None:
-        self.meta = meta
+    The small file is the unit's bytes as they are (a view, not a copy).
+    Its footer (:class:`parquetmeta.PagesFooter`) is parsed alone and given
+    to pyarrow with the bytes; it names each leaf's bytes from their first
+    page, a dictionary page where they begin with one, which pyarrow reads
+    as the first page of the chunk (a dictionary page offset would be 0 for
+    the first leaf, which pyarrow takes for none). ``parsed`` is pyarrow's
+    metadata of the original file: its pickling (``__reduce__``) names
+    pyarrow's parser of thrift footers, which parses the small footers here.
+    ``fields`` (each leaf's top-level field) is needed for page ranges only.
+    """
+
+    def __init__(self, meta: pm.Struct, schema: Any, fields: Sequence[int] | None, parsed: Any) -> None:
+        self.footers = pm.PagesFooter(meta)
         self.schema = schema
-        self.fields = list(fields)
+        self.fields = list(fields or ())
+        self.parsed = parsed
+        self._parse = parsed.__reduce__()[0]
 
-    def table(self, chunks: Sequence[Chunk], rg: int, rows: int, r0: int, r1: int, runs: np.ndarray,
-              blob: Any) -> Any:
+    def _reader(self, groups: list[tuple[int, int, list[tuple[int, int, int]]]], blob: Any) -> Any:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        layout = []  # per leaf: (dict at, data at, bytes) in the small file
-        at = 4
-        for c, (p0, p1) in zip(chunks, runs.tolist()):
-            d = c.dict_bytes(p0)
-            n = d + c.run(p0, p1)[1]
-            layout.append((at if d else -1, at + d, n))
+        meta = self._parse(pa.py_buffer(self.footers.footer(groups)[:-8]))
+        return pq.ParquetFile(pa.BufferReader(blob), metadata=meta, pre_buffer=False).reader
+
+    def row_group(self, rg: int, blob: Any) -> Any:
+        """Row group ``rg`` whole, from its bytes (its column chunks)."""
+        g = self.parsed.row_group(rg)
+        starts = [chunk_start(g.column(k)) for k in range(g.num_columns)]
+        lo = min(starts)
+        cols = [(a - lo, g.column(k).total_compressed_size, g.column(k).num_values) for k, a in enumerate(starts)]
+        got = self._reader([(rg, g.num_rows, cols)], blob).read_row_group(0, use_threads=False)
+        if got.num_rows != g.num_rows:
+            raise ValueError(f"row group {rg} decoded to {got.num_rows} rows where the footer says {g.num_rows}")
+        return got
+
+    def table(self, chunks: Sequence[Chunk], rg: int, rows: int, r0: int, r1: int, runs: np.ndarray,
+              blob: Any) -> Any:
+        """Rows ``[r0, r1)`` of row group ``rg`` (of ``rows``) from the unit's
+        bytes: each leaf's page run ``runs[k]``, one after another."""
+        import pyarrow as pa
+
+        pairs = runs.tolist()
+        at = 0
+        layout = []  # per leaf: (first byte, bytes) in the small file
+        for c, (p0, p1) in zip(chunks, pairs):
+            n = c.dict_bytes(p0) + c.run(p0, p1)[1]
+            layout.append((at, n))
             at += n
-        if at - 4 != len(blob):
-            raise ValueError(f"{len(blob)} bytes where the unit's pages take {at - 4}")
+        if at != len(blob):
+            raise ValueError(f"{len(blob)} bytes where the unit's pages take {at}")
         spans: dict[tuple[int, int], list[int]] = {}
-        for k, (c, (p0, p1)) in enumerate(zip(chunks, runs.tolist())):
+        for k, (c, (p0, p1)) in enumerate(zip(chunks, pairs)):
             fr = c.pages.first_rows
             spans.setdefault((fr[p0], fr[p1 + 1] if p1 + 1 < len(fr) else rows), []).append(k)
         groups = []
         for (a0, a1), leaves in spans.items():
-            cols = [(layout[k][0], layout[k][1], layout[k][2], chunks[k].values) if k in leaves else (-1, 4, 0, 0)
+            cols = [(layout[k][0], layout[k][1], chunks[k].values) if k in leaves else (0, 0, 0)
                     for k in range(len(chunks))]
             groups.append((rg, a1 - a0, cols))
-        data = b"".join((b"PAR1", blob, pm.pages_footer(self.meta, groups)))
-        reader = pq.ParquetFile(pa.BufferReader(data)).reader
+        reader = self._reader(groups, blob)
         parts: dict[int, list[Any]] = {}
         for j, ((a0, a1), leaves) in enumerate(spans.items()):
             got = reader.read_row_group(j, column_indices=leaves, use_threads=False)
@@ -263,9 +372,19 @@ class PagesDecoder:
                 raise ValueError(f"pages of rows {a0}-{a1} decoded to {got.num_rows} rows")
             got = got.slice(r0 - a0, r1 - r0)
             for f, col in zip(sorted({self.fields[k] for k in leaves}), got.columns):
-                parts.setdefault(f, []).append(col.combine_chunks())
+                # One chunk: its slice as it is (concatenating would copy it).
+                parts.setdefault(f, []).append(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
         columns = [_merge(self.schema.field(f).type, parts[f]) for f in range(len(self.schema))]
         return pa.Table.from_arrays(columns, schema=self.schema)
+
+
+def chunk_start(col: Any) -> int:
+    """A column chunk's first byte (pyarrow's metadata): its dictionary
+    page where it has one, else its first data page."""
+    start = int(col.data_page_offset)
+    if col.has_dictionary_page and col.dictionary_page_offset is not None and col.dictionary_page_offset > 0:
+        start = min(start, int(col.dictionary_page_offset))
+    return start
 
 
 def _merge(t: Any, arrays: list[Any]) -> Any:
@@ -282,4 +401,5 @@ def _merge(t: Any, arrays: list[Any]) -> Any:
     for f in t:
         got = [a.field(f.name) for a in arrays if a.type.get_field_index(f.name) >= 0]
         children.append(_merge(f.type, got))
-    return pa.StructArray.from_arrays(children, fields=list(t), mask=pc.invert(arrays[0].is_valid()))
+    mask = pc.invert(arrays[0].is_valid()) if arrays[0].null_count else None
+    return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)

@@ -21,7 +21,7 @@ from .parquetindex import PageInfo, ParquetError, parse_footer, pyarrow_parquet
 from .parquetpages import PagesDecoder
 from .s3 import ObjectDataset, folder_of, one_bucket, split_object_url
 
-__all__ = ["CachedView", "PieceReader", "S3PieceReader", "UnitDecoder", "UnitReader"]
+__all__ = ["PieceReader", "S3PieceReader", "UnitDecoder", "UnitReader"]
 
 
 class PieceReader(RangeDataset):
@@ -174,15 +174,13 @@ class UnitReader:
 
 class UnitDecoder:
     """A unit's bytes -> its rows, with pyarrow, from the footer kept here
-    and the cached bytes only: a whole row group through
-    :class:`CachedView`, a page range through
+    and the cached bytes only, a whole row group or a page range, through
     :class:`~opt4torch.sources.parquetpages.PagesDecoder`. Picklable; keeps
     the last unit it decoded (rows of one unit often come together)."""
 
-    def __init__(self, files: list[str], sizes: list[int], idents: list[Any], footers: list[bytes],
-                 units: np.ndarray, pieces: np.ndarray, first_piece: np.ndarray, pages: PageInfo) -> None:
+    def __init__(self, files: list[str], idents: list[Any], footers: list[bytes], units: np.ndarray,
+                 pieces: np.ndarray, first_piece: np.ndarray, pages: PageInfo) -> None:
         self.files = files
-        self.sizes = sizes
         self.idents = idents  # a local file's (size, mtime_ns, inode); None for an object
         self.footers = footers
         self.units = units  # per unit: file, row group, first row in it, rows, page unit (1) or row group (0)
@@ -190,13 +188,11 @@ class UnitDecoder:
         self.first_piece = first_piece
         self.pages = pages
         self._last: tuple[int, Any] | None = None
-        self._meta: dict[int, Any] = {}  # parsed footers, per process
-        self._pages_dec: dict[int, Any] = {}
+        self._pages_dec: dict[int, Any] = {}  # per file, per process
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_last"] = None
-        state["_meta"] = {}
         state["_pages_dec"] = {}
         return state
 
@@ -226,22 +222,16 @@ class UnitDecoder:
             raise ParquetError(f"{what} of Parquet file {path}: {len(blob)} bytes read where the index "
                                f"says {length}; the file changed or was cut short")
         try:
+            dec = self._pages_dec.get(f)
+            if dec is None:
+                meta = parse_footer(pyarrow_parquet(), self.footers[f])
+                dec = self._pages_dec[f] = PagesDecoder(pm.parse(self.footers[f])[0], meta.schema.to_arrow_schema(),
+                                                        self.pages.fields.get(f), meta)
             if paged:
-                dec = self._pages_dec.get(f)
-                if dec is None:
-                    meta = self._meta.get(f)
-                    if meta is None:
-                        meta = self._meta[f] = parse_footer(pyarrow_parquet(), self.footers[f])
-                    dec = self._pages_dec[f] = PagesDecoder(pm.parse(self.footers[f])[0],
-                                                            meta.schema.to_arrow_schema(), self.pages.fields[f])
                 table = dec.table(self.pages.chunks[(f, rg)], rg, self.pages.rows[(f, rg)], r0, r0 + n,
                                   self.pages.runs_of(unit), blob)
             else:
-                meta = self._meta.get(f)
-                if meta is None:
-                    meta = self._meta[f] = parse_footer(pyarrow_parquet(), self.footers[f])
-                view = CachedView(path, self.sizes[f], self.footers[f], int(self.pieces[lo, 1]), blob)
-                table = pyarrow_parquet().ParquetFile(view, metadata=meta).read_row_group(rg)
+                table = dec.row_group(rg, blob)
         except ParquetError:
             raise
         except Exception as e:  # pyarrow's errors on damaged pages
@@ -250,50 +240,3 @@ class UnitDecoder:
         self._last = (unit, table)
         return table
 
-
-class CachedView:
-    """A read-only file that holds only a footer and one cached byte range,
-    at their offsets in the original file; a read anywhere else is refused
-    (pyarrow must decode from what was read and cached)."""
-
-    def __init__(self, name: str, size: int, footer: bytes, offset: int, blob: Any) -> None:
-        self.name = name
-        self.size = size
-        self.footer = footer
-        self.footer_at = size - len(footer)
-        self.offset = offset
-        self.blob = memoryview(blob)
-        self.pos = 0
-        self.closed = False
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self.pos = pos if whence == 0 else self.pos + pos if whence == 1 else self.size + pos
-        return self.pos
-
-    def read(self, n: int = -1) -> bytes:
-        lo = self.pos
-        hi = self.size if n is None or n < 0 else min(self.size, lo + n)
-        if self.footer_at <= lo and hi <= self.size:
-            out = self.footer[lo - self.footer_at:hi - self.footer_at]
-        elif self.offset <= lo and hi <= self.offset + len(self.blob):
-            out = bytes(self.blob[lo - self.offset:hi - self.offset])
-        else:
-            raise ParquetError(f"Parquet file {self.name}: the reader asked for bytes {lo}-{hi}, outside the "
-                               f"cached row group ({self.offset}-{self.offset + len(self.blob)}) and the footer")
-        self.pos = hi
-        return out
-
-    def close(self) -> None:
-        self.closed = True

@@ -101,6 +101,29 @@ def test_page_units_read_pages_and_every_row_equals_pyarrows(files: list[str]) -
     assert np.median(small) < 0.75, small
 
 
+def test_without_pickling_s_footer_parser_the_public_one_reads_the_same_rows(files, monkeypatch) -> None:
+    """The small footers are parsed by the function pyarrow's pickling of
+    FileMetaData names, where it gives back the file's own footer; another
+    pyarrow gets the public parser (a reader over the footer), with the
+    same rows."""
+    meta = pq.read_metadata(files[0])
+    with open(files[0], "rb") as f:
+        data = f.read()
+    footer = data[-8 - int.from_bytes(data[-8:-4], "little"):-8]
+
+    class Opaque:  # a FileMetaData whose pickling names no parser
+        def __reduce__(self):
+            raise TypeError("no pickling here")
+
+    public = parquetpages._footer_parser(Opaque())
+    assert public(footer).equals(meta)
+    assert public.__name__ == "public"
+    assert parquetpages._footer_parser(meta).__name__ != "public"  # this pyarrow: pickling's function, checked
+    monkeypatch.setattr(parquetpages, "_footer_parser", lambda parsed: public)
+    ds = opt4torch.Parquet(files)
+    assert [ds[i] for i in range(len(ds))] == reference(files)
+
+
 def test_a_file_without_an_offset_index_is_read_by_row_groups(tmp_path) -> None:
     a = write(tmp_path, "a.parquet", 30, 0, row_group_size=10, max_rows_per_page=3)
     b = os.fspath(tmp_path / "b.parquet")

@@ -301,6 +301,30 @@ def page_units(chunks: Sequence[Chunk], rows: int, fields: Sequence[int], types:
     return unit_rows, unit_pieces, np.asarray(runs, dtype=np.int32).reshape(len(unit_rows), len(chunks), 2)
 
 
+
+def _footer_parser(parsed: Any) -> Any:
+    """What parses a thrift footer alone into pyarrow's FileMetaData: the
+    function pyarrow's pickling of ``parsed`` names (a footer parsed with
+    no reader opened), if it gives back ``parsed`` from ``parsed``'s own
+    bytes; else the public way, a reader over the footer laid out as a file
+    (slower: 20-95 us more a unit, bench/RESULTS.md). Pickling's function is
+    pyarrow's own and not a documented API, so it is checked, not trusted."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def public(footer: Any) -> Any:
+        body = bytes(footer)
+        return pq.read_metadata(pa.BufferReader(b"PAR1" + body + len(body).to_bytes(4, "little") + b"PAR1"))
+
+    try:
+        fn, args = parsed.__reduce__()[:2]
+        if callable(fn) and len(args) == 1 and fn(*args).equals(parsed):
+            return fn
+    except Exception:  # noqa: BLE001 - another pyarrow: the public way below
+        pass
+    return public
+
+
 class PagesDecoder:
     """A unit's bytes -> its rows as a pyarrow Table (the file's schema).
 
@@ -320,7 +344,7 @@ class PagesDecoder:
         self.schema = schema
         self.fields = list(fields or ())
         self.parsed = parsed
-        self._parse = parsed.__reduce__()[0]
+        self._parse = _footer_parser(parsed)
 
     def _reader(self, groups: list[tuple[int, int, list[tuple[int, int, int]]]], blob: Any) -> Any:
         import pyarrow as pa

@@ -13,6 +13,8 @@ loader.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -65,9 +67,8 @@ class ClusterRuntime:
 
     def __init__(self, cp: ClusterPlan, node_plan: NodePlan, pool_name: str, dataset: Any, *, reader: Any,
                  allow_pickle: bool = False, group: Any = None, peers: list[int] | None = None,
-                 storage_sizes: np.ndarray | None = None, timeout: float = 60.0) -> None:
-        import threading
-
+                 storage_sizes: np.ndarray | None = None, timeout: float = 60.0,
+                 epoch_starts: list[int] | None = None) -> None:
         import torch.distributed as dist
 
         self.cp, self.plan, self.dataset, self.allow_pickle = cp, node_plan, dataset, allow_pickle
@@ -108,11 +109,26 @@ class ClusterRuntime:
         # Pace: turn k comes once the workers asked for the reads of window
         # k - 1 (the first of them, or the last read of all), in the blocks
         # of 32 positions the pool counts their progress in.
+        # A turn whose read shares its block with its epoch's first read
+        # (``epoch_starts``: node-plan positions) waits for the block after:
+        # else the last reads of the epoch before, or the thread's own reads
+        # of the new epoch's first window, would count as its pace, on the
+        # nodes where the block's edge falls so, and at an epoch's end the
+        # nodes would disagree on their last turn (one of them then waits out
+        # cluster_timeout in a collective nobody else comes to). Never past
+        # the first read of window k + 1, which may wait for turn k's items.
         reads = p.reads
+        starts = np.sort(np.asarray(epoch_starts if epoch_starts is not None else [], dtype=np.int64))
         self._pace = {}
         for k in self._turns:
             j = int(np.searchsorted(p.window[reads], k - 1)) if reads.size else 0
-            self._pace[k] = (int(reads[min(j, reads.size - 1)]) // 32 * 32) if reads.size else 0
+            r = int(reads[min(j, reads.size - 1)]) if reads.size else 0
+            self._pace[k] = r // 32 * 32
+            e = int(np.searchsorted(starts, r, side="right")) - 1
+            if reads.size and e >= 0 and int(starts[e]) // 32 == r // 32:
+                after = int(np.searchsorted(p.window[reads], k + 1))
+                cap = int(reads[min(after, reads.size - 1)]) // 32 * 32  # or the last read's block
+                self._pace[k] = max(r // 32 * 32, min(r // 32 * 32 + 32, cap))
         # The pace of the last read: the workers got there unless the run was cut.
         self._end = int(reads[-1]) // 32 * 32 if reads.size else 0
         #: Threads reading forwards from storage at once. A first epoch's
@@ -152,8 +168,6 @@ class ClusterRuntime:
     # ---- the thread ----
 
     def start(self) -> None:
-        import threading
-
         if self._thread is not None or self._stop.is_set() or os.getpid() != self._pid:
             return
         self._thread = threading.Thread(target=self._run, name="opt4-cluster", daemon=True)
@@ -181,7 +195,14 @@ class ClusterRuntime:
             self._pool.interrupt()
             if self._view_pool is not None:
                 self._view_pool.interrupt()
-        self.stop(self.timeout + 5 if timeout is None else timeout)
+        # The thread ends by itself once it has run the turns the workers
+        # reached (_await_turn looks at _closing); stop() first would skip
+        # one that another node's thread may be in already.
+        limit = self.timeout + 5 if timeout is None else timeout
+        began = time.monotonic()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(limit)
+        self.stop(max(0.1, limit - (time.monotonic() - began)))
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop after the window under way (a collective ends by its
@@ -190,7 +211,6 @@ class ClusterRuntime:
         readers load from storage. Waits ``timeout`` seconds at most (None:
         for good) for the thread to end, and warns, once, when it has not:
         a thread abandoned in a collective."""
-        import threading
         import warnings
 
         if os.getpid() != self._pid:

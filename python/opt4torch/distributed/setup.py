@@ -295,7 +295,7 @@ def cluster_pool(c: ClusterSetup, dataset: Any, *, reader: Any, allow_pickle: bo
             cache.transfers = ClusterRuntime(
                 c.full, c.node_plan, cache.name, dataset, reader=reader(cache.name, len(c.node_plan)),
                 allow_pickle=allow_pickle, group=c.exchange_group, peers=c.peers, storage_sizes=c.storage_sizes,
-                timeout=timeout)
+                timeout=timeout, epoch_starts=[int(s[0]) for s in c.starts if s.size])
         dist.all_gather_object(name, cache.name if cache is not None else None, group=c.group)
     finally:  # the node's ranks mapped its share before this gather
         remove_share(c.share)

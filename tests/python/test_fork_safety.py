@@ -179,14 +179,23 @@ if sys.argv[2] == "opt4torch":
 libc = ctypes.CDLL(None)
 START = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
 
+# At most 32 of them alive: unbounded, they piled up while the cores were
+# busy, and under ASan (tens of MB committed a thread) os.fork() itself
+# failed with ENOMEM (a make test run beside test-python).
+slots = threading.BoundedSemaphore(32)
+
 @START
 def entry(arg):  # a C thread entering Python: PyGILState_Ensure makes its thread state
+    slots.release()
     return None
 
 def spawn():
     tid = ctypes.c_ulong()
     while True:
-        libc.pthread_create(ctypes.byref(tid), None, entry, None)
+        slots.acquire()
+        if libc.pthread_create(ctypes.byref(tid), None, entry, None) != 0:
+            slots.release()
+            continue
         libc.pthread_detach(tid)
 
 for _ in range(4):

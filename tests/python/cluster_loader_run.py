@@ -93,15 +93,16 @@ def main() -> None:
     if args.stall_node >= 0:
         from opt4torch.distributed.exchange import Exchange
 
-        run_window = Exchange.run
+        # Where a window's collective is issued (Exchange.run is begin, then complete).
+        begin_window = Exchange.begin
 
-        def late_run(self: Any, k: int, *a: Any, **kw: Any) -> bool:
+        def late_begin(self: Any, k: int, *a: Any, **kw: Any) -> Any:
             if self.node == args.stall_node and k >= args.stall_window and not stalled and k in self.windows:
                 stalled.append(k)
                 time.sleep(args.stall_seconds)
-            return run_window(self, k, *a, **kw)
+            return begin_window(self, k, *a, **kw)
 
-        Exchange.run = late_run  # type: ignore[method-assign]
+        Exchange.begin = late_begin  # type: ignore[method-assign]
     if args.fail_planning_rank >= 0:
         from opt4torch.distributed import setup
 
@@ -179,6 +180,8 @@ def run_loader(args: Any, rank: int, ds: Items, loader: Any, figures: list[dict[
         "parks": getattr(getattr(rt, "_gate", None), "parks", None),
         "park_timeouts": getattr(getattr(rt, "_gate", None), "park_timeouts", None),
         "stalled": stalled, "figures": figures,
+        # Turns whose collective went out while the turn before stored (runtime.py, _begin_early).
+        "begun_early": getattr(rt, "begun_early", None),
         # The leader's windows: those lost, and what each brings this node.
         "failed": list(rt.exchange.failed) if hasattr(rt, "exchange") else None,
         "incoming": {str(k): len(rt.exchange.incoming(k)) for k in rt.exchange.windows}

@@ -44,7 +44,7 @@ from ..planning.cluster import ADMIT, PEER_HIT, RECEIVE, SEND, WORKER, ClusterPl
 from ..pool.codec import encode
 from .regroup import ExchangeGroup
 
-__all__ = ["Exchange", "record_of"]
+__all__ = ["Exchange", "Window", "record_of"]
 
 #: Errors kept with their window (every failed window is counted in
 #: Exchange.failed; a node that left for good fails every window after).
@@ -54,6 +54,22 @@ _KEEP_ERRORS = 20
 def record_of(obj: Any, allow_pickle: bool = False) -> bytes:
     """``obj`` as the pool stores it (the codec's record)."""
     return b"".join(bytes(memoryview(p).cast("B")) for p in encode(obj, allow_pickle))
+
+
+class Window:
+    """One window's exchange from :meth:`Exchange.begin` to
+    :meth:`Exchange.complete`: ``ok`` is None while its collective is in
+    flight, then whether its items came."""
+
+    __slots__ = ("k", "ok", "items", "moved", "t0", "received")
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.ok: bool | None = None
+        self.items = self.moved = 0
+        self.t0 = 0.0
+        #: Waits for the collective's end; gives the records received.
+        self.received: Callable[[], list[bytes]] | None = None
 
 
 class Exchange:
@@ -156,12 +172,24 @@ class Exchange:
         (its SENDs). False when the window's items are lost (counted, and
         the error kept): its collective failed, or the nodes are forming
         their group again after an earlier one did."""
+        return self.complete(self.begin(k, read_pool))
+
+    def begin(self, k: int, read_pool: Callable[[int], bytes]) -> Window:
+        """Window k's exchange issued: what this node sends packed, and the
+        collective started (gloo runs it in a thread of its own), so that
+        the caller can store what the window before brought meanwhile
+        (docs/cluster.md, "Speed where storage is fast"). :meth:`complete`
+        waits for it. Without the items' sizes (two collectives) it runs
+        to its end here."""
+        w = Window(k)
         if k not in self._windows:
-            return True
+            w.ok = True
+            return w
         parts: list[list[bytes]] = [[] for _ in range(self.world)]
         for d, t, kd, _ in self._out.get(k, []):
             assert kd in (PEER_HIT, ADMIT)
             parts[d].append(read_pool(self._send_at[t]) if kd == PEER_HIT else self.outbox.pop(t, b""))
+        w.items = sum(len(bs) for bs in parts)
         # Only a node that comes late (a timeout or more after its last
         # collective ended, when the others may have given up on it) looks in
         # the store whether a node left its group: in step, no one can have.
@@ -171,26 +199,47 @@ class Exchange:
             why = "the exchange is closed" if self.closed else (
                 f"a node left the exchange's group; the nodes form it again (generation {self.groups.generation})")
             self._lose(k, RuntimeError(why))
-            return False
-        t0 = time.monotonic()
+            w.ok = False
+            return w
+        w.t0 = time.monotonic()
         try:
             if self.rooms is None:
-                moved, got = self._two_collectives(k, group, parts)
+                w.moved, got = self._two_collectives(k, group, parts)
+                w.received = lambda: got
             else:
-                moved, got = self._one_collective(k, group, parts)
+                w.moved, w.received = self._one_collective(k, group, parts)
         except (RuntimeError, ValueError) as e:  # a dead or late peer, a timeout: this window's items are lost
             self._lose(k, e)
             self.groups.lost()
+            w.ok = False
+        return w
+
+    def complete(self, w: Window) -> bool:
+        """Wait for the collective :meth:`begin` issued, and keep what came
+        (:meth:`take`). False when the window's items are lost."""
+        if w.ok is not None:
+            return w.ok
+        k, received = w.k, w.received
+        assert received is not None  # set by begin() whenever ok is not
+        try:
+            got = received()
+        except (RuntimeError, ValueError) as e:  # a dead or late peer, a timeout: this window's items are lost
+            self._lose(k, e)
+            self.groups.lost()
+            w.ok = False
             return False
+        finally:
+            w.received = None  # the buffers, and a failed wait's frame
         self._last_end = time.monotonic()
-        self.seconds += self._last_end - t0
-        self.items_sent += sum(len(bs) for bs in parts)
-        self.bytes_sent += moved
+        self.seconds += self._last_end - w.t0
+        self.items_sent += w.items
+        self.bytes_sent += w.moved
         incoming = self._in.get(k, [])
         for (_, _, at, _), record in zip(incoming, got):
             self.inbox[at] = record
         self.items_received += len(incoming)
         self.bytes_received += sum(len(r) for r in got)
+        w.ok = True
         return True
 
     def _two_collectives(self, k: int, group: Any, parts: list[list[bytes]]) -> tuple[int, list[bytes]]:
@@ -217,13 +266,17 @@ class Exchange:
         offsets = np.concatenate([[0], np.cumsum(got_sizes.numpy())]).tolist()
         return len(blob), [data[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)]
 
-    def _one_collective(self, k: int, group: Any, parts: list[list[bytes]]) -> tuple[int, list[bytes]]:
+    def _one_collective(self, k: int, group: Any, parts: list[list[bytes]]
+                        ) -> tuple[int, Callable[[], list[bytes]]]:
         """Window k's items in one collective: every item has its room (its
         record's bound, which both sides know from the plan), so each pair's
         bytes are known before anything is sent. A pair's part is its
         items' lengths (int64), then each item in its room. A record larger
         than its room (one the pool would not keep either) goes as length 0:
-        lost, read from storage by its reader, as a failed window's."""
+        lost, read from storage by its reader, as a failed window's. Returns
+        the bytes sent at once, with the collective issued, and what waits
+        for its end and gives the records received (in the order of
+        ``self._in[k]``)."""
         import torch
 
         out: list[list[int]] = [[] for _ in range(self.world)]
@@ -247,20 +300,26 @@ class Exchange:
         for s, _, _, r in incoming:
             expect[s] += 8 + r
         recv = torch.empty(sum(expect), dtype=torch.uint8)
-        self.groups.all_to_all(group, recv, torch.from_numpy(send), expect, counts)
-        data = recv.numpy()
-        got: list[bytes] = []
-        at = 0
-        for s in range(self.world):
-            rs = [r for src, _, _, r in incoming if src == s]
-            lens = data[at:at + 8 * len(rs)].view(np.int64).tolist()
-            at += 8 * len(rs)
-            for r, n in zip(rs, lens):
-                if not 0 <= n <= r:
-                    raise ValueError(f"window {k}: group rank {s} sent an item of {n} bytes for a room of {r}")
-                got.append(data[at:at + n].tobytes())
-                at += r
-        return moved, got
+        buffers = (torch.from_numpy(send), recv)  # both kept until the collective ends
+        work = self.groups.all_to_all(group, recv, buffers[0], expect, counts, wait=False)
+
+        def received() -> list[bytes]:
+            work.wait()
+            data = buffers[1].numpy()
+            got: list[bytes] = []
+            at = 0
+            for s in range(self.world):
+                rs = [r for src, _, _, r in incoming if src == s]
+                lens = data[at:at + 8 * len(rs)].view(np.int64).tolist()
+                at += 8 * len(rs)
+                for r, n in zip(rs, lens):
+                    if not 0 <= n <= r:
+                        raise ValueError(f"window {k}: group rank {s} sent an item of {n} bytes for a room of {r}")
+                    got.append(data[at:at + n].tobytes())
+                    at += r
+            return got
+
+        return moved, received
 
     def _lose(self, k: int, e: BaseException) -> None:
         self.failed.append(k)

@@ -194,18 +194,22 @@ class ExchangeGroup:
         return f"{self._prefix}/{self.generation if generation is None else generation}/{what}"
 
     def all_to_all(self, group: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int],
-                   in_splits: list[int]) -> None:
+                   in_splits: list[int], wait: bool = True) -> Any:
         """One ``all_to_all_single`` on ``group`` (a group of the default
-        one's, or a generation's gloo group of its own)."""
+        one's, or a generation's gloo group of its own). With ``wait=False``
+        it is only issued (gloo runs it in a thread of its own): the work is
+        returned, whose ``wait()`` ends it (and raises what failed)."""
         import torch.distributed as dist
 
         if isinstance(group, dist.ProcessGroupGloo):
             # The backend's own call (ProcessGroup.all_to_all_single's), absent from torch's stubs.
             work = group.alltoall_base(out, inp, out_splits, in_splits, dist.AllToAllOptions())  # type: ignore[attr-defined]
-            work.wait()
         else:
-            dist.all_to_all_single(out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits,
-                                   group=group)
+            work = dist.all_to_all_single(out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits,
+                                          group=group, async_op=True)
+        if wait:
+            work.wait()
+        return work
 
     @staticmethod
     def release(group: Any) -> None:

@@ -15,7 +15,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -24,9 +27,11 @@ from ..io.forksafe import ForkGate
 from ..planning.sizing import CODEC_MARGIN
 from ..planning.cluster import FROM_PEER, FROM_STORAGE, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
 from ..planning.clusterplan import ClusterFigures
-from .exchange import Exchange, record_of
+from .exchange import Exchange, Window, record_of
 
 __all__ = ["ClusterFollower", "ClusterRuntime", "plan_keys"]
+
+T = TypeVar("T")
 
 #: A wait_head() timeout that only looks: a timeout of 0 waits for good (the
 #: futex's), which a check of the workers' progress must never do.
@@ -164,6 +169,7 @@ class ClusterRuntime:
         self.handed_over = {"peer": 0, "forward": 0, "receive": 0}
         self.own_sends = 0  # its reads of its SENDs (HITs of the plan)
         self.storage_reads = 0  # items it read from storage (forwards, and RECEIVEs whose window failed)
+        self.begun_early = 0  # turns whose collective went out in the delivery before (_begin_early)
 
     # ---- the thread ----
 
@@ -253,35 +259,65 @@ class ClusterRuntime:
     def _run(self) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
+        begun: Window | None = None  # a turn's collective, issued; completed by the turn
         try:
             # The handle its reads of its own positions take (one a thread),
             # for finish() to interrupt.
             self._view_pool = self._view._pool()
             with ThreadPoolExecutor(max_workers=self.readers, thread_name_prefix="opt4-cluster-read") as readers:
-                for k in self._turns:
-                    if not self._await_turn(k):
-                        break
-                    # Window k + 1's forwards, read from storage while window k's exchange runs.
-                    forwards = self._forwards.get(k + 1, [])
-                    loading = [readers.submit(self._load, i) for i in forwards]
-                    for i in self._sends.pop(k, []):  # the first turn's (no delivery before it)
-                        self._read_send(i)
+                loading: list[Future[bytes]] = []
+                for n, k in enumerate(self._turns):
+                    if begun is None or begun.k != k:  # not issued during the delivery before
+                        if not self._await_turn(k):
+                            break
+                        begun, loading = self._begin(k, readers)
                     self._in_window = k
-                    ok = self.exchange.run(k, self._send_record)
+                    ok = self.exchange.complete(begun)
                     self._in_window = None
-                    records = {i: f.result() for i, f in zip(forwards, loading)}
+                    records = {i: f.result() for i, f in zip(self._forwards.get(k + 1, []), loading)}
                     if not ok and self._ending():
                         # The other nodes have stopped: nobody comes to the next collective either.
                         self.abandoned.append(k)
                         break
                     for i, record in records.items():
                         self.exchange.keep_forward(i, record)
-                    self._deliver(k, ok, records)
+                    # Window k + 1's collective, the next turn's, goes out once this delivery read its SENDs.
+                    after = n + 1 < len(self._turns) and self._turns[n + 1] == k + 1
+                    early = self._deliver(k, ok, records, partial(self._begin_early, k + 1, readers) if after
+                                          else None)
+                    if early is not None:
+                        begun, loading = early
         except BaseException as e:  # noqa: BLE001 - kept for stats(); the readers load instead
             self.error = e.with_traceback(None)  # no cycle through this frame (see Exchange.run)
         finally:
+            if begun is not None and begun.ok is None:  # no collective of the group left in flight
+                self._in_window = begun.k  # for stop()'s warning, as in _run
+                self.exchange.complete(begun)
             self._in_window = None
             self._release(list(self._claims))
+
+    def _begin(self, k: int, readers: Executor) -> tuple[Window, list[Future[bytes]]]:
+        """Turn k's start: window k + 1's forwards put to the readers (read
+        from storage while window k's exchange runs), and window k's
+        collective issued."""
+        loading = [readers.submit(self._load, i) for i in self._forwards.get(k + 1, [])]
+        for i in self._sends.pop(k, []):  # a turn's with no delivery before it (the first)
+            self._read_send(i)
+        self._in_window = k
+        try:
+            return self.exchange.begin(k, self._send_record), loading
+        finally:
+            self._in_window = None
+
+    def _begin_early(self, k: int, readers: Executor) -> tuple[Window, list[Future[bytes]]] | None:
+        """Turn k begun in turn k - 1's delivery, once that read window k's
+        SENDs (docs/cluster.md, "The order within a window matters"): only
+        at its pace, not ending, and with one collective a window (two run
+        to their end as issued); else it starts in _run as any turn."""
+        if self.exchange.rooms is None or self._ending() or not self._pool.wait_head(self._pace[k], _NOW):
+            return None
+        self.begun_early += 1
+        return self._begin(k, readers)
 
     def _ending(self) -> bool:
         """The loader is ending: closed (finish()), or the user destroyed
@@ -350,13 +386,19 @@ class ClusterRuntime:
             self._read_send(i)
         return self._sent.pop(i)
 
-    def _deliver(self, k: int, ok: bool, forwards: dict[int, bytes]) -> None:
+    def _deliver(self, k: int, ok: bool, forwards: dict[int, bytes],
+                 then: Callable[[], T] | None = None) -> T | None:
         """Everything window k + 1 gets from this thread, in position order:
         its forwards, and what window k's collective brought; and the reads
-        of its SENDs, kept for window k + 1's collective."""
+        of its SENDs, kept for window k + 1's collective. Returns what
+        ``then()`` returns, called once those reads are done."""
         incoming = {i: (self.exchange.take(i) if ok else None) for i in self.exchange.incoming(k)}
         sends = set(self._sends.pop(k + 1, []))
+        last_send = max(sends, default=-1)
+        done: T | None = None
         for i in sorted([*forwards, *incoming, *sends]):
+            if then is not None and i > last_send:
+                done, then = then(), None
             if i in sends:
                 if not self._ending():  # read for a collective an ending loader never runs
                     self._read_send(i)
@@ -373,6 +415,7 @@ class ClusterRuntime:
                 self.handed_over["peer"] += self._hand_over(i, peer)
             else:
                 self._release([i])
+        return then() if then is not None else done
 
     def _release(self, positions: list[int]) -> None:
         for i in positions:

@@ -10,7 +10,9 @@ and content-defined pages). Configurations (:data:`CONFIGS`):
 
   hf-torch      ``datasets.load_dataset("parquet")`` with torch's DataLoader, no cache
   hf-opt        that dataset given to opt4torch.DataLoader as it is (OPT + prefetch)
-  parquet-opt   ``opt4torch.Parquet`` over the shards (OPT over page ranges; C prefetch)
+  parquet-opt   ``opt4torch.Parquet`` over the shards, as it reads them by default (each row
+                alone where its image is a byte range of its own: OPT over rows; C prefetch)
+  parquet-opt-pages  the same with ``values=False`` (OPT over page ranges)
   parquet-opt-rowgroups  the same with ``pages=False`` (OPT over whole row groups)
   parquet-opt-small  the same rows written again by pyarrow in row groups of
                 ``Setup.small_row_group`` rows
@@ -43,16 +45,18 @@ from .e2e import Setup
 
 __all__ = ["CONFIGS", "LABELS", "label", "litdata_budget", "prepare_shards", "run", "run_config", "upload"]
 
-CONFIGS = ("hf-torch", "hf-opt", "parquet-opt", "parquet-opt-rowgroups", "parquet-opt-small", "litdata", "memory")
+CONFIGS = ("hf-torch", "hf-opt", "parquet-opt", "parquet-opt-pages", "parquet-opt-rowgroups", "parquet-opt-small",
+           "litdata", "memory")
 #: What the tables and the plot call them.
 LABELS = {"hf-torch": "datasets + torch DataLoader (no cache)",
           "hf-opt": "datasets in opt4torch.DataLoader (OPT + prefetch)",
-          "parquet-opt": "opt4torch.Parquet (page ranges)", "parquet-opt-rowgroups": "opt4torch.Parquet (row groups)",
+          "parquet-opt": "opt4torch.Parquet (rows alone)", "parquet-opt-pages": "opt4torch.Parquet (page ranges)",
+          "parquet-opt-rowgroups": "opt4torch.Parquet (row groups)",
           "parquet-opt-small": "opt4torch.Parquet (row groups of {k})", "litdata": "LitData (ParquetLoader)",
           "memory": "in memory"}
 #: The bucket on the S3 server.
 BUCKET = "opt4-hub"
-_OPT = ("hf-opt", "parquet-opt", "parquet-opt-rowgroups", "parquet-opt-small")
+_OPT = ("hf-opt", "parquet-opt", "parquet-opt-pages", "parquet-opt-rowgroups", "parquet-opt-small")
 
 
 def label(name: str, setup: Setup) -> str:
@@ -261,7 +265,7 @@ def _loader(name: str, sampler_kind: str, paths: list[str], setup: Setup, out: d
             prefix = f"s3://{BUCKET}/" + ("small/" if name == "parquet-opt-small" else "")
             files = [prefix + os.path.basename(p) for p in files]
             store = {"endpoint_url": setup.s3_endpoint}
-        source = Parquet(files, pages=name != "parquet-opt-rowgroups", **store)
+        source = Parquet(files, pages=name != "parquet-opt-rowgroups", values=name == "parquet-opt", **store)
     return DataLoader(source, sampler=sampler, epochs=setup.epochs, transform=tf, cache_bytes=out["cache_bytes"],
                       prefetch=True, prefetch_threads=setup.threads, lookahead=setup.lookahead, progress=False,
                       **common)

@@ -1,9 +1,13 @@
 """Parquet read in place: ``opt4torch.Parquet(paths)``, rows as dicts.
 
 Local paths and ``s3://`` URLs (the object store's client, as
-``S3TarShards`` uses it). A row cannot be decoded without its column
-chunks' pages, so a miss reads a *read unit* that holds its row:
+``S3TarShards`` uses it). A row cannot in general be decoded without
+its column chunks' pages, so a miss reads a *read unit* that holds its row:
 
+- where a row group's largest column keeps each value as a byte range of
+  its own (PLAIN, uncompressed pages: the Hub's images), the row alone:
+  its value's bytes, the other columns read at indexing and kept
+  (parquetvalues.py);
 - where a row group's columns all have an offset index (the page index;
   ``datasets`` writes one), a page range: the rows between two page
   boundaries of its largest column, read as each column's dictionary page
@@ -51,6 +55,7 @@ import numpy as np
 from .base import EngineSource, checked_index
 from .parquetindex import ParquetError, footer_of, index_units, pread_exact, pyarrow_parquet, read_footer
 from .parquetread import PieceReader, S3PieceReader, UnitDecoder, UnitReader
+from .parquetvalues import RowValues
 from .shardnames import expand_shards
 
 __all__ = ["Parquet", "ParquetError"]
@@ -68,9 +73,11 @@ class Parquet:
     have the same schema.
 
     Given to :class:`opt4torch.DataLoader`, OPT plans over the read units
-    (what a read fetches: docs/algorithm.md, "Read units"): page ranges
-    where the file has an offset index and ``pages`` is true (the default),
-    else row groups. The cache holds the units' bytes as stored
+    (what a read fetches: docs/algorithm.md, "Read units"): each row alone
+    where its row group keeps the largest column's values as byte ranges of
+    their own (PLAIN, uncompressed: ``datasets`` writes images so) and
+    ``values`` is true (the default); else page ranges where the file has
+    an offset index and ``pages`` is true (the default); else row groups. The cache holds the units' bytes as stored
     (compressed), and the prefetcher's C threads read them. ``direct`` and
     ``latency`` are as for ``ImageFolder``.
 
@@ -84,7 +91,7 @@ class Parquet:
     """
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, direct: bool = False,
-                 latency: float = 0.0, pages: bool = True, **store: Any) -> None:
+                 latency: float = 0.0, pages: bool = True, values: bool = True, **store: Any) -> None:
         pq = pyarrow_parquet()
         if not isinstance(paths, (str, os.PathLike)) and not paths:
             raise ValueError("Parquet needs at least one file")
@@ -119,7 +126,10 @@ class Parquet:
                 reads.append(functools.partial(pread_exact, path))
             sizes = [ident[0] for ident in idents]
         self.pages = bool(pages)
-        made = index_units(self.paths, sizes, footers, reads if self.pages else None)
+        self.values = bool(values) and self.pages
+        row_values = RowValues()
+        made = index_units(self.paths, sizes, footers, reads if self.pages else None,
+                           row_values if self.values else None)
         units, pieces, first_piece, first_row, self.schema, page_info = made
         self._n = int(first_row[-1])
         self._first_row = first_row
@@ -137,7 +147,7 @@ class Parquet:
             reader = PieceReader(list(self.paths), pieces, self.direct, self.latency, files)
         self._groups = UnitReader(reader, first_piece)
         self._decoder = UnitDecoder(list(self.paths), idents, [f for f, _ in footers], units, pieces, first_piece,
-                                    page_info)
+                                    page_info, row_values)
 
     def __len__(self) -> int:
         return self._n
@@ -148,9 +158,7 @@ class Parquet:
         return self._row(unit, self._groups[unit], i)
 
     def _row(self, unit: int, blob: Any, row: int) -> dict[str, Any]:
-        table = self._decoder.table(unit, blob)
-        got: dict[str, Any] = table.slice(row - int(self._first_row[unit]), 1).to_pylist()[0]
-        return got
+        return self._decoder.row(unit, blob, row, int(self._first_row[unit]))
 
     def engine_source(self) -> EngineSource | None:
         """Prefetch is on by default: the loader's C threads read the row groups."""

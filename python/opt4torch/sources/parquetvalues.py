@@ -1,0 +1,286 @@
+"""A row alone as the read unit, where its value lies alone in the file.
+
+The Hub's image shards, as ``datasets`` writes them, keep each image's bytes
+in a column chunk of PLAIN, uncompressed pages. In such a page a value is its
+length (4 bytes, little-endian) and its bytes, one after another, so one
+row's image is one byte range of the file: a read of 50 KB, where the page
+range holding it is 0.8 MB (bench/RESULTS.md). Where a row group allows it,
+each row is then its own read unit: OPT plans over rows, as for an
+ImageFolder, a hit is the row's bytes, and nothing is decoded by pyarrow
+after the cache (docs/algorithm.md, "Read units").
+
+A row group allows it when (each checked here; else its page ranges are the
+units, as before):
+
+- every column chunk has an offset index (the page locations);
+- its largest chunk (the *value column*) is BYTE_ARRAY, uncompressed, with
+  no dictionary page, not repeated (maximum repetition level 0), an Arrow
+  type of binary or string, and values of 4 KiB or more on average (smaller
+  rows are better read a page at a time);
+- every data page of it is PLAIN, and every value is present: its
+  definition levels all at the maximum (a v1 page's RLE levels are read; a
+  v2 page says its nulls);
+- the other columns together take at most an eighth of its bytes: they are
+  read here, with pyarrow, and kept with the dataset (a label, a path: a few
+  bytes a row).
+
+Indexing walks each page of the value column: its header, its levels, then
+each value's length, hop by hop (4 bytes read a value, pages in parallel).
+The walk must end exactly at the page's end with the page's value count;
+else the file is damaged, and the error names it. A unit's read is the
+value's length and bytes: decoding checks that length against the index
+(with the file's identity, as for every unit), then puts the row together:
+the kept columns' row, with the value at its place.
+
+May touch: the files it is given (through ``read``), nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import parquetmeta as pm
+from .parquetpages import Chunk
+
+__all__ = ["RowValues", "ValueColumn", "read_kept", "value_column", "walk_values"]
+
+#: Smallest mean value (bytes) worth a read of its own.
+MIN_VALUE_BYTES = 4096
+#: The other columns' bytes, at most, against the value column's (they are kept in memory).
+REST_SHARE = 1 / 8
+#: Pages walked at once (a hop is a read: a ranged GET for an object).
+WALKERS = 16
+_PLAIN, _RLE = 0, 3
+_UNCOMPRESSED = "UNCOMPRESSED"
+
+
+@dataclass(frozen=True)
+class ValueColumn:
+    """The value column of a row group whose rows are their own units: its
+    leaf number, its path (names from the top field) and whether it is text."""
+
+    leaf: int
+    path: tuple[str, ...]
+    text: bool
+    max_def: int
+
+
+def value_column(meta: Any, schema: Any, rg: int, chunks: Sequence[Chunk]) -> ValueColumn | None:
+    """Row group ``rg``'s value column (``meta``: pyarrow's FileMetaData,
+    ``schema``: the Arrow schema, ``chunks``: its leaves' page locations),
+    or None where its rows are not read alone (the module's conditions that
+    the footer can tell; the pages' own are checked by :func:`walk_values`)."""
+    import pyarrow as pa
+
+    g = meta.row_group(rg)
+    sizes = [g.column(k).total_compressed_size for k in range(g.num_columns)]
+    if not sizes or g.num_rows <= 0 or len(chunks) != g.num_columns:
+        return None
+    k = int(np.argmax(sizes))
+    col, leaf = g.column(k), meta.schema.column(k)
+    if (col.physical_type != "BYTE_ARRAY" or col.compression != _UNCOMPRESSED or col.has_dictionary_page
+            or chunks[k].dict_bytes(0) > 0 or leaf.max_repetition_level != 0
+            or sizes[k] < MIN_VALUE_BYTES * g.num_rows or sum(sizes) - sizes[k] > sizes[k] * REST_SHARE):
+        return None
+    path = tuple(leaf.path.split("."))
+    t: Any = schema
+    for name in path:
+        fields = list(t) if isinstance(t, pa.Schema) else (list(t) if pa.types.is_struct(t) else [])
+        hit = [f for f in fields if f.name == name]
+        if len(hit) != 1 or isinstance(hit[0].type, pa.ExtensionType):
+            return None
+        t = hit[0].type
+    if not (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t)):
+        return None
+    return ValueColumn(k, path, pa.types.is_string(t) or pa.types.is_large_string(t), int(leaf.max_definition_level))
+
+
+def _all_defined(levels: bytes, count: int, max_def: int) -> bool:
+    """Whether an RLE/bit-packed hybrid run of ``count`` definition levels
+    is all ``max_def`` (every value present). ThriftError where the levels
+    end before ``count``."""
+    width = max_def.bit_length()
+    mask = (1 << width) - 1
+    at = seen = 0
+    while seen < count:
+        head = shift = 0
+        while True:  # the run's header, a ULEB128 varint
+            if at >= len(levels) or shift > 35:
+                raise pm.ThriftError(f"definition levels end after {seen} of {count}")
+            b = levels[at]
+            at += 1
+            head |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        n, size = ((head >> 1) * 8, (head >> 1) * width) if head & 1 else (head >> 1, (width + 7) // 8)
+        if at + size > len(levels) or n == 0:
+            raise pm.ThriftError(f"definition levels end after {seen} of {count}")
+        if head & 1:  # bit-packed, in groups of 8
+            bits = int.from_bytes(levels[at:at + size], "little")
+            if any((bits >> (j * width)) & mask != max_def for j in range(min(n, count - seen))):
+                return False
+        elif int.from_bytes(levels[at:at + size], "little") != max_def:  # one value, repeated
+            return False
+        at += size
+        seen += n
+    return True
+
+
+def _walk_page(read: Callable[[int, int], bytes], offset: int, size: int, rows: int,
+               max_def: int) -> np.ndarray | None:
+    """One data page's values: (offset, length) of each, the length's 4
+    bytes first; None where the page is not PLAIN with every value present.
+    ThriftError where the page is not as its header says."""
+    head = read(offset, min(size, 1 << 10))
+    s, used = pm.parse(head)
+    kind = pm.field(s, 1, None, pm.I32)
+    body = pm.field(s, 3, None, pm.I32)
+    if kind not in (pm.DATA_PAGE, pm.DATA_PAGE_V2) or not isinstance(body, int) or used + body != size:
+        raise pm.ThriftError(f"the page at byte {offset} is not a data page of {size} bytes")
+    sub = pm.field(s, 5 if kind == pm.DATA_PAGE else 8, None, pm.STRUCT)
+    values = pm.field(sub, 1, None, pm.I32) if sub is not None else None
+    if not isinstance(values, int) or values != rows:
+        raise pm.ThriftError(f"the page at byte {offset} holds {values} values for {rows} rows")
+    at = offset + used
+    if kind == pm.DATA_PAGE:
+        if pm.field(sub, 2, None, pm.I32) != _PLAIN:
+            return None
+        if max_def > 0:
+            if pm.field(sub, 3, None, pm.I32) != _RLE:
+                return None
+            n = int.from_bytes(read(at, 4), "little")
+            if n > body:
+                raise pm.ThriftError(f"the page at byte {offset} has {n} bytes of levels in a body of {body}")
+            if not _all_defined(read(at + 4, n), values, max_def):
+                return None
+            at += 4 + n
+    else:
+        nulls, enc = pm.field(sub, 2, None, pm.I32), pm.field(sub, 4, None, pm.I32)
+        dl, rl = pm.field(sub, 5, None, pm.I32), pm.field(sub, 6, None, pm.I32)
+        if nulls != 0 or enc != _PLAIN or rl != 0 or not isinstance(dl, int) or not 0 <= dl <= body:
+            return None
+        at += dl
+    end = offset + size
+    out = np.empty((values, 2), dtype=np.int64)
+    for j in range(values):
+        if at + 4 > end:
+            raise pm.ThriftError(f"value {j} of the page at byte {offset} begins past the page's end")
+        n = int.from_bytes(read(at, 4), "little")
+        out[j] = (at, 4 + n)
+        at += 4 + n
+    if at != end:
+        raise pm.ThriftError(f"the values of the page at byte {offset} end at byte {at}, not at the page's end "
+                             f"({end})")
+    return out
+
+
+def walk_values(chunk: Chunk, rows: int, read: Callable[[int, int], bytes], max_def: int) -> np.ndarray | None:
+    """Every row's value in a value column's chunk: (offset, bytes) as int64
+    rows, each the value's length and bytes; None where a page is not PLAIN
+    with every value present (the row group keeps its page ranges)."""
+    pages = chunk.pages
+    bounds = list(pages.first_rows) + [rows]
+    jobs = [(pages.offsets[p], pages.sizes[p], bounds[p + 1] - bounds[p]) for p in range(len(pages.offsets))]
+    with ThreadPoolExecutor(max_workers=min(WALKERS, len(jobs))) as pool:
+        got = list(pool.map(lambda j: _walk_page(read, j[0], j[1], j[2], max_def), jobs))
+    if any(g is None for g in got):
+        return None
+    return np.concatenate(got)  # type: ignore[arg-type]
+
+
+class _Ranged:
+    """A file as pyarrow reads it (``pa.PythonFile``), through ``read(offset,
+    length)``: the reads the dataset's own checks go through."""
+
+    def __init__(self, size: int, read: Callable[[int, int], bytes]) -> None:
+        self.size, self._read, self.pos, self.closed = size, read, 0, False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = pos if whence == 0 else self.pos + pos if whence == 1 else self.size + pos
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self.pos if n is None or n < 0 else min(n, self.size - self.pos)
+        data = self._read(self.pos, n) if n > 0 else b""
+        self.pos += len(data)
+        return data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def read_kept(size: int, read: Callable[[int, int], bytes], meta: Any, rg: int, column: ValueColumn) -> Any:
+    """Row group ``rg``'s other leaves, read with pyarrow (their column
+    chunks only, through ``read``), as a Table; None where there are none."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = [meta.schema.column(k).path for k in range(meta.num_columns) if k != column.leaf]
+    if not paths:
+        return None
+    f = pq.ParquetFile(pa.PythonFile(_Ranged(size, read), mode="r"), metadata=meta, pre_buffer=False)
+    return f.read_row_group(rg, columns=paths, use_threads=False)
+
+
+class RowValues:
+    """What puts a value unit's row together: per row group, the kept
+    columns (an Arrow table of the other leaves, read at indexing) and the
+    value column; per unit, its row group and the value's length."""
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[int, int], Any] = {}  # (file, row group) -> Table of the other leaves (or None)
+        self.columns: dict[tuple[int, int], ValueColumn] = {}
+        self.schema: Any = None
+
+    def add(self, f: int, rg: int, column: ValueColumn, kept: Any) -> None:
+        self.columns[(f, rg)] = column
+        self.kept[(f, rg)] = kept
+
+    def row(self, f: int, rg: int, r: int, blob: Any, length: int, where: Callable[[], str]) -> dict[str, Any]:
+        """Row ``r`` of row group ``rg`` of file ``f`` from its unit's bytes
+        (the value's length, then the value), checked against the index."""
+        mv = memoryview(blob).cast("B")
+        if len(mv) != length or int.from_bytes(mv[:4], "little") != length - 4:
+            raise ValueError(f"{where()}: {len(mv)} bytes read, saying a value of "
+                             f"{int.from_bytes(mv[:4], 'little') if len(mv) >= 4 else None} bytes, where the "
+                             f"index says {length - 4}; the file changed or was cut short")
+        column = self.columns[(f, rg)]
+        value: Any = bytes(mv[4:])
+        if column.text:
+            value = value.decode("utf-8")
+        kept = self.kept[(f, rg)]
+        base: dict[str, Any] = kept.slice(r, 1).to_pylist()[0] if kept is not None else {}
+        return _put(self.schema, base, column.path, value)
+
+
+def _put(t: Any, have: dict[str, Any] | None, path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """``have`` (a struct's fields read without the value column) with
+    ``value`` at ``path``, in the order of ``t``'s fields: every struct on
+    the way is present, since every value is."""
+    have = have or {}
+    out: dict[str, Any] = {}
+    for fld in t:
+        if fld.name == path[0]:
+            out[fld.name] = value if len(path) == 1 else _put(fld.type, have.get(fld.name), path[1:], value)
+        else:
+            out[fld.name] = have.get(fld.name)
+    return out

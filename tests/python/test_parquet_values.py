@@ -1,0 +1,185 @@
+"""opt4torch.Parquet, a row alone as the read unit (sources/parquetvalues.py).
+
+Where a row group's largest column is PLAIN, uncompressed and every value
+present (the Hub's image shards, as ``datasets`` writes them), each row is
+read alone: its value's byte range. Files are written here by pyarrow (data
+pages v1 and v2, a struct as the Hub's ``Image``, a top-level binary column,
+text) and by ``datasets``; every row must equal pyarrow's own reading, and
+through the loader hits and storage bytes equal the plan's. Row groups that
+do not allow it (a null, a dictionary, compression, small values) keep
+their page ranges, and still read right. A damaged value chain is refused
+naming the file, the row group and the column.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+import opt4torch  # noqa: E402
+from opt4torch.sources.parquet import ParquetError  # noqa: E402
+from test_parquet import reference, run  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("no_leaked_pools")
+
+IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+
+
+def hub_table(n: int, seed: int, *, null_at: int | None = None, small: bool = False) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    lo, hi = (20, 900) if small else (4200, 30000)
+    blobs = [rng.integers(0, 256, size=int(rng.integers(lo, hi)), dtype=np.uint8).tobytes() for _ in range(n)]
+    images = [{"bytes": None if k == null_at else b, "path": f"{seed}/{k}.jpg" if k % 3 else None}
+              for k, b in enumerate(blobs)]
+    return pa.table({"image": pa.array(images, IMAGE), "label": pa.array(rng.integers(0, 10, n), pa.int64())})
+
+
+def write(path: str, t: pa.Table, **kw) -> str:
+    opts = dict(row_group_size=40, data_page_size=64 << 10, write_page_index=True, use_dictionary=["label"],
+                compression={"image.bytes": "none", "image.path": "zstd", "label": "snappy"})
+    opts.update(kw)
+    pq.write_table(t, path, **opts)
+    return path
+
+
+def kinds(ds) -> np.ndarray:
+    return np.bincount(ds._decoder.units[:, 4], minlength=3)
+
+
+@pytest.fixture(scope="module")
+def hub_files(tmp_path_factory) -> list[str]:
+    folder = tmp_path_factory.mktemp("values")
+    return [write(os.fspath(folder / "a.parquet"), hub_table(90, 1)),
+            write(os.fspath(folder / "b.parquet"), hub_table(57, 2), data_page_version="2.0")]
+
+
+def test_hub_rows_alone_equal_pyarrows_reading(hub_files: list[str]) -> None:
+    ds = opt4torch.Parquet(hub_files)
+    assert list(kinds(ds)) == [0, 0, 147]  # every row its own unit (v1 and v2 pages)
+    want = reference(hub_files)
+    assert [ds[i] for i in range(len(ds))] == want
+    assert [list(ds[i]["image"]) for i in (0, 1)] == [["bytes", "path"]] * 2  # the struct's own order
+    sizes = ds.unit_sizes()
+    assert (sizes == np.asarray([len(r["image"]["bytes"]) + 4 for r in want])).all()  # a row's read: its value
+    pages = opt4torch.Parquet(hub_files, values=False)
+    assert kinds(pages)[2] == 0 and [pages[i] for i in range(len(pages))] == want
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_loader_over_rows_alone_is_exact(hub_files: list[str], context: str) -> None:
+    ds = opt4torch.Parquet(hub_files)
+    sizes = ds.unit_sizes()
+    # A spawned worker's reads are counted in its own process (as in test_parquet.py): bytes are checked forked.
+    run(ds, context=context, cache_bytes=int(sizes.sum()) // 2, prefetch_threads=2, count_storage=context == "fork")
+
+
+def test_other_layouts_read_alone(tmp_path) -> None:
+    rng = np.random.default_rng(5)
+    n = 30
+    blobs = [rng.integers(0, 256, size=int(rng.integers(5000, 9000)), dtype=np.uint8).tobytes() for _ in range(n)]
+    texts = ["".join(chr(0x61 + (k + j) % 26) for j in range(4100 + k)) + "é" for k in range(n)]
+    cases = {
+        "top-level binary": pa.table({"jpeg": pa.array(blobs, pa.binary()), "id": pa.array(range(n), pa.int32())}),
+        "text": pa.table({"text": pa.array(texts, pa.string()), "id": pa.array(range(n), pa.int64())}),
+        "required": pa.table({"jpeg": pa.array(blobs, pa.large_binary())},
+                             schema=pa.schema([pa.field("jpeg", pa.large_binary(), nullable=False)])),
+    }
+    for name, t in cases.items():
+        path = os.fspath(tmp_path / f"{name}.parquet")
+        pq.write_table(t, path, row_group_size=13, data_page_size=20000, write_page_index=True,
+                       use_dictionary=False, compression="none")
+        ds = opt4torch.Parquet(path)
+        assert kinds(ds)[2] == n, name
+        assert [ds[i] for i in range(n)] == pq.read_table(path).to_pylist(), name
+
+
+def test_row_groups_that_do_not_allow_it_keep_their_page_ranges(tmp_path) -> None:
+    cases = {
+        "a null value": (hub_table(40, 3, null_at=17), {}),
+        "compressed": (hub_table(40, 4), {"compression": "snappy"}),
+        "a dictionary": (hub_table(40, 5), {"use_dictionary": True}),
+        "small values": (hub_table(40, 6, small=True), {}),
+    }
+    for name, (t, kw) in cases.items():
+        path = write(os.fspath(tmp_path / f"{name}.parquet"), t, **kw)
+        ds = opt4torch.Parquet(path)
+        assert kinds(ds)[2] == 0 and kinds(ds)[1] > 0, name
+        assert [ds[i] for i in range(len(ds))] == pq.read_table(path).to_pylist(), name
+    # One row group of a file that allows it and one that does not: each as it allows.
+    path = os.fspath(tmp_path / "mixed.parquet")
+    write(path, pa.concat_tables([hub_table(40, 7), hub_table(40, 8, null_at=3)]))
+    ds = opt4torch.Parquet(path)
+    assert kinds(ds)[2] == 40 and kinds(ds)[1] > 0
+    assert [ds[i] for i in range(len(ds))] == pq.read_table(path).to_pylist()
+
+
+def test_a_damaged_value_chain_is_refused_naming_the_file(tmp_path) -> None:
+    path = write(os.fspath(tmp_path / "d.parquet"), hub_table(40, 9))
+    first = opt4torch.Parquet(path)
+    off = int(first._decoder.pieces[5, 1])  # row 5's value: its length, then its bytes
+    with open(path, "r+b") as fh:  # a length 2 bytes longer: the page's values no longer end at its end
+        fh.seek(off)
+        n = int.from_bytes(fh.read(4), "little")
+        fh.seek(off)
+        fh.write((n + 2).to_bytes(4, "little"))
+    with pytest.raises(ParquetError, match=r"d\.parquet: row group 0, column image\.bytes: .*the page at byte \d+"):
+        opt4torch.Parquet(path)
+
+
+def test_a_datasets_image_dataset_is_read_row_by_row(tmp_path) -> None:
+    datasets = pytest.importorskip("datasets")
+    PIL = pytest.importorskip("PIL.Image")
+    import io
+
+    rng = np.random.default_rng(11)
+    images = []
+    for k in range(24):
+        buf = io.BytesIO()
+        PIL.fromarray(rng.integers(0, 256, (64 + k, 48, 3), dtype=np.uint8)).save(buf, format="PNG")
+        images.append({"bytes": buf.getvalue(), "path": None})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c"])})
+    hf = datasets.Dataset.from_dict({"image": images, "label": [k % 3 for k in range(24)]}, features=features)
+    path = os.fspath(tmp_path / "hf.parquet")
+    hf.to_parquet(path)
+    ds = opt4torch.Parquet(path)
+    want = pq.read_table(path).to_pylist()
+    assert [ds[i] for i in range(len(ds))] == want
+    assert kinds(ds)[2] == len(ds)  # datasets 5.2 writes images PLAIN, uncompressed, with a page index
+
+
+@pytest.mark.timeout(240)
+def test_s3_rows_alone_equal_the_local_files_and_the_loader_is_exact(tmp_path, monkeypatch) -> None:
+    boto3 = pytest.importorskip("boto3")
+    from s3store import Server
+
+    key, secret = "opt4-test-key", "opt4-test-secret"
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
+                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    server = Server(0.001, key, secret=secret)
+    try:
+        paths = [write(os.fspath(tmp_path / f"part-{k}.parquet"), hub_table(n, 20 + k)) for k, n in enumerate((45, 31))]
+        client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1", aws_access_key_id=key,
+                              aws_secret_access_key=secret)
+        client.create_bucket(Bucket="tables")
+        for p in paths:
+            client.put_object(Bucket="tables", Key=f"train/{os.path.basename(p)}", Body=open(p, "rb").read())
+        ds = opt4torch.Parquet("s3://tables/train/part-{0..1}.parquet", endpoint_url=server.endpoint)
+        assert kinds(ds)[2] == 76
+        assert [ds[i] for i in range(len(ds))] == reference(paths)
+        ds = opt4torch.Parquet("s3://tables/train/part-{0..1}.parquet", endpoint_url=server.endpoint)  # uncounted
+        ds.paths = paths  # run() compares with pyarrow's reading of the local copies
+        sizes = ds.unit_sizes()
+        run(ds, context="fork", cache_bytes=int(sizes.sum()) // 3, prefetch_threads=2)
+    finally:
+        server.stop()

@@ -17,12 +17,16 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 import opt4torch  # noqa: E402
+from opt4torch.sources import parquetmeta as pm  # noqa: E402
 from opt4torch.sources.parquet import ParquetError  # noqa: E402
+from opt4torch.sources.parquetvalues import _all_defined  # noqa: E402
 from test_parquet import reference, run  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_leaked_pools")
@@ -130,6 +134,83 @@ def test_a_damaged_value_chain_is_refused_naming_the_file(tmp_path) -> None:
         fh.write((n + 2).to_bytes(4, "little"))
     with pytest.raises(ParquetError, match=r"d\.parquet: row group 0, column image\.bytes: .*the page at byte \d+"):
         opt4torch.Parquet(path)
+
+
+class Hostile:
+    """A file of rows alone (its path; its rows as they were, where each
+    row's value lay, and where its value column's pages lie), short in a
+    failing example's report."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.rows = pq.read_table(path).to_pylist()
+        ds = opt4torch.Parquet(path)
+        assert kinds(ds)[2] == len(self.rows)
+        self.values = ds._decoder.pieces[:, 1:].tolist()  # (offset, bytes) of each row's length and value
+        c = pq.ParquetFile(path).metadata.row_group(0).column(0)
+        self.lo, self.n = int(c.data_page_offset), int(c.total_compressed_size)
+
+    def __repr__(self) -> str:
+        return f"Hostile({os.path.basename(self.path)})"
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> Hostile:
+    return Hostile(write(os.fspath(tmp_path_factory.mktemp("hostile") / "v.parquet"), hub_table(24, 12),
+                         data_page_size=30000))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_damaged_value_pages_are_refused_or_read_right(hostile: Hostile, tmp_path_factory, data) -> None:
+    """Bytes of the value column's pages (headers, levels, lengths, values)
+    changed at random: each row is refused naming the file, or is what the
+    damaged file holds: as pyarrow reads it, where it can; else the row as
+    it was, with its value's bytes as they now are (where the damage
+    spared the page's layout)."""
+    raw = bytearray(open(hostile.path, "rb").read())
+    near = data.draw(st.booleans())  # near a page's start: its header and levels
+    for _ in range(data.draw(st.integers(1, 3))):
+        k = hostile.lo + (data.draw(st.integers(0, 40)) if near else data.draw(st.integers(0, hostile.n - 1)))
+        raw[k] = data.draw(st.integers(0, 255))
+    bad = os.fspath(tmp_path_factory.mktemp("bad") / "v.parquet")
+    open(bad, "wb").write(bytes(raw))
+    try:
+        want = pq.read_table(bad).to_pylist()
+    except Exception:  # noqa: BLE001 - pyarrow refuses it: the rows as they were, their bytes as they are
+        want = [{**row, "image": {**row["image"], "bytes": bytes(raw[off + 4:off + n])}}
+                for row, (off, n) in zip(hostile.rows, hostile.values)]
+    try:
+        ds = opt4torch.Parquet(bad)
+    except ParquetError as e:
+        assert "v.parquet" in str(e)
+        return
+    for i in range(len(ds)):
+        try:
+            got = ds[i]
+        except ParquetError as e:
+            assert "v.parquet" in str(e)
+            continue
+        assert got == want[i], i
+
+
+@settings(max_examples=300, deadline=None)
+@given(levels=st.binary(max_size=40), count=st.integers(0, 200), max_def=st.integers(1, 3))
+def test_the_level_reader_takes_any_bytes(levels: bytes, count: int, max_def: int) -> None:
+    try:
+        assert _all_defined(levels, count, max_def) in (True, False)
+    except pm.ThriftError:
+        pass
+
+
+def test_the_level_reader_reads_both_run_kinds() -> None:
+    assert _all_defined(bytes([40 << 1, 2]), 40, 2)  # a run of 40 twos
+    assert not _all_defined(bytes([40 << 1, 1]), 40, 2)
+    assert _all_defined(bytes([(1 << 1) | 1, 0b10101010, 0b10101010]), 8, 2)  # 8 bit-packed twos
+    assert not _all_defined(bytes([(1 << 1) | 1, 0b10101010, 0b10101000]), 8, 2)
+    assert _all_defined(bytes([(1 << 1) | 1, 0b10101010, 0b00000000]), 4, 2)  # only the first 4 count
+    with pytest.raises(pm.ThriftError, match="end after 40 of 41"):
+        _all_defined(bytes([40 << 1, 2]), 41, 2)
 
 
 def test_a_datasets_image_dataset_is_read_row_by_row(tmp_path) -> None:

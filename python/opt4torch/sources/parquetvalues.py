@@ -141,9 +141,12 @@ def _walk_page(read: Callable[[int, int], bytes], offset: int, size: int, rows: 
     head = read(offset, min(size, 1 << 10))
     s, used = pm.parse(head)
     kind = pm.field(s, 1, None, pm.I32)
-    body = pm.field(s, 3, None, pm.I32)
+    body, plain = pm.field(s, 3, None, pm.I32), pm.field(s, 2, None, pm.I32)
     if kind not in (pm.DATA_PAGE, pm.DATA_PAGE_V2) or not isinstance(body, int) or used + body != size:
         raise pm.ThriftError(f"the page at byte {offset} is not a data page of {size} bytes")
+    if plain != body:  # an uncompressed page's two sizes agree
+        raise pm.ThriftError(f"the page at byte {offset} says {plain} bytes uncompressed and {body} stored, in a "
+                             "column that is not compressed")
     sub = pm.field(s, 5 if kind == pm.DATA_PAGE else 8, None, pm.STRUCT)
     values = pm.field(sub, 1, None, pm.I32) if sub is not None else None
     if not isinstance(values, int) or values != rows:

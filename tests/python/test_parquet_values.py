@@ -13,6 +13,7 @@ naming the file, the row group and the column.
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -255,10 +256,25 @@ def test_s3_rows_alone_equal_the_local_files_and_the_loader_is_exact(tmp_path, m
         client.create_bucket(Bucket="tables")
         for p in paths:
             client.put_object(Bucket="tables", Key=f"train/{os.path.basename(p)}", Body=open(p, "rb").read())
-        ds = opt4torch.Parquet("s3://tables/train/part-{0..1}.parquet", endpoint_url=server.endpoint)
+        url, cache = "s3://tables/train/part-{0..1}.parquet", tmp_path / "cache"
+        ds = opt4torch.Parquet(url, endpoint_url=server.endpoint, cache_dir=cache)
         assert kinds(ds)[2] == 76
         assert [ds[i] for i in range(len(ds))] == reference(paths)
-        ds = opt4torch.Parquet("s3://tables/train/part-{0..1}.parquet", endpoint_url=server.endpoint)  # uncounted
+        walked = ds.info()["requests"]
+        # Again: the walks come from the cache, checked by a page header a page (and each read's length).
+        ds = opt4torch.Parquet(url, endpoint_url=server.endpoint, cache_dir=cache)
+        assert ds.info()["requests"] <= walked - 76 and kinds(ds)[2] == 76
+        assert [ds[i] for i in range(len(ds))] == reference(paths)
+        # A cache that does not tile the pages (a value moved by a byte) is walked again, and written again.
+        (where,) = [p for p in cache.iterdir() if p.name.startswith("part-0.parquet-")]
+        body = json.loads(where.read_text())
+        body["row_groups"]["0"][0] += 1
+        body["row_groups"]["0"][1] -= 1
+        where.write_text(json.dumps(body))
+        ds = opt4torch.Parquet(url, endpoint_url=server.endpoint, cache_dir=cache)
+        assert [ds[i] for i in range(len(ds))] == reference(paths)
+        assert json.loads(where.read_text())["row_groups"]["0"][0] == body["row_groups"]["0"][0] - 1
+        ds = opt4torch.Parquet(url, endpoint_url=server.endpoint, cache_dir=cache)  # its reads uncounted
         ds.paths = paths  # run() compares with pyarrow's reading of the local copies
         sizes = ds.unit_sizes()
         run(ds, context="fork", cache_bytes=int(sizes.sum()) // 3, prefetch_threads=2)

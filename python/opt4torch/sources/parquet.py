@@ -55,7 +55,7 @@ import numpy as np
 from .base import EngineSource, checked_index
 from .parquetindex import ParquetError, footer_of, index_units, pread_exact, pyarrow_parquet, read_footer
 from .parquetread import PieceReader, S3PieceReader, UnitDecoder, UnitReader
-from .parquetvalues import RowValues
+from .parquetvalues import RowValues, load_walks, save_walks
 from .shardnames import expand_shards
 
 __all__ = ["Parquet", "ParquetError"]
@@ -87,11 +87,16 @@ class Parquet:
     a piece (a row group is one piece), the
     engine's own where it can; ``store`` takes ``endpoint_url``, ``region``,
     ``profile``, ``unsigned``, ``path_style``, ``max_attempts`` and
-    ``client``, as :class:`opt4torch.S3TarShards` does.
+    ``client``, as :class:`opt4torch.S3TarShards` does. Where rows are read
+    alone, the walk of their values (a small ranged GET a row) is cached in
+    ``cache_dir`` (default ``~/.cache/opt4torch``, as for ``S3TarShards``)
+    for each version (ETag) of an object, and checked again where it is
+    used: a later dataset over the same objects reads a page header a page.
     """
 
     def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, direct: bool = False,
-                 latency: float = 0.0, pages: bool = True, values: bool = True, **store: Any) -> None:
+                 latency: float = 0.0, pages: bool = True, values: bool = True,
+                 cache_dir: str | os.PathLike[str] | None = None, **store: Any) -> None:
         pq = pyarrow_parquet()
         if not isinstance(paths, (str, os.PathLike)) and not paths:
             raise ValueError("Parquet needs at least one file")
@@ -101,6 +106,8 @@ class Parquet:
         footers: list[tuple[bytes, Any]] = []
         idents: list[Any] = []
         reads: list[Callable[[int, int], bytes]] = []
+        row_values = RowValues()
+        walk_caches: list[tuple[str, dict[str, Any]]] = []  # per object: where its walk is cached, and its version
         if str(first).startswith("s3://"):
             if direct:
                 raise ValueError("direct=True reads local files with O_DIRECT; objects in a store have no such read")
@@ -113,10 +120,14 @@ class Parquet:
                 reads.append(functools.partial(groups.get_range, key))
                 footers.append(footer_of(pq, url, size, reads[-1]))
                 idents.append(None)  # an object is checked by its length on every GET
+                walk_caches.append(_walk_cache(cache_dir, groups, key, url))
+                for rg, walk in load_walks(*walk_caches[-1], footers[-1][1].num_rows).items():
+                    row_values.known[(len(footers) - 1, rg)] = walk
             sizes = [groups.listing[k][0] for k in groups.keys]
         else:
-            if store:
-                raise TypeError(f"Parquet got {', '.join(sorted(store))}: these are for s3:// URLs only")
+            if store or cache_dir is not None:
+                given = sorted(store) + (["cache_dir"] if cache_dir is not None else [])
+                raise TypeError(f"Parquet got {', '.join(given)}: these are for s3:// URLs only")
             self.paths = expand_shards(paths, exists=os.path.exists,
                                        match=lambda p: sorted(glob.glob(p, recursive=True)))
             for path in self.paths:
@@ -127,9 +138,12 @@ class Parquet:
             sizes = [ident[0] for ident in idents]
         self.pages = bool(pages)
         self.values = bool(values) and self.pages
-        row_values = RowValues()
         made = index_units(self.paths, sizes, footers, reads if self.pages else None,
                            row_values if self.values else None)
+        for f, (where, version) in enumerate(walk_caches):
+            walks = {rg: w for (g, rg), w in row_values.walks.items() if g == f}
+            if walks and any(row_values.known.get((f, rg)) is not w for rg, w in walks.items()):
+                save_walks(where, version, walks)
         units, pieces, first_piece, first_row, self.schema, page_info = made
         self._n = int(first_row[-1])
         self._first_row = first_row
@@ -187,6 +201,21 @@ class Parquet:
 
     def __repr__(self) -> str:
         return f"Parquet({len(self.paths)} files, {self._n} rows, {len(self._groups)} read units)"
+
+
+def _walk_cache(cache_dir: str | os.PathLike[str] | None, groups: S3PieceReader, key: str,
+                url: str) -> tuple[str, dict[str, Any]]:
+    """Where an object's walk is cached, and the version of it the cache must
+    name: its URL, endpoint, size and ETag."""
+    import hashlib
+    import posixpath
+
+    folder = os.fspath(cache_dir) if cache_dir is not None else os.path.join(os.path.expanduser("~"), ".cache",
+                                                                             "opt4torch")
+    size, etag = groups.listing[key]
+    tag = hashlib.sha256(f"{groups.endpoint_url}|{groups.bucket}|{key}".encode("utf-8", "surrogatepass")).hexdigest()
+    ident = {"url": url, "endpoint": groups.endpoint_url or "", "size": int(size), "etag": etag}
+    return os.path.join(folder, f"{posixpath.basename(key)}-{tag[:16]}.opt4pq.json"), ident
 
 
 class _RowAt:

@@ -170,7 +170,8 @@ def _values_of(f: int, path: str, size: int, read: Callable[[int, int], bytes], 
     if column is None or values is None:
         return None
     try:
-        spans = walk_values(chunks[column.leaf], meta.row_group(rg).num_rows, read, column.max_def)
+        spans = walk_values(chunks[column.leaf], meta.row_group(rg).num_rows, read, column.max_def,
+                            values.known.get((f, rg)))
     except pm.ThriftError as e:
         raise ParquetError(f"Parquet file {path}: row group {rg}, column {'.'.join(column.path)}: {e}; the file "
                            "is damaged: write it again") from None
@@ -185,7 +186,7 @@ def _values_of(f: int, path: str, size: int, read: Callable[[int, int], bytes], 
         raise ParquetError(f"Parquet file {path}: row group {rg}'s other columns hold {kept.num_rows} rows where the "
                            f"footer says {meta.row_group(rg).num_rows}; the file is damaged")
     values.schema = schema
-    values.add(f, rg, column, kept)
+    values.add(f, rg, column, kept, spans)
     return spans
 
 

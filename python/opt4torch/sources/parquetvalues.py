@@ -37,6 +37,7 @@ May touch: the files it is given (through ``read``), nothing else.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ import numpy as np
 from . import parquetmeta as pm
 from .parquetpages import Chunk
 
-__all__ = ["RowValues", "ValueColumn", "read_kept", "value_column", "walk_values"]
+__all__ = ["RowValues", "ValueColumn", "load_walks", "read_kept", "save_walks", "value_column", "walk_values"]
 
 #: Smallest mean value (bytes) worth a read of its own.
 MIN_VALUE_BYTES = 4096
@@ -133,11 +134,11 @@ def _all_defined(levels: bytes, count: int, max_def: int) -> bool:
     return True
 
 
-def _walk_page(read: Callable[[int, int], bytes], offset: int, size: int, rows: int,
-               max_def: int) -> np.ndarray | None:
-    """One data page's values: (offset, length) of each, the length's 4
-    bytes first; None where the page is not PLAIN with every value present.
-    ThriftError where the page is not as its header says."""
+def _page_start(read: Callable[[int, int], bytes], offset: int, size: int, rows: int,
+                max_def: int) -> tuple[int, int] | None:
+    """Where a data page's first value begins, and its values; None where
+    the page is not PLAIN with every value present. ThriftError where the
+    page is not as its header says."""
     head = read(offset, min(size, 1 << 10))
     s, used = pm.parse(head)
     kind = pm.field(s, 1, None, pm.I32)
@@ -170,7 +171,28 @@ def _walk_page(read: Callable[[int, int], bytes], offset: int, size: int, rows: 
         if nulls != 0 or enc != _PLAIN or rl != 0 or not isinstance(dl, int) or not 0 <= dl <= body:
             return None
         at += dl
+    return at, values
+
+
+def _walk_page(read: Callable[[int, int], bytes], offset: int, size: int, rows: int, max_def: int,
+               known: np.ndarray | None) -> np.ndarray | None:
+    """One data page's values: (offset, length) of each, the length's 4
+    bytes first; None where the page is not PLAIN with every value present.
+    ``known`` (its values as an earlier walk found them, from a cache) is
+    taken where it tiles the page's values exactly, from its first value's
+    byte to the page's end: each read then checks its value's length, so
+    every one of them is checked where it is used. ThriftError where the
+    page is not as its header says."""
+    start = _page_start(read, offset, size, rows, max_def)
+    if start is None:
+        return None
+    at, values = start
     end = offset + size
+    if known is not None and known.shape == (values, 2) and values > 0:
+        ends = known[:, 0] + known[:, 1]
+        if (int(known[0, 0]) == at and int(ends[-1]) == end and bool((known[:, 1] >= 4).all())
+                and bool((known[1:, 0] == ends[:-1]).all())):
+            return known
     out = np.empty((values, 2), dtype=np.int64)
     for j in range(values):
         if at + 4 > end:
@@ -184,15 +206,21 @@ def _walk_page(read: Callable[[int, int], bytes], offset: int, size: int, rows: 
     return out
 
 
-def walk_values(chunk: Chunk, rows: int, read: Callable[[int, int], bytes], max_def: int) -> np.ndarray | None:
+def walk_values(chunk: Chunk, rows: int, read: Callable[[int, int], bytes], max_def: int,
+                known: np.ndarray | None = None) -> np.ndarray | None:
     """Every row's value in a value column's chunk: (offset, bytes) as int64
     rows, each the value's length and bytes; None where a page is not PLAIN
-    with every value present (the row group keeps its page ranges)."""
+    with every value present (the row group keeps its page ranges).
+    ``known``: what an earlier walk found (a cache), taken page by page
+    where it fits (:func:`_walk_page`)."""
     pages = chunk.pages
     bounds = list(pages.first_rows) + [rows]
-    jobs = [(pages.offsets[p], pages.sizes[p], bounds[p + 1] - bounds[p]) for p in range(len(pages.offsets))]
+    known_ok = known is not None and known.shape == (rows, 2)
+    jobs = [(pages.offsets[p], pages.sizes[p], bounds[p + 1] - bounds[p],
+             known[bounds[p]:bounds[p + 1]] if known_ok and known is not None else None)
+            for p in range(len(pages.offsets))]
     with ThreadPoolExecutor(max_workers=min(WALKERS, len(jobs))) as pool:
-        got = list(pool.map(lambda j: _walk_page(read, j[0], j[1], j[2], max_def), jobs))
+        got = list(pool.map(lambda j: _walk_page(read, j[0], j[1], j[2], max_def, j[3]), jobs))
     if any(g is None for g in got):
         return None
     return np.concatenate(got)  # type: ignore[arg-type]
@@ -247,16 +275,26 @@ def read_kept(size: int, read: Callable[[int, int], bytes], meta: Any, rg: int, 
 class RowValues:
     """What puts a value unit's row together: per row group, the kept
     columns (an Arrow table of the other leaves, read at indexing) and the
-    value column; per unit, its row group and the value's length."""
+    value column; per unit, its row group and the value's length. At
+    indexing also each row group's walk (``walks``), and what a cache of
+    earlier walks holds (``known``: taken where it fits, :func:`walk_values`)."""
 
     def __init__(self) -> None:
         self.kept: dict[tuple[int, int], Any] = {}  # (file, row group) -> Table of the other leaves (or None)
         self.columns: dict[tuple[int, int], ValueColumn] = {}
         self.schema: Any = None
+        self.known: dict[tuple[int, int], np.ndarray] = {}
+        self.walks: dict[tuple[int, int], np.ndarray] = {}
 
-    def add(self, f: int, rg: int, column: ValueColumn, kept: Any) -> None:
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["known"], state["walks"] = {}, {}  # indexing's, not the workers'
+        return state
+
+    def add(self, f: int, rg: int, column: ValueColumn, kept: Any, walk: np.ndarray) -> None:
         self.columns[(f, rg)] = column
         self.kept[(f, rg)] = kept
+        self.walks[(f, rg)] = walk
 
     def row(self, f: int, rg: int, r: int, blob: Any, length: int, where: Callable[[], str]) -> dict[str, Any]:
         """Row ``r`` of row group ``rg`` of file ``f`` from its unit's bytes
@@ -273,6 +311,59 @@ class RowValues:
         kept = self.kept[(f, rg)]
         base: dict[str, Any] = kept.slice(r, 1).to_pylist()[0] if kept is not None else {}
         return _put(self.schema, base, column.path, value)
+
+
+#: A cached walk's format and version (a file of another is walked again).
+_CACHE_FORMAT, _CACHE_VERSION = "opt4torch Parquet values", 1
+
+
+def load_walks(where: str, ident: dict[str, Any], rows: int) -> dict[int, np.ndarray]:
+    """The walks cached at ``where`` for the object ``ident`` names (its
+    URL, endpoint, size and ETag), by row group; empty where there is none,
+    it is of another version of the object, or it is not what a cache is
+    (warned about). Each is checked again where it is used (:func:`_walk_page`)."""
+    import json
+    import warnings
+
+    from ..io.files import FileRefused, read_capped
+
+    try:
+        body = json.loads(read_capped(where, 64 * rows + (1 << 16), "a walk of this object").decode("ascii"))
+        if not isinstance(body, dict) or body.get("format") != _CACHE_FORMAT or body.get("version") != _CACHE_VERSION \
+                or body.get("object") != ident:
+            return {}
+        out = {}
+        for key, flat in dict(body["row_groups"]).items():
+            spans = np.asarray(flat, dtype=np.int64)
+            if not str(key).isdigit() or spans.ndim != 1 or spans.size % 2:
+                raise ValueError(f"row group {str(key)[:20]!r} holds no list of (offset, bytes)")
+            out[int(key)] = spans.reshape(-1, 2)
+        return out
+    except FileNotFoundError:
+        return {}
+    except (OSError, FileRefused, ValueError, TypeError, KeyError, OverflowError) as exc:
+        warnings.warn(f"cannot use the cached walk {where} of Parquet file {ident.get('url')} ({exc}): walking its "
+                      "values again", RuntimeWarning, stacklevel=3)
+        return {}
+
+
+def save_walks(where: str, ident: dict[str, Any], walks: dict[int, np.ndarray]) -> None:
+    """Cache an object's walks at ``where`` (atomically; a place that
+    cannot be written is warned about: it is walked again next time)."""
+    import json
+    import warnings
+
+    from ..io.files import atomic_write
+
+    body = {"format": _CACHE_FORMAT, "version": _CACHE_VERSION, "object": ident,
+            "row_groups": {str(rg): w.ravel().tolist() for rg, w in sorted(walks.items())}}
+    try:
+        os.makedirs(os.path.dirname(where) or ".", exist_ok=True)
+        with atomic_write(where, "w", no_symlink=True) as f:
+            json.dump(body, f, separators=(",", ":"), ensure_ascii=True)
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"could not cache the walk of Parquet file {ident.get('url')} at {where}: {exc}; it will be "
+                      "walked again next time", RuntimeWarning, stacklevel=3)
 
 
 def _put(t: Any, have: dict[str, Any] | None, path: tuple[str, ...], value: Any) -> dict[str, Any]:

@@ -285,11 +285,23 @@ class RowValues:
         self.schema: Any = None
         self.known: dict[tuple[int, int], np.ndarray] = {}
         self.walks: dict[tuple[int, int], np.ndarray] = {}
+        self._local()
+
+    def _local(self) -> None:
+        # A process's own: the kept rows as Python values, made at a row
+        # group's first row; each value column's fields' names, level by level.
+        self._rows: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        self._names: dict[tuple[str, ...], list[list[str]]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["known"], state["walks"] = {}, {}  # indexing's, not the workers'
+        del state["_rows"], state["_names"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local()
 
     def add(self, f: int, rg: int, column: ValueColumn, kept: Any, walk: np.ndarray) -> None:
         self.columns[(f, rg)] = column
@@ -299,6 +311,8 @@ class RowValues:
     def row(self, f: int, rg: int, r: int, blob: Any, length: int, where: Callable[[], str]) -> dict[str, Any]:
         """Row ``r`` of row group ``rg`` of file ``f`` from its unit's bytes
         (the value's length, then the value), checked against the index."""
+        import copy
+
         mv = memoryview(blob).cast("B")
         if len(mv) != length or int.from_bytes(mv[:4], "little") != length - 4:
             raise ValueError(f"{where()}: {len(mv)} bytes read, saying a value of "
@@ -308,9 +322,15 @@ class RowValues:
         value: Any = bytes(mv[4:])
         if column.text:
             value = value.decode("utf-8")
-        kept = self.kept[(f, rg)]
-        base: dict[str, Any] = kept.slice(r, 1).to_pylist()[0] if kept is not None else {}
-        return _put(self.schema, base, column.path, value)
+        rows = self._rows.get((f, rg))
+        if rows is None:
+            kept = self.kept[(f, rg)]
+            rows = self._rows[(f, rg)] = kept.to_pylist() if kept is not None else []
+        names = self._names.get(column.path)
+        if names is None:
+            names = self._names[column.path] = _names(self.schema, column.path)
+        # A copy: the sample is the caller's to change, the kept row is not.
+        return _put(names, copy.deepcopy(rows[r]) if rows else {}, column.path, value)
 
 
 #: A cached walk's format and version (a file of another is walked again).
@@ -366,15 +386,21 @@ def save_walks(where: str, ident: dict[str, Any], walks: dict[int, np.ndarray]) 
                       "walked again next time", RuntimeWarning, stacklevel=3)
 
 
-def _put(t: Any, have: dict[str, Any] | None, path: tuple[str, ...], value: Any) -> dict[str, Any]:
-    """``have`` (a struct's fields read without the value column) with
-    ``value`` at ``path``, in the order of ``t``'s fields: every struct on
-    the way is present, since every value is."""
-    have = have or {}
-    out: dict[str, Any] = {}
-    for fld in t:
-        if fld.name == path[0]:
-            out[fld.name] = value if len(path) == 1 else _put(fld.type, have.get(fld.name), path[1:], value)
-        else:
-            out[fld.name] = have.get(fld.name)
+def _names(schema: Any, path: tuple[str, ...]) -> list[list[str]]:
+    """The fields' names at each level of ``path`` (the top level's, then
+    each struct's on the way to the value)."""
+    out, t = [], schema
+    for name in path:
+        out.append([f.name for f in t])
+        t = (schema.field(name) if t is schema else t.field(name)).type
     return out
+
+
+def _put(names: list[list[str]], have: dict[str, Any] | None, path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """``have`` (a struct's fields read without the value column; the
+    caller's own) with ``value`` at ``path``, in the order of the fields'
+    ``names`` level by level: every struct on the way is present, since
+    every value is."""
+    have = have or {}
+    inner = value if len(path) == 1 else _put(names[1:], have.get(path[0]), path[1:], value)
+    return {n: inner if n == path[0] else have.get(n) for n in names[0]}

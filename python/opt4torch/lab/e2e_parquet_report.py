@@ -91,7 +91,7 @@ def markdown(result: dict[str, Any]) -> str:
              + (f", one {s.link / 1e6:g} MB/s link every response shares" if s.link else ", no shared link")
              + "); the configurations marked local read the local copy, as references" if s3 else
              "local files through the page cache, no emulated latency")
-    lines = [f"{s.images:,} JPEGs ({e2e._px(s)}, {s.classes} classes; the record-file runs' images) as "
+    lines = [f"{s.images:,} JPEGs ({e2e.px(s)}, {s.classes} classes; the record-file runs' images) as "
              f"{s.parquet_shards} Hub-style Parquet shards (`datasets` `to_parquet`), read from {where}. "
              f"{s.epochs} epochs, batch {s.batch}, {s.workers} workers, a small CNN on {s.crop}x{s.crop} random "
              f"crops (CPU, 1 thread), cache {s.capacity:.0%} of the shards' bytes; {s.repeats} repeat(s), "

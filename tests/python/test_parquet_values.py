@@ -238,16 +238,10 @@ def test_a_datasets_image_dataset_is_read_row_by_row(tmp_path) -> None:
 @pytest.mark.timeout(240)
 def test_s3_rows_alone_equal_the_local_files_and_the_loader_is_exact(tmp_path, monkeypatch) -> None:
     boto3 = pytest.importorskip("boto3")
-    from s3store import Server
+    from s3store import Server, only_these_credentials
 
     key, secret = "opt4-test-key", "opt4-test-secret"
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
-                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    only_these_credentials(monkeypatch, key, secret, "us-east-1")
     server = Server(0.001, key, secret=secret)
     try:
         paths = [write(os.fspath(tmp_path / f"part-{k}.parquet"), hub_table(n, 20 + k)) for k, n in enumerate((45, 31))]

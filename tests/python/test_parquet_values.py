@@ -27,7 +27,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 import opt4torch  # noqa: E402
 from opt4torch.sources import parquetmeta as pm  # noqa: E402
 from opt4torch.sources.parquet import ParquetError  # noqa: E402
-from opt4torch.sources.parquetvalues import _all_defined  # noqa: E402
+from opt4torch.sources.parquetvalues import _all_defined, load_walks, save_walks  # noqa: E402
 from test_parquet import reference, run  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_leaked_pools")
@@ -202,6 +202,32 @@ def test_the_level_reader_takes_any_bytes(levels: bytes, count: int, max_def: in
         assert _all_defined(levels, count, max_def) in (True, False)
     except pm.ThriftError:
         pass
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_cached_walk_takes_any_bytes(tmp_path, data) -> None:
+    """The walk cache is read as hostile bytes: a mutated or foreign file
+    gives walks of the right shape or none (a warning), never an error."""
+    ident = {"url": "s3://b/k.parquet", "endpoint": "http://127.0.0.1:1", "size": 1000, "etag": "e"}
+    where = os.fspath(tmp_path / "k.opt4pq.json")
+    save_walks(where, ident, {0: np.array([[4, 10], [14, 20]]), 1: np.array([[40, 8]])})
+    raw = bytearray(open(where, "rb").read())
+    if data.draw(st.booleans()):
+        for _ in range(data.draw(st.integers(1, 4))):
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    else:
+        raw = bytearray(data.draw(st.binary(max_size=200)))
+    with open(where, "wb") as f:
+        f.write(bytes(raw))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = load_walks(where, ident, 3)
+    assert isinstance(got, dict)
+    for rg, walk in got.items():
+        assert isinstance(rg, int) and walk.dtype == np.int64 and walk.ndim == 2 and walk.shape[1] == 2
 
 
 def test_the_level_reader_reads_both_run_kinds() -> None:

@@ -140,6 +140,11 @@ def _page_start(read: Callable[[int, int], bytes], offset: int, size: int, rows:
     the page is not PLAIN with every value present. ThriftError where the
     page is not as its header says."""
     head = read(offset, min(size, 1 << 10))
+
+    def take(at: int, n: int) -> bytes:  # from the header's read where it holds them (a GET fewer)
+        lo = at - offset
+        return head[lo:lo + n] if lo + n <= len(head) else read(at, n)
+
     s, used = pm.parse(head)
     kind = pm.field(s, 1, None, pm.I32)
     body, plain = pm.field(s, 3, None, pm.I32), pm.field(s, 2, None, pm.I32)
@@ -159,10 +164,10 @@ def _page_start(read: Callable[[int, int], bytes], offset: int, size: int, rows:
         if max_def > 0:
             if pm.field(sub, 3, None, pm.I32) != _RLE:
                 return None
-            n = int.from_bytes(read(at, 4), "little")
+            n = int.from_bytes(take(at, 4), "little")
             if n > body:
                 raise pm.ThriftError(f"the page at byte {offset} has {n} bytes of levels in a body of {body}")
-            if not _all_defined(read(at + 4, n), values, max_def):
+            if not _all_defined(take(at + 4, n), values, max_def):
                 return None
             at += 4 + n
     else:

@@ -102,6 +102,10 @@ typedef struct rec_ctx {
   const uint8_t *base; /* run offsets count from here */
   int arrays;          /* whether arrays are decoded here (else records with them decline) */
   int in_key;          /* decoding a dict key: an array there is no valid record */
+  /* A read-only memoryview of the buffer base points into (borrowed), or
+   * NULL: when given, bytes nodes come out as its slices (no copy) instead
+   * of bytes objects. */
+  PyObject *views;
   rec_slot *slots;
   size_t nslots, slots_cap;
   rec_run *runs;

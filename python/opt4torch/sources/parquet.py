@@ -196,7 +196,13 @@ class _RowAt:
     guess costs a row taken for nothing, dropped once its position is
     passed; a row is only ever served at the position it was taken for,
     and every position still reads its unit through the pool (hits and
-    bytes as planned)."""
+    bytes as planned).
+
+    A unit that HITs comes as a read-only view of the worker's copy of the
+    pool's bytes (``takes_views``), which pyarrow reads in place."""
+
+    #: PlannedDataset hands HITs' bytes over as memoryviews, not copies.
+    takes_views = True
 
     def __init__(self, ds: Parquet, rows: np.ndarray, then: Callable[[Any], Any] | None, lookahead: int = 4) -> None:
         self.ds = ds

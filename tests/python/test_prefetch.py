@@ -140,17 +140,27 @@ def test_image_folder_to_records(tmp_path) -> None:
         image_folder_to_records(tmp_path / "images" / "cat", tmp_path / "x.rec")
 
 
-def test_prefetcher_frames_records_as_the_codec_does(record_path: str) -> None:
-    """What the C prefetcher stores decodes to exactly what the dataset returns."""
-    rf = RecordFile(record_path)
-    for i in (0, 9, 123):
-        assert decode(bytearray().join(encode(rf[i]))) == rf[i]
+def _prefetching(rf: RecordFile) -> tuple[np.ndarray, opt4torch.Plan, opt4torch.OPTCache]:
+    """0..19 twice over a cache of 5, its C prefetcher started over ``rf``."""
     seq = np.arange(40) % 20
     plan = opt4torch.plan(seq, capacity=5, items=N_ITEMS)
     cache = opt4torch.OPTCache(plan, 4096, staging_slots=8)
     try:
         cache.configure_prefetch(rf, threads=2, lookahead=64)
         cache.start_prefetch()
+    except BaseException:
+        cache.close()
+        raise
+    return seq, plan, cache
+
+
+def test_prefetcher_frames_records_as_the_codec_does(record_path: str) -> None:
+    """What the C prefetcher stores decodes to exactly what the dataset returns."""
+    rf = RecordFile(record_path)
+    for i in (0, 9, 123):
+        assert decode(bytearray().join(encode(rf[i]))) == rf[i]
+    seq, plan, cache = _prefetching(rf)
+    try:
         deadline = time.monotonic() + 10
         while cache.stats()["prefetch_stored"] < 5 and time.monotonic() < deadline:
             time.sleep(0.005)  # the first items go into empty slots at once
@@ -176,12 +186,8 @@ def test_get_batch_views_hand_bytes_over_as_read_only_views_of_its_data(record_p
     def plain(x):
         return (bytes(x[0]), x[1]) if isinstance(x, tuple) else bytes(x)
 
-    seq = np.arange(40) % 20
-    plan = opt4torch.plan(seq, capacity=5, items=N_ITEMS)
-    cache = opt4torch.OPTCache(plan, 4096, staging_slots=8)
+    seq, plan, cache = _prefetching(rf)
     try:
-        cache.configure_prefetch(rf, threads=2, lookahead=64)
-        cache.start_prefetch()
         pool = _engine.pool_attach(cache.name)
         kept = []
         for lo in range(0, 40, 8):

@@ -234,7 +234,7 @@ static PyObject *rec_node(rec_reader *r, rec_ctx *c, int depth, PyObject *contai
     uint64_t offset;
     if (rec_u64(r, &n) < 0 || rec_payload(r, r->p, n, &offset) < 0) return NULL;
     b = r->p - n;
-    if (tag == REC_BYTES && c->views != NULL) return rec_view(c, b, n);
+    if (tag == REC_BYTES && c->views != NULL && !c->in_key) return rec_view(c, b, n); /* keys stay bytes */
     return tag == REC_BYTES ? PyBytes_FromStringAndSize((const char *)b, (Py_ssize_t)n)
                             : PyByteArray_FromStringAndSize((const char *)b, (Py_ssize_t)n);
   }
@@ -299,6 +299,12 @@ static void rec_truncate(rec_ctx *c, size_t n) {
       c->nruns--;
     }
   }
+}
+
+PyObject *rec_readonly_view(PyObject *data) {
+  PyObject *mv = PyMemoryView_FromObject(data);
+  if (mv != NULL) PyMemoryView_GET_BUFFER(mv)->readonly = 1;
+  return mv;
 }
 
 void rec_ctx_release(rec_ctx *c) {

@@ -556,9 +556,7 @@ static PyObject *pool_get_batch(PoolObject *self, PyObject *args) {
   const uint8_t *buf = (const uint8_t *)PyByteArray_AS_STRING(f.data);
   c.base = buf;
   if (views) {
-    PyObject *mv = PyMemoryView_FromObject(f.data);
-    whole = mv == NULL ? NULL : PyObject_CallMethod(mv, "toreadonly", NULL);
-    Py_XDECREF(mv);
+    whole = rec_readonly_view(f.data);
     if (whole == NULL) goto leave;
     c.views = whole;
   }

@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -220,22 +221,97 @@ def _walk_cache(cache_dir: str | os.PathLike[str] | None, groups: S3PieceReader,
 
 class _RowAt:
     """After the cache: the unit a position got -> the row that position
-    asked for (``rows[position]``), then the loader's ``transform``."""
+    asked for (``rows[position]``), then the loader's ``transform``.
 
-    def __init__(self, ds: Parquet, rows: np.ndarray, then: Callable[[Any], Any] | None) -> None:
+    A unit's rows are spread over the epoch, so a worker that decodes a
+    unit for one batch takes from it, at once, the rows of the same unit
+    at its next ``lookahead`` batches' positions, and holds them (decoded
+    rows, not units: about ``lookahead`` batches of rows at most) until
+    those positions come. Its next batches are guessed from the stride
+    between the batches it was given (torch hands batches to workers in
+    turn; the first guess is the workers' count times the batch). A wrong
+    guess costs a row taken for nothing, dropped once its position is
+    passed; a row is only ever served at the position it was taken for,
+    and every position still reads its unit through the pool (hits and
+    bytes as planned).
+
+    A unit that HITs comes as a read-only view of the worker's copy of the
+    pool's bytes (``takes_views``), which pyarrow reads in place."""
+
+    #: PlannedDataset hands HITs' bytes over as memoryviews, not copies.
+    takes_views = True
+
+    def __init__(self, ds: Parquet, rows: np.ndarray, then: Callable[[Any], Any] | None, lookahead: int = 4) -> None:
         self.ds = ds
         self.rows = rows
         self.then = then
+        self.lookahead = int(lookahead)
+        self._state()
+
+    def _state(self) -> None:
+        self._held: dict[int, tuple[int, Any]] = {}  # position -> (row, the row decoded)
+        self._prev = -1  # the first position of the last batch served here
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in ("_held", "_prev", "_lock"):
+            del state[k]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._state()
+
+    def _ahead(self, first: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """This process's guessed next positions and their units: the
+        ``lookahead`` batches of ``n`` a stride apart after the batch at
+        ``first``."""
+        if 0 <= self._prev < first:
+            stride = first - self._prev
+        else:
+            from torch.utils.data import get_worker_info
+
+            info = get_worker_info()
+            stride = n * (info.num_workers if info is not None else 1)
+        self._prev = first
+        steps = np.arange(1, self.lookahead + 1, dtype=np.int64)[:, None] * stride
+        at = (first + steps + np.arange(n, dtype=np.int64)[None, :]).ravel()
+        at = at[at < len(self.rows)]
+        return at, self.ds.unit_of[self.rows[at]]
 
     def at_positions(self, blobs: list[Any], positions: Sequence[int]) -> list[Any]:
-        rows = [int(self.rows[int(t)]) for t in positions]
-        units = [int(self.ds.unit_of[r]) for r in rows]
+        where = [int(t) for t in positions]
+        rows = [int(self.rows[t]) for t in where]
         out: list[Any] = [None] * len(rows)
-        # A batch's rows decoded unit by unit: a unit is decoded once for all
-        # its rows in the batch (the decoder keeps the last one). The
-        # transform then runs in the batch's order, as its randomness expects.
-        for k in sorted(range(len(rows)), key=units.__getitem__):
-            out[k] = self.ds._row(units[k], blobs[k], rows[k])
+        with self._lock:
+            first = min(where, default=0)
+            todo = []
+            for k, (t, r) in enumerate(zip(where, rows)):
+                got = self._held.pop(t, None)
+                if got is not None and got[0] == r:
+                    out[k] = got[1]
+                else:
+                    todo.append(k)
+            for t in [t for t in self._held if t < first]:  # guessed wrong: passed, never asked for
+                del self._held[t]
+            ahead, ahead_units = self._ahead(first, len(where)) if self.lookahead > 0 else (None, None)
+            units = {k: int(self.ds.unit_of[rows[k]]) for k in todo}
+            # A batch's rows decoded unit by unit: a unit is decoded once for
+            # all its rows in the batch (the decoder keeps the last one), and
+            # gives the rows it holds for the next batches here. The
+            # transform then runs in the batch's order, as its randomness expects.
+            done: set[int] = set()
+            for k in sorted(todo, key=units.__getitem__):
+                u = units[k]
+                out[k] = self.ds._row(u, blobs[k], rows[k])
+                if ahead is None or u in done:
+                    continue
+                done.add(u)
+                for q in ahead[ahead_units == u].tolist():
+                    if q not in self._held:
+                        r = int(self.rows[q])
+                        self._held[q] = (r, self.ds._row(u, blobs[k], r))
         return out if self.then is None else [self.then(sample) for sample in out]
 
     def __call__(self, blob: Any) -> Any:

@@ -37,18 +37,19 @@ import torch.distributed as dist
 import opt4torch
 
 
-def size_of(x: int) -> int:
-    return 64 + (x * 7919) % 700
+def size_of(x: int, big: bool = False) -> int:
+    return 4096 + (x * 7919) % 12288 if big else 64 + (x * 7919) % 700
 
 
-def write(path: str, n: int) -> None:
-    opt4torch.write_records(path, (bytes([x % 256]) * size_of(x) for x in range(n)), progress=False)
+def write(path: str, n: int, big: bool = False) -> None:
+    opt4torch.write_records(path, (bytes([x % 256]) * size_of(x, big) for x in range(n)), progress=False)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", required=True, help="the record file (written by rank 0 when missing)")
     ap.add_argument("--items", type=int, default=240)
+    ap.add_argument("--big", action="store_true", help="items of 4-16 KB, as bench/cluster.py's (else 64-763 bytes)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--workers", type=int, default=1)
@@ -68,7 +69,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     if rank == 0 and not os.path.exists(args.records):
-        write(args.records, args.items)
+        write(args.records, args.items, args.big)
     dist.barrier()
     ds = opt4torch.RecordFile(args.records, latency=args.latency)
     # The process groups registered before the loader (torch's own table):
@@ -77,7 +78,7 @@ def main() -> None:
     groups_after_close = None
     loader = opt4torch.DataLoader(
         ds, cluster=True, cluster_window=args.window, cluster_timeout=args.timeout, wait_timeout=args.timeout, shuffle=True, seed=5,
-        epochs=args.epochs, batch_size=args.batch, cache_bytes=sum(size_of(x) for x in range(len(ds))) // 4,
+        epochs=args.epochs, batch_size=args.batch, cache_bytes=sum(size_of(x, args.big) for x in range(len(ds))) // 4,
         num_workers=args.workers, persistent_workers=args.persistent and args.workers > 0,
         multiprocessing_context=args.context if args.workers > 0 else None, collate_fn=list)
     per_epoch = len(loader)
@@ -92,7 +93,7 @@ def main() -> None:
             batches += 1
             for got in batch:
                 x = want[samples] if samples < len(want) else -1
-                wrong += x < 0 or bytes(got) != bytes([x % 256]) * size_of(x)
+                wrong += x < 0 or bytes(got) != bytes([x % 256]) * size_of(x, args.big)
                 samples += 1
             if args.step:
                 time.sleep(args.step)

@@ -25,6 +25,12 @@ sample. The window is counted (:attr:`Exchange.failed`, the first errors in
 :attr:`Exchange.errors`), and the nodes form their group again
 (distributed/regroup.py): the windows after it carry items again.
 
+Every window's collective also carries each node's closing flag (an int64
+in front of each pair's part, or of its lengths): the nodes agree on the
+last window a loader that is ending runs (docs/cluster.md, "The last turn,
+agreed"). :attr:`Exchange.all_closing` says whether every node had set it in
+the window just run.
+
 The group holds one rank a node (the node's first rank, which owns its
 pool and runs its transfer thread); ``peers[n]`` is node n's rank in it.
 
@@ -54,6 +60,15 @@ _KEEP_ERRORS = 20
 def record_of(obj: Any, allow_pickle: bool = False) -> bytes:
     """``obj`` as the pool stores it (the codec's record)."""
     return b"".join(bytes(memoryview(p).cast("B")) for p in encode(obj, allow_pickle))
+
+
+def _flags(k: int, heads: np.ndarray) -> list[bool]:
+    """The closing flags the nodes sent in window k (by group rank)."""
+    bad = np.flatnonzero((heads != 0) & (heads != 1))
+    if bad.size:
+        raise ValueError(f"window {k}: group rank {int(bad[0])} sent a closing flag of {int(heads[bad[0]])} "
+                         "(0 or 1 expected): its part is corrupt")
+    return [bool(h) for h in heads.tolist()]
 
 
 class Exchange:
@@ -124,6 +139,9 @@ class Exchange:
         self.seconds = 0.0
         self._last_end = time.monotonic()
         self.closed = False
+        #: Whether every node sent its closing flag in the last window whose
+        #: collective ran (all nodes read the same flags: they stop together).
+        self.all_closing = False
 
     def close(self) -> None:
         """No more collectives: the loader's group is destroyed here (a
@@ -150,12 +168,15 @@ class Exchange:
         """The node-plan positions window k's collective brings items for."""
         return [at for _, _, at, _ in self._in.get(k, [])]
 
-    def run(self, k: int, read_pool: Callable[[int], bytes]) -> bool:
+    def run(self, k: int, read_pool: Callable[[int], bytes], closing: bool = False) -> bool:
         """Window k's exchange, a collective of every rank: ``read_pool(i)``
         gives the record this node's pool holds for node-plan position i
-        (its SENDs). False when the window's items are lost (counted, and
+        (its SENDs; ``b""`` sends it empty). ``closing``: this node's flag,
+        sent to every node; :attr:`all_closing` then says whether every
+        node's was set. False when the window's items are lost (counted, and
         the error kept): its collective failed, or the nodes are forming
         their group again after an earlier one did."""
+        self.all_closing = False
         if k not in self._windows:
             return True
         parts: list[list[bytes]] = [[] for _ in range(self.world)]
@@ -175,14 +196,15 @@ class Exchange:
         t0 = time.monotonic()
         try:
             if self.rooms is None:
-                moved, got = self._two_collectives(k, group, parts)
+                moved, got, flags = self._two_collectives(k, group, parts, closing)
             else:
-                moved, got = self._one_collective(k, group, parts)
+                moved, got, flags = self._one_collective(k, group, parts, closing)
         except (RuntimeError, ValueError) as e:  # a dead or late peer, a timeout: this window's items are lost
             self._lose(k, e)
             self.groups.lost()
             return False
         self._last_end = time.monotonic()
+        self.all_closing = all(flags)
         self.seconds += self._last_end - t0
         self.items_sent += sum(len(bs) for bs in parts)
         self.bytes_sent += moved
@@ -193,20 +215,26 @@ class Exchange:
         self.bytes_received += sum(len(r) for r in got)
         return True
 
-    def _two_collectives(self, k: int, group: Any, parts: list[list[bytes]]) -> tuple[int, list[bytes]]:
-        """Window k's items without bounds on their sizes: each item's
-        length first, then the bytes. Returns the bytes sent and the records
-        received, in the order of ``self._in[k]``."""
+    def _two_collectives(self, k: int, group: Any, parts: list[list[bytes]],
+                         closing: bool) -> tuple[int, list[bytes], list[bool]]:
+        """Window k's items without bounds on their sizes: each pair's
+        closing flag and its items' lengths first, then the bytes. Returns
+        the bytes sent, the records received, in the order of
+        ``self._in[k]``, and each node's closing flag."""
         import torch
 
-        lengths = [np.array([len(b) for b in bs], dtype=np.int64) for bs in parts]
-        expect = [0] * self.world
+        lengths = [np.array([int(closing)] + [len(b) for b in bs], dtype=np.int64) for bs in parts]
+        expect = [1] * self.world
         for s, _, _, _ in self._in.get(k, []):
             expect[s] += 1
-        sizes = torch.from_numpy(np.concatenate(lengths)) if any(x.size for x in lengths) else \
-            torch.empty(0, dtype=torch.int64)
         got_sizes = torch.empty(sum(expect), dtype=torch.int64)
-        self.groups.all_to_all(group, got_sizes, sizes, expect, [x.size for x in lengths])
+        self.groups.all_to_all(group, got_sizes, torch.from_numpy(np.concatenate(lengths)), expect,
+                               [x.size for x in lengths])
+        heads = np.cumsum([0] + expect[:-1])
+        flags = _flags(k, got_sizes.numpy()[heads])
+        got_sizes = torch.from_numpy(np.delete(got_sizes.numpy(), heads))
+        expect = [e - 1 for e in expect]
+        lengths = [x[1:] for x in lengths]
         blob = b"".join(b for bs in parts for b in bs)
         send = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
         per_src = np.split(got_sizes.numpy(), np.cumsum(expect)[:-1])
@@ -215,24 +243,29 @@ class Exchange:
                                [int(x.sum()) for x in lengths])
         data = recv.numpy().tobytes()
         offsets = np.concatenate([[0], np.cumsum(got_sizes.numpy())]).tolist()
-        return len(blob), [data[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)]
+        return len(blob), [data[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)], flags
 
-    def _one_collective(self, k: int, group: Any, parts: list[list[bytes]]) -> tuple[int, list[bytes]]:
+    def _one_collective(self, k: int, group: Any, parts: list[list[bytes]],
+                        closing: bool) -> tuple[int, list[bytes], list[bool]]:
         """Window k's items in one collective: every item has its room (its
         record's bound, which both sides know from the plan), so each pair's
-        bytes are known before anything is sent. A pair's part is its
-        items' lengths (int64), then each item in its room. A record larger
-        than its room (one the pool would not keep either) goes as length 0:
-        lost, read from storage by its reader, as a failed window's."""
+        bytes are known before anything is sent. A pair's part is the
+        sender's closing flag (int64), its items' lengths (int64), then each
+        item in its room. A record larger than its room (one the pool would
+        not keep either) goes as length 0: lost, read from storage by its
+        reader, as a failed window's. Returns the bytes sent, the records
+        received and each node's closing flag."""
         import torch
 
         out: list[list[int]] = [[] for _ in range(self.world)]
         for d, _, _, r in self._out.get(k, []):
             out[d].append(r)
-        counts = [8 * len(rs) + sum(rs) for rs in out]
+        counts = [8 + 8 * len(rs) + sum(rs) for rs in out]
         send = np.zeros(sum(counts), dtype=np.uint8)
         at, moved = 0, 0
         for bs, rs in zip(parts, out):
+            send[at:at + 8] = np.array([int(closing)], dtype=np.int64).view(np.uint8)
+            at += 8
             lens = np.array([len(b) if len(b) <= r else 0 for b, r in zip(bs, rs)], dtype=np.int64)
             send[at:at + 8 * lens.size] = lens.view(np.uint8)
             at += 8 * lens.size
@@ -243,15 +276,18 @@ class Exchange:
             moved += int(lens.sum())
             self.oversize += int((lens == 0).sum()) - sum(1 for b in bs if not b)
         incoming = self._in.get(k, [])
-        expect = [0] * self.world
+        expect = [8] * self.world
         for s, _, _, r in incoming:
             expect[s] += 8 + r
         recv = torch.empty(sum(expect), dtype=torch.uint8)
         self.groups.all_to_all(group, recv, torch.from_numpy(send), expect, counts)
         data = recv.numpy()
         got: list[bytes] = []
+        heads: list[int] = []
         at = 0
         for s in range(self.world):
+            heads.append(int(data[at:at + 8].view(np.int64)[0]))
+            at += 8
             rs = [r for src, _, _, r in incoming if src == s]
             lens = data[at:at + 8 * len(rs)].view(np.int64).tolist()
             at += 8 * len(rs)
@@ -260,7 +296,7 @@ class Exchange:
                     raise ValueError(f"window {k}: group rank {s} sent an item of {n} bytes for a room of {r}")
                 got.append(data[at:at + n].tobytes())
                 at += r
-        return moved, got
+        return moved, got, _flags(k, np.array(heads, dtype=np.int64))
 
     def _lose(self, k: int, e: BaseException) -> None:
         self.failed.append(k)

@@ -152,8 +152,8 @@ class ClusterRuntime:
         # so a fork never waits for the workers it is about to make.
         self._gate = ForkGate()
         self._stop = threading.Event()
-        # Set by finish(): no turn the workers have not reached yet.
-        self._closing = threading.Event()
+        self._closing = threading.Event()  # the loader is ending: finish(), or the default group gone
+        self._finishing = threading.Event()  # finish(): closing turns (docs/cluster.md, "The last turn, agreed")
         self._thread: threading.Thread | None = None
         self._in_window: int | None = None  # the turn whose collective is under way
         #: Windows whose collective failed while the loader was ending.
@@ -175,18 +175,20 @@ class ClusterRuntime:
 
     def finish(self, timeout: float | None = None) -> None:
         """How a loader ends (closed, collected, at exit; docs/cluster.md,
-        "Ending a run"): the thread runs the turns the workers have reached
-        (the other nodes' threads may be in their collectives already), and
-        none after: an epoch cut short never reaches the rest. It stops at
-        the first collective that fails then (the other nodes have stopped),
-        and is joined, so no collective of the loader's group is in flight
-        when this returns, nor a thread that a later
-        ``destroy_process_group()`` or the interpreter's exit would find in
-        one. Bounded by ``timeout`` (default: a collective's timeout, plus
-        5 s): a thread still in a collective then is abandoned, and a
-        warning says which window."""
+        "Ending a run"): the thread ends the turn under way, then runs the
+        turns after in closing mode (no pace, no pool reads or stores, its
+        items sent empty, its closing flag set) and stops right after the
+        first collective in which every node's flag was set: all nodes stop
+        after the same window ("The last turn, agreed"). It stops at the
+        first collective that fails then (a node is gone), and is joined, so
+        no collective of the loader's group is in flight when this returns,
+        nor a thread that a later ``destroy_process_group()`` or the
+        interpreter's exit would find in one. Bounded by ``timeout``
+        (default: a collective's timeout, plus 5 s): a thread still in a
+        collective then is abandoned, and a warning says which window."""
         if os.getpid() != self._pid:
             return
+        self._finishing.set()
         self._closing.set()
         if self._thread is not None and self._thread.is_alive() and not self._reached_end():
             # An epoch cut short: the workers will read no further, so a store
@@ -195,9 +197,9 @@ class ClusterRuntime:
             self._pool.interrupt()
             if self._view_pool is not None:
                 self._view_pool.interrupt()
-        # The thread ends by itself once it has run the turns the workers
-        # reached (_await_turn looks at _closing); stop() first would skip
-        # one that another node's thread may be in already.
+        # The thread ends by itself after the window the nodes agree on;
+        # stop() first would skip one that another node's thread may be in
+        # already.
         limit = self.timeout + 5 if timeout is None else timeout
         began = time.monotonic()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -261,6 +263,10 @@ class ClusterRuntime:
                 for k in self._turns:
                     if not self._await_turn(k):
                         break
+                    if self._finishing.is_set():
+                        if self._closing_turn(k):
+                            continue
+                        break
                     # Window k + 1's forwards, read from storage while window k's exchange runs.
                     forwards = self._forwards.get(k + 1, [])
                     loading = [readers.submit(self._load, i) for i in forwards]
@@ -283,6 +289,25 @@ class ClusterRuntime:
             self._in_window = None
             self._release(list(self._claims))
 
+    def _closing_turn(self, k: int) -> bool:
+        """Turn k once finish() was called (docs/cluster.md, "The last
+        turn, agreed"): window k's collective with this node's closing flag,
+        its SENDs read already sent as read and the others empty (nothing
+        read from the pool, nothing stored, no forward loaded), what came
+        dropped. True to go on to the next turn; False to stop: every node's
+        flag was set (all nodes stop after this window), or the collective
+        failed (a node is gone)."""
+        self._sends.pop(k, None)
+        self._in_window = k
+        ok = self.exchange.run(k, lambda i: self._sent.pop(i, b""), closing=True)
+        self._in_window = None
+        for i in self.exchange.incoming(k):
+            self.exchange.take(i)
+        if not ok:
+            self.abandoned.append(k)
+            return False
+        return not self.exchange.all_closing
+
     def _ending(self) -> bool:
         """The loader is ending: closed (finish()), or the user destroyed
         the default process group, which takes the loader's group with it
@@ -297,14 +322,14 @@ class ClusterRuntime:
         return False
 
     def _await_turn(self, k: int) -> bool:
-        """Sleep on the workers' progress until turn k's pace; False when
-        the thread is to stop instead: stop() was called, the default group
-        was destroyed, or the loader is ending and its workers never got
-        there (an epoch cut short)."""
+        """Sleep on the workers' progress until turn k's pace, or until
+        finish() (a closing turn needs no pace); False when the thread is to
+        stop instead: stop() was called, or the default group was destroyed
+        (no flag can travel then)."""
         import torch.distributed as dist
 
         while not self._stop.is_set() and dist.is_initialized():
-            if self._pool.wait_head(self._pace[k], _NOW):
+            if self._finishing.is_set() or self._pool.wait_head(self._pace[k], _NOW):
                 return True
             if self._ending():
                 return False

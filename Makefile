@@ -204,11 +204,14 @@ PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_PROCS)),-n $(PYTEST_PROCS) --dist lo
 # end together (docs/testing.md, "Time budget"). test-python runs the rest.
 CLUSTER_LOADER_TESTS := tests/python/test_cluster_exit.py tests/python/test_cluster_loader.py \
 	tests/python/test_cluster_resume.py tests/python/test_cluster_faults.py
+# Both print their 15 slowest tests (build/test-logs/*.log): the time
+# budget's ledger (docs/testing.md, "Time budget").
 test-python: install
-	$(PY) -m pytest -q $(PYTEST_XDIST) -m "slow or not slow" $(addprefix --ignore=,$(CLUSTER_LOADER_TESTS)) tests/python
+	$(PY) -m pytest -q $(PYTEST_XDIST) --durations=15 -m "slow or not slow" \
+	    $(addprefix --ignore=,$(CLUSTER_LOADER_TESTS)) tests/python
 
 test-cluster-loader: install
-	$(PY) -m pytest -q $(PYTEST_XDIST) -m "slow or not slow" $(CLUSTER_LOADER_TESTS)
+	$(PY) -m pytest -q $(PYTEST_XDIST) --durations=15 -m "slow or not slow" $(CLUSTER_LOADER_TESTS)
 
 # The benchmarks (each prints a markdown table and writes bench/results/*.json;
 # bench/RESULTS.md records the medians with the machine and the command).

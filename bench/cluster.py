@@ -138,6 +138,7 @@ def rank_main(args: argparse.Namespace) -> None:
                            "storage_bytes": after["bytes_read"] - before["bytes_read"]}
     if marks:
         out.update(first_epoch=first, epoch_marks=marks, plan_epochs=plan_epochs(loader, ds, first))
+    closing = time.perf_counter()
     if isinstance(loader, opt4torch.DataLoader):
         rt = loader.cache.transfers
         if rt is not None:
@@ -151,6 +152,7 @@ def rank_main(args: argparse.Namespace) -> None:
             sizes = ds.item_sizes()
             out["plan_storage_bytes"] = int(sizes[plan.seq[plan.kinds != opt4torch.HIT]].sum())
         loader.cache.close()
+    out["close_seconds"] = time.perf_counter() - closing  # the transfer thread's last turns, and close()
     with open(f"{args.out}.{rank}.json", "w") as f:
         json.dump(out, f)
     dist.barrier()
@@ -432,7 +434,8 @@ def preemption(args: argparse.Namespace, path: str, capacity: float, tmp: str) -
             slowest = [max(r["epoch_seconds"][e] for r in runs[name])
                        for e in range(len(runs[name][0]["epoch_seconds"]))]
             print(f"  repeat {rep + 1}, preemption, {name} on {world} nodes: epochs "
-                  f"{', '.join(f'{t:.2f}' for t in slowest)} s, {time.perf_counter() - t0:.0f} s", flush=True)
+                  f"{', '.join(f'{t:.2f}' for t in slowest)} s, close "
+                  f"{max(r['close_seconds'] for r in runs[name]):.1f} s, {time.perf_counter() - t0:.0f} s", flush=True)
         out.append(runs)
     return out
 

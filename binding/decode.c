@@ -188,6 +188,20 @@ static PyObject *rec_array(rec_reader *r, rec_ctx *c, int tag, PyObject *contain
   Py_RETURN_NONE;
 }
 
+/* The n bytes at b (inside the buffer c->base points into) as a slice of
+ * c->views: a read-only view of them, no copy. */
+static PyObject *rec_view(const rec_ctx *c, const uint8_t *b, uint64_t n) {
+  Py_ssize_t lo = (Py_ssize_t)(b - c->base);
+  PyObject *lo_o = PyLong_FromSsize_t(lo), *hi_o = PyLong_FromSsize_t(lo + (Py_ssize_t)n);
+  PyObject *slice = lo_o == NULL || hi_o == NULL ? NULL : PySlice_New(lo_o, hi_o, NULL);
+  Py_XDECREF(lo_o);
+  Py_XDECREF(hi_o);
+  if (slice == NULL) return NULL;
+  PyObject *view = PyObject_GetItem(c->views, slice);
+  Py_DECREF(slice);
+  return view;
+}
+
 /* A node as a new reference, bound for container[index] or container[key].
  * NULL with no exception set: the record is the Python codec's to decode;
  * NULL with one set: an error. */
@@ -220,6 +234,7 @@ static PyObject *rec_node(rec_reader *r, rec_ctx *c, int depth, PyObject *contai
     uint64_t offset;
     if (rec_u64(r, &n) < 0 || rec_payload(r, r->p, n, &offset) < 0) return NULL;
     b = r->p - n;
+    if (tag == REC_BYTES && c->views != NULL && !c->in_key) return rec_view(c, b, n); /* keys stay bytes */
     return tag == REC_BYTES ? PyBytes_FromStringAndSize((const char *)b, (Py_ssize_t)n)
                             : PyByteArray_FromStringAndSize((const char *)b, (Py_ssize_t)n);
   }
@@ -284,6 +299,12 @@ static void rec_truncate(rec_ctx *c, size_t n) {
       c->nruns--;
     }
   }
+}
+
+PyObject *rec_readonly_view(PyObject *data) {
+  PyObject *mv = PyMemoryView_FromObject(data);
+  if (mv != NULL) PyMemoryView_GET_BUFFER(mv)->readonly = 1;
+  return mv;
 }
 
 void rec_ctx_release(rec_ctx *c) {

@@ -102,6 +102,10 @@ typedef struct rec_ctx {
   const uint8_t *base; /* run offsets count from here */
   int arrays;          /* whether arrays are decoded here (else records with them decline) */
   int in_key;          /* decoding a dict key: an array there is no valid record */
+  /* A read-only memoryview of the buffer base points into (borrowed), or
+   * NULL: when given, bytes nodes come out as its slices (no copy) instead
+   * of bytes objects, except dict keys, which stay bytes. */
+  PyObject *views;
   rec_slot *slots;
   size_t nslots, slots_cap;
   rec_run *runs;
@@ -119,6 +123,12 @@ int rec_decode_into(rec_ctx *c, const uint8_t *buf, size_t len, PyObject *holder
  * runs), runs as (tag, dtype, shape, offset, flags, count, stride, perm), and
  * put each in its slot. 0, or -1 with an exception set. */
 int rec_place_arrays(rec_ctx *c, PyObject *make_arrays, PyObject *data);
+
+/* A read-only memoryview of all of data (a bytearray), for rec_ctx.views: a
+ * new memoryview, marked read-only before anyone else sees it (as
+ * memoryview.toreadonly does; calling that from C left a block allocated
+ * per call in fuzz_decode's leak check). NULL with an exception set. */
+PyObject *rec_readonly_view(PyObject *data);
 
 /* Drop what c holds (the runs and slots of arrays not placed). */
 void rec_ctx_release(rec_ctx *c);

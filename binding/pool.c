@@ -532,26 +532,34 @@ leave:
 
 
 
-/* get_batch(positions, make_arrays=None) -> (objects, data, rest): the batch
- * with its HITs decoded where the C decoder can (objects[i]); arrays made by
- * make_arrays(data, runs) when given. rest lists the other positions'
+/* get_batch(positions, make_arrays=None, views=False) -> (objects, data, rest):
+ * the batch with its HITs decoded where the C decoder can (objects[i]);
+ * arrays made by make_arrays(data, runs) when given; with views, bytes come
+ * out as read-only memoryviews of data (no copy; data is this call's own
+ * copy of the pool's bytes, so the views stay exact while anyone holds them). rest lists the other positions'
  * entries as (i, status, item, a, b), in order (see entry_of), for the Python
  * layer to load, store or decode from data. An AGAIN entry ends rest, and
  * objects stops at it: the positions before it are served; commit them and
  * ask again from its i. */
 static PyObject *pool_get_batch(PoolObject *self, PyObject *args) {
   PyObject *positions, *make_arrays = Py_None;
-  if (!PyArg_ParseTuple(args, "O|O:get_batch", &positions, &make_arrays)) return NULL;
+  int views = 0;
+  if (!PyArg_ParseTuple(args, "O|Op:get_batch", &positions, &make_arrays, &views)) return NULL;
   if (pool_enter(self) < 0) return NULL;
   fetched f;
   rec_ctx c = {.arrays = make_arrays != Py_None};
-  PyObject *out = NULL, *objects = NULL, *rest = NULL;
+  PyObject *out = NULL, *objects = NULL, *rest = NULL, *whole = NULL;
   if (fetch_batch(self, positions, &f) < 0) goto leave;
   objects = PyList_New(f.n);
   rest = PyList_New(0);
   if (objects == NULL || rest == NULL) goto leave;
   const uint8_t *buf = (const uint8_t *)PyByteArray_AS_STRING(f.data);
   c.base = buf;
+  if (views) {
+    whole = rec_readonly_view(f.data);
+    if (whole == NULL) goto leave;
+    c.views = whole;
+  }
   for (Py_ssize_t i = 0; i < f.n; i++) PyList_SET_ITEM(objects, i, Py_NewRef(Py_None));
   for (Py_ssize_t i = 0; i < f.n; i++) {
     int rc = 0;
@@ -573,6 +581,7 @@ static PyObject *pool_get_batch(PoolObject *self, PyObject *args) {
 leave:
   pool_leave(self);
   rec_ctx_release(&c);
+  Py_XDECREF(whole);
   Py_XDECREF(objects);
   Py_XDECREF(rest);
   fetched_release(&f);
@@ -899,7 +908,7 @@ static PyMethodDef pool_methods[] = {
     {"read_batch", (PyCFunction)pool_read_batch, METH_O,
      "read_batch(positions) -> (data, [(status, item, a, b)])"},
     {"get_batch", (PyCFunction)pool_get_batch, METH_VARARGS,
-     "get_batch(positions, make_arrays=None) -> (objects, data, [(i, status, item, a, b)] left)"},
+     "get_batch(positions, make_arrays=None, views=False) -> (objects, data, [(i, status, item, a, b)] left)"},
     {"store_batch", (PyCFunction)pool_store_batch, METH_O,
      "store_batch([(position, parts or None)]) -> [1 stored | 0 not | -1 too large], in order"},
     {"note_reads", (PyCFunction)pool_note_reads, METH_O, "note_reads(positions) for DEFERs."},

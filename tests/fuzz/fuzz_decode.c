@@ -5,7 +5,9 @@
  *
  * The input is one record. It is decoded alone, then as a batch of three
  * copies side by side at 16-byte boundaries (the layout get_batch gives, so
- * same-shaped arrays form runs). Arrays are made by a make_arrays written
+ * same-shaped arrays form runs), and those again with bytes as read-only
+ * views of the batch's buffer (get_batch(..., views=True)), which must give
+ * the same objects. Arrays are made by a make_arrays written
  * here that checks each run and stands a marker (tag, dtype, shape, flags,
  * perm, after a sentinel object) in for each array. Whatever the bytes:
  *   - the decoder accepts or declines, never fails (-1 is only for running
@@ -167,12 +169,57 @@ static size_t markers_in(PyObject *obj) {
   return n;
 }
 
+/* obj with every memoryview in it made bytes (a new reference), after
+ * checking each is a read-only view of buf's bytes (get_batch's views). */
+static PyObject *unview(PyObject *obj, PyObject *buf) {
+  if (PyMemoryView_Check(obj)) {
+    const Py_buffer *v = PyMemoryView_GET_BUFFER(obj);
+    const char *lo = PyByteArray_AS_STRING(buf), *p = v->buf;
+    if (!v->readonly || v->ndim != 1 || v->itemsize != 1 || p < lo || v->len > PyByteArray_GET_SIZE(buf) ||
+        p - lo > PyByteArray_GET_SIZE(buf) - v->len)
+      fail("a view is writable, not of bytes, or reaches outside the batch's buffer");
+    return PyBytes_FromStringAndSize(p, v->len);
+  }
+  if (PyTuple_CheckExact(obj) || PyList_CheckExact(obj)) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+    PyObject *out = PyTuple_CheckExact(obj) ? PyTuple_New(n) : PyList_New(n);
+    if (out == NULL) fail("out of memory");
+    for (Py_ssize_t i = 0; i < n; i++) {
+      PyObject *x = unview(PySequence_Fast_ITEMS(obj)[i], buf);
+      if (PyTuple_CheckExact(out)) PyTuple_SET_ITEM(out, i, x);
+      else PyList_SET_ITEM(out, i, x);
+    }
+    return out;
+  }
+  if (PyDict_CheckExact(obj)) {
+    PyObject *out = PyDict_New(), *k, *v;
+    Py_ssize_t pos = 0;
+    if (out == NULL) fail("out of memory");
+    while (PyDict_Next(obj, &pos, &k, &v)) {
+      if (PyMemoryView_Check(k)) fail("a dict key came out as a view");
+      PyObject *x = unview(v, buf);
+      if (PyDict_SetItem(out, k, x) < 0) fail("out of memory");
+      Py_DECREF(x);
+    }
+    return out;
+  }
+  return Py_NewRef(obj);
+}
+
 /* Decode n records at spans (offset, len) of buf; results[i] is the repr of
- * record i's object, or NULL where the decoder declined. Returns how many
- * were accepted. */
-static int decode(PyObject *buf, const size_t *offs, size_t len, int n, PyObject *fn, PyObject **results) {
+ * record i's object, or NULL where the decoder declined. With views, bytes
+ * come out as views of buf (get_batch(..., views=True)); they are checked
+ * and made bytes before the repr. Returns how many were accepted. */
+static int decode(PyObject *buf, const size_t *offs, size_t len, int n, PyObject *fn, int views,
+                  PyObject **results) {
   const uint8_t *base = (const uint8_t *)PyByteArray_AS_STRING(buf);
   rec_ctx c = {.base = base, .arrays = 1};
+  PyObject *whole = NULL;
+  if (views) {
+    whole = rec_readonly_view(buf);
+    if (whole == NULL) fail("out of memory");
+    c.views = whole;
+  }
   PyObject *holder = PyList_New(n);
   if (holder == NULL) fail("out of memory");
   for (int i = 0; i < n; i++) PyList_SET_ITEM(holder, i, Py_NewRef(Py_None));
@@ -190,10 +237,13 @@ static int decode(PyObject *buf, const size_t *offs, size_t len, int n, PyObject
   size_t reached = 0;
   for (int i = 0; i < n; i++) {
     PyObject *obj = PyList_GET_ITEM(holder, i);
-    results[i] = handled[i] ? PyObject_Repr(obj) : NULL;
+    PyObject *plain = handled[i] ? unview(obj, buf) : NULL;
+    results[i] = handled[i] ? PyObject_Repr(plain) : NULL;
+    Py_XDECREF(plain);
     if (handled[i] && results[i] == NULL) fail("repr of a decoded object failed");
     reached += handled[i] ? markers_in(obj) : 0;
   }
+  Py_XDECREF(whole);
   if (reached != slots) fail("the decoded objects do not reach every array made for them");
   Py_DECREF(holder);
   return accepted;
@@ -205,7 +255,7 @@ static void once(const uint8_t *data, size_t size, PyObject *fn) {
   if (one == NULL) fail("out of memory");
   size_t zero = 0;
   PyObject *alone;
-  int ok = decode(one, &zero, size, 1, fn, &alone);
+  int ok = decode(one, &zero, size, 1, fn, 0, &alone);
   /* Three copies, each at a 16-byte boundary. */
   size_t step = (size + 15) & ~(size_t)15, offs[COPIES];
   PyObject *three = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(step * COPIES));
@@ -215,14 +265,18 @@ static void once(const uint8_t *data, size_t size, PyObject *fn) {
     offs[i] = step * (size_t)i;
     memcpy(PyByteArray_AS_STRING(three) + offs[i], data, size);
   }
-  PyObject *copies[COPIES];
-  int got = decode(three, offs, size, COPIES, fn, copies);
-  if (got != (ok ? COPIES : 0)) fail("a record decoded alone and in a batch differently (accepted or not)");
-  for (int i = 0; ok && i < COPIES; i++)
-    if (PyUnicode_Compare(alone, copies[i]) != 0) fail("a record decoded alone and in a batch to different objects");
+  /* The batch decoded as get_batch does it, then again with bytes as views
+   * of the batch's buffer (views=True): the same objects. */
+  for (int views = 0; views < 2; views++) {
+    PyObject *copies[COPIES];
+    int got = decode(three, offs, size, COPIES, fn, views, copies);
+    if (got != (ok ? COPIES : 0)) fail("a record decoded alone and in a batch differently (accepted or not)");
+    for (int i = 0; ok && i < COPIES; i++)
+      if (PyUnicode_Compare(alone, copies[i]) != 0) fail("a record decoded alone and in a batch to different objects");
+    for (int i = 0; i < COPIES; i++) Py_XDECREF(copies[i]);
+  }
   if (PyErr_Occurred()) fail("an exception left set");
   Py_XDECREF(alone);
-  for (int i = 0; i < COPIES; i++) Py_XDECREF(copies[i]);
   Py_DECREF(one);
   Py_DECREF(three);
 }

@@ -123,12 +123,20 @@ def main() -> None:
     for i in range(len(np_)):
         by[(int(np_.window[i]), int(np_.role[i]))].append(i)
     last = int(cp.windows()[-1]) + 2
+    # Each window's closing flags (docs/cluster.md, "The last turn, agreed"):
+    # in a node's n-th collective every node sets its flag but node n % world
+    # (unless n % 3 == 0), so every node must see all flags set exactly when
+    # n % 3 == 0.
+    agreed: list[bool] = []
     for k in range(last + 1):
         if rank == args.vanish_rank and k == args.vanish_window:
             os._exit(0)
         for i in by.pop((k, cluster.RECEIVE), []):
             read(i)
-        exchange.run(k, lambda i: record_of(read(i)))
+        n = len(agreed)
+        ok = exchange.run(k, lambda i: record_of(read(i)), closing=n % 3 == 0 or node != n % world)
+        if ok and k in exchange.windows:
+            agreed.append(exchange.all_closing)
         for i in by.pop((k, cluster.WORKER), []):
             got = read(i)
             if np_.forward[i]:
@@ -144,7 +152,7 @@ def main() -> None:
         "bytes_sent": exchange.bytes_sent, "bytes_received": exchange.bytes_received,
         "short_received": short, "oversize": exchange.oversize,
         "errors": [f"window {k}: {type(e).__name__}" for k, e in exchange.errors],
-        "late": cp.late, "peer_hits": cp.peer_hits, "remote_admits": cp.remote_admits,
+        "agreed": agreed, "late": cp.late, "peer_hits": cp.peer_hits, "remote_admits": cp.remote_admits,
     }
     with open(f"{args.out}.{rank}.json", "w") as f:
         json.dump(out, f)

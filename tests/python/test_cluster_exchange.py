@@ -38,7 +38,9 @@ def run(tmp_path, *args: str) -> list[dict | None]:
 def test_every_node_runs_the_plan(tmp_path, window: int, rooms: str) -> None:
     """Two collectives a window (lengths, then bytes), or one with every
     item in a room of its planned bytes, where an item whose room is too
-    small goes empty and its reader reads it from storage."""
+    small goes empty and its reader reads it from storage. Each window's
+    collective carries every node's closing flag, and every node reads the
+    same flags (issue 36)."""
     ranks = run(tmp_path, "--window", str(window), "--rooms", rooms)
     assert all(r is not None for r in ranks)
     assert ranks[0]["peer_hits"] > 0 and ranks[0]["remote_admits"] > 0
@@ -57,6 +59,10 @@ def test_every_node_runs_the_plan(tmp_path, window: int, rooms: str) -> None:
         assert r["bytes_sent"] <= st["peer_bytes_sent"] + 80 * r["items_sent"]
         if rooms == "none":
             assert st["peer_bytes_sent"] <= r["bytes_sent"]
+        # Each collective carried every node's closing flag: all flags were
+        # set in every third one only (node n % 4 left its own unset otherwise).
+        assert len(r["agreed"]) >= 3 and r["agreed"] == [n % 3 == 0 for n in range(len(r["agreed"]))]
+    assert len({len(r["agreed"]) for r in ranks}) == 1
     assert sum(r["items_sent"] for r in ranks) == sum(r["items_received"] for r in ranks)
     assert sum(r["oversize"] for r in ranks) == sum(r["short_received"] for r in ranks)
     assert (sum(r["short_received"] for r in ranks) > 0) == (rooms == "short")

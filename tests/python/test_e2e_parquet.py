@@ -42,7 +42,7 @@ def test_parquet_configurations_read_the_same_rows(tmp_path) -> None:
         assert runs[c]["storage_bytes"] == runs[c]["plan_miss_bytes"] > 0, (c, runs[c])
     written = e2e_parquet_report.write_outputs(result, str(tmp_path / "out"), {"cores": 2})
     md = (tmp_path / "out" / "e2e-parquet.md").read_text()
-    assert "| opt4torch.Parquet (page ranges) | local |" in md and "(=)" in md
+    assert "| opt4torch.Parquet (rows alone) | local |" in md and "(=)" in md
     assert json.loads((tmp_path / "out" / "e2e-parquet.json").read_text())["summary"]["shuffle"]["parquet-opt"]["exact"]
     assert written[-1].endswith(".png") and os.path.getsize(written[-1]) > 0
     bytes_target = e2e_parquet_report.targets(result["runs"]["shuffle"], "file")[-1]

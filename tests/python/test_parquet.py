@@ -221,13 +221,9 @@ def store(tmp_path_factory):
 @pytest.fixture
 def s3_env(store, monkeypatch: pytest.MonkeyPatch):
     _, _, key, secret = store
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
-                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    from s3store import only_these_credentials
+
+    only_these_credentials(monkeypatch, key, secret, "us-east-1")
 
 
 @pytest.mark.timeout(240)

@@ -163,6 +163,50 @@ def test_the_loader_gathers_page_units_exactly(tmp_path) -> None:
         loader.cache.close()
 
 
+def test_a_worker_takes_its_next_batches_rows_from_a_unit_it_decodes(tmp_path) -> None:
+    """_RowAt as a worker of 2 runs it: batches 0, 2, 4, ... of 5. Every row
+    equals pyarrow's, units are decoded fewer times than without the
+    lookahead, the rows held stay within the lookahead's batches, and a
+    stride guessed wrong (batches not a constant stride apart) still gives
+    every position its own row."""
+    paths = [write(tmp_path, f"p{k}.parquet", 60, k, row_group_size=30, max_rows_per_page=4) for k in range(2)]
+    ds = opt4torch.Parquet(paths)
+    ref = reference(paths)
+    rng = np.random.default_rng(5)
+    rows = np.concatenate([rng.permutation(len(ds)) for _ in range(3)]).astype(np.int64)
+    real = ds._decoder.table
+    decodes = []
+
+    def counted(unit, blob):
+        if ds._decoder._last is None or ds._decoder._last[0] != unit:
+            decodes.append(unit)
+        return real(unit, blob)
+
+    ds._decoder.table = counted
+
+    def serve(batches, lookahead):
+        _, at, units = ds.opt4_read_units(rows, None)
+        at.lookahead = lookahead
+        decodes.clear()
+        ds._decoder._last = None
+        held = 0
+        for lo in batches:
+            where = list(range(lo, min(lo + 5, len(rows))))
+            got = at.at_positions([ds._groups[int(units[t])] for t in where], where)
+            assert got == [ref[int(rows[t])] for t in where], f"positions {where}"
+            held = max(held, len(at._held))
+            assert all(t > lo for t in at._held)
+        return len(decodes), held
+
+    mine = range(0, len(rows), 10)
+    plain, _ = serve(mine, 0)
+    ahead, held = serve(mine, 4)
+    assert ahead < 0.8 * plain, (ahead, plain)
+    assert 0 < held <= 4 * 5
+    odd = [0, 10, 15, 40, 45, 50, 75, 80, 120, 125, 130, 200, 205, 300, 305]
+    serve(odd, 4)
+
+
 # ---- hostile bytes ----
 
 

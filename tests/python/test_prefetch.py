@@ -140,17 +140,27 @@ def test_image_folder_to_records(tmp_path) -> None:
         image_folder_to_records(tmp_path / "images" / "cat", tmp_path / "x.rec")
 
 
-def test_prefetcher_frames_records_as_the_codec_does(record_path: str) -> None:
-    """What the C prefetcher stores decodes to exactly what the dataset returns."""
-    rf = RecordFile(record_path)
-    for i in (0, 9, 123):
-        assert decode(bytearray().join(encode(rf[i]))) == rf[i]
+def _prefetching(rf: RecordFile) -> tuple[np.ndarray, opt4torch.Plan, opt4torch.OPTCache]:
+    """0..19 twice over a cache of 5, its C prefetcher started over ``rf``."""
     seq = np.arange(40) % 20
     plan = opt4torch.plan(seq, capacity=5, items=N_ITEMS)
     cache = opt4torch.OPTCache(plan, 4096, staging_slots=8)
     try:
         cache.configure_prefetch(rf, threads=2, lookahead=64)
         cache.start_prefetch()
+    except BaseException:
+        cache.close()
+        raise
+    return seq, plan, cache
+
+
+def test_prefetcher_frames_records_as_the_codec_does(record_path: str) -> None:
+    """What the C prefetcher stores decodes to exactly what the dataset returns."""
+    rf = RecordFile(record_path)
+    for i in (0, 9, 123):
+        assert decode(bytearray().join(encode(rf[i]))) == rf[i]
+    seq, plan, cache = _prefetching(rf)
+    try:
         deadline = time.monotonic() + 10
         while cache.stats()["prefetch_stored"] < 5 and time.monotonic() < deadline:
             time.sleep(0.005)  # the first items go into empty slots at once
@@ -162,6 +172,50 @@ def test_prefetcher_frames_records_as_the_codec_does(record_path: str) -> None:
         pool.close()
         st = cache.stats()
         assert st["prefetched"] > 0, st
+    finally:
+        cache.close()
+
+
+def test_get_batch_views_hand_bytes_over_as_read_only_views_of_its_data(record_path: str) -> None:
+    """get_batch(..., views=True): every HIT's bytes are a read-only
+    memoryview of the batch's own buffer (the prefetcher's frames and a
+    worker's stores alike), equal to what the dataset returns, and they
+    stay right after the pool has moved on (the buffer is the call's copy)."""
+    rf = RecordFile(record_path)
+
+    def plain(x):
+        return (bytes(x[0]), x[1]) if isinstance(x, tuple) else bytes(x)
+
+    seq, plan, cache = _prefetching(rf)
+    try:
+        pool = _engine.pool_attach(cache.name)
+        kept = []
+        for lo in range(0, 40, 8):
+            out, data, rest = pool.get_batch(list(range(lo, lo + 8)), None, True)
+            assert len(out) == 8, "no AGAIN expected: nothing in this batch waits for another"
+            commits = []
+            for i, status, item, a, _b in rest:
+                assert status in (_engine.ENTRY_LOAD, _engine.ENTRY_DEFER), rest  # no HIT left to the codec
+                out[i] = rf[item]
+                if status == _engine.ENTRY_DEFER:
+                    commits.append((lo + i, None))
+                elif a == _engine.REASON_ADMIT:
+                    commits.append((lo + i, encode(out[i])))
+            if commits:
+                assert _engine.STORE_TOO_LARGE not in pool.store_batch(commits)
+            loaded = {e[0] for e in rest}
+            for k, obj in enumerate(out):
+                if k in loaded:
+                    continue
+                view = obj[0] if isinstance(obj, tuple) else obj
+                assert isinstance(view, memoryview) and view.readonly and view.obj is data, type(view)
+                assert plain(obj) == plain(rf[int(seq[lo + k])]), lo + k
+                kept.append((lo + k, obj))
+        hits = int((plan.kinds == opt4torch.HIT).sum())
+        assert len(kept) >= hits > 0, f"{len(kept)} HITs in 40 positions, {hits} planned"
+        for t, obj in kept:  # the pool has moved on; the views still hold the rows they were
+            assert plain(obj) == plain(rf[int(seq[t])]), t
+        pool.close()
     finally:
         cache.close()
 

@@ -29,9 +29,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if os.path.exists(path):
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            from ..sources.records import _file_kind
+            from ..io.files import file_kind
 
-            raise UsageError(f"{path!r} is {_file_kind(st.st_mode)}, not a regular file; {_INSPECTS}")
+            raise UsageError(f"{path!r} is {file_kind(st.st_mode)}, not a regular file; {_INSPECTS}")
         fmt = sniff(path)
         if fmt.kind == "records":
             return _inspect_records(path, args.json)

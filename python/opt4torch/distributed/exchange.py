@@ -25,6 +25,12 @@ sample. The window is counted (:attr:`Exchange.failed`, the first errors in
 :attr:`Exchange.errors`), and the nodes form their group again
 (distributed/regroup.py): the windows after it carry items again.
 
+Every window's collective also carries each node's closing flag (an int64
+in front of each pair's part, or of its lengths): the nodes agree on the
+last window a loader that is ending runs (docs/cluster.md, "The last turn,
+agreed"). :attr:`Exchange.all_closing` says whether every node had set it in
+the window just run.
+
 The group holds one rank a node (the node's first rank, which owns its
 pool and runs its transfer thread); ``peers[n]`` is node n's rank in it.
 
@@ -56,6 +62,15 @@ def record_of(obj: Any, allow_pickle: bool = False) -> bytes:
     return b"".join(bytes(memoryview(p).cast("B")) for p in encode(obj, allow_pickle))
 
 
+def _flags(k: int, heads: np.ndarray) -> list[bool]:
+    """The closing flags the nodes sent in window k (by group rank)."""
+    bad = np.flatnonzero((heads != 0) & (heads != 1))
+    if bad.size:
+        raise ValueError(f"window {k}: group rank {int(bad[0])} sent a closing flag of {int(heads[bad[0]])} "
+                         "(0 or 1 expected): its part is corrupt")
+    return [bool(h) for h in heads.tolist()]
+
+
 class Window:
     """One window's exchange from :meth:`Exchange.begin` to
     :meth:`Exchange.complete`: ``ok`` is None while its collective is in
@@ -68,8 +83,8 @@ class Window:
         self.ok: bool | None = None
         self.items = self.moved = 0
         self.t0 = 0.0
-        #: Waits for the collective's end; gives the records received.
-        self.received: Callable[[], list[bytes]] | None = None
+        #: Waits for the collective's end; gives the records received and each node's closing flag.
+        self.received: Callable[[], tuple[list[bytes], list[bool]]] | None = None
 
 
 class Exchange:
@@ -140,6 +155,9 @@ class Exchange:
         self.seconds = 0.0
         self._last_end = time.monotonic()
         self.closed = False
+        #: Whether every node sent its closing flag in the last window whose
+        #: collective ran (all nodes read the same flags: they stop together).
+        self.all_closing = False
 
     def close(self) -> None:
         """No more collectives: the loader's group is destroyed here (a
@@ -166,15 +184,17 @@ class Exchange:
         """The node-plan positions window k's collective brings items for."""
         return [at for _, _, at, _ in self._in.get(k, [])]
 
-    def run(self, k: int, read_pool: Callable[[int], bytes]) -> bool:
+    def run(self, k: int, read_pool: Callable[[int], bytes], closing: bool = False) -> bool:
         """Window k's exchange, a collective of every rank: ``read_pool(i)``
         gives the record this node's pool holds for node-plan position i
-        (its SENDs). False when the window's items are lost (counted, and
+        (its SENDs; ``b""`` sends it empty). ``closing``: this node's flag,
+        sent to every node; :attr:`all_closing` then says whether every
+        node's was set. False when the window's items are lost (counted, and
         the error kept): its collective failed, or the nodes are forming
         their group again after an earlier one did."""
-        return self.complete(self.begin(k, read_pool))
+        return self.complete(self.begin(k, read_pool, closing))
 
-    def begin(self, k: int, read_pool: Callable[[int], bytes]) -> Window:
+    def begin(self, k: int, read_pool: Callable[[int], bytes], closing: bool = False) -> Window:
         """Window k's exchange issued: what this node sends packed, and the
         collective started (gloo runs it in a thread of its own), so that
         the caller can store what the window before brought meanwhile
@@ -204,10 +224,10 @@ class Exchange:
         w.t0 = time.monotonic()
         try:
             if self.rooms is None:
-                w.moved, got = self._two_collectives(k, group, parts)
-                w.received = lambda: got
+                w.moved, got, flags = self._two_collectives(k, group, parts, closing)
+                w.received = lambda: (got, flags)
             else:
-                w.moved, w.received = self._one_collective(k, group, parts)
+                w.moved, w.received = self._one_collective(k, group, parts, closing)
         except (RuntimeError, ValueError) as e:  # a dead or late peer, a timeout: this window's items are lost
             self._lose(k, e)
             self.groups.lost()
@@ -216,13 +236,15 @@ class Exchange:
 
     def complete(self, w: Window) -> bool:
         """Wait for the collective :meth:`begin` issued, and keep what came
-        (:meth:`take`). False when the window's items are lost."""
+        (:meth:`take`); :attr:`all_closing` says whether every node's
+        closing flag was set in it. False when the window's items are lost."""
+        self.all_closing = False
         if w.ok is not None:
             return w.ok
         k, received = w.k, w.received
         assert received is not None  # set by begin() whenever ok is not
         try:
-            got = received()
+            got, flags = received()
         except (RuntimeError, ValueError) as e:  # a dead or late peer, a timeout: this window's items are lost
             self._lose(k, e)
             self.groups.lost()
@@ -231,6 +253,7 @@ class Exchange:
         finally:
             w.received = None  # the buffers, and a failed wait's frame
         self._last_end = time.monotonic()
+        self.all_closing = all(flags)
         self.seconds += self._last_end - w.t0
         self.items_sent += w.items
         self.bytes_sent += w.moved
@@ -242,20 +265,26 @@ class Exchange:
         w.ok = True
         return True
 
-    def _two_collectives(self, k: int, group: Any, parts: list[list[bytes]]) -> tuple[int, list[bytes]]:
-        """Window k's items without bounds on their sizes: each item's
-        length first, then the bytes. Returns the bytes sent and the records
-        received, in the order of ``self._in[k]``."""
+    def _two_collectives(self, k: int, group: Any, parts: list[list[bytes]],
+                         closing: bool) -> tuple[int, list[bytes], list[bool]]:
+        """Window k's items without bounds on their sizes: each pair's
+        closing flag and its items' lengths first, then the bytes. Returns
+        the bytes sent, the records received, in the order of
+        ``self._in[k]``, and each node's closing flag."""
         import torch
 
-        lengths = [np.array([len(b) for b in bs], dtype=np.int64) for bs in parts]
-        expect = [0] * self.world
+        lengths = [np.array([int(closing)] + [len(b) for b in bs], dtype=np.int64) for bs in parts]
+        expect = [1] * self.world
         for s, _, _, _ in self._in.get(k, []):
             expect[s] += 1
-        sizes = torch.from_numpy(np.concatenate(lengths)) if any(x.size for x in lengths) else \
-            torch.empty(0, dtype=torch.int64)
         got_sizes = torch.empty(sum(expect), dtype=torch.int64)
-        self.groups.all_to_all(group, got_sizes, sizes, expect, [x.size for x in lengths])
+        self.groups.all_to_all(group, got_sizes, torch.from_numpy(np.concatenate(lengths)), expect,
+                               [x.size for x in lengths])
+        heads = np.cumsum([0] + expect[:-1])
+        flags = _flags(k, got_sizes.numpy()[heads])
+        got_sizes = torch.from_numpy(np.delete(got_sizes.numpy(), heads))
+        expect = [e - 1 for e in expect]
+        lengths = [x[1:] for x in lengths]
         blob = b"".join(b for bs in parts for b in bs)
         send = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
         per_src = np.split(got_sizes.numpy(), np.cumsum(expect)[:-1])
@@ -264,28 +293,31 @@ class Exchange:
                                [int(x.sum()) for x in lengths])
         data = recv.numpy().tobytes()
         offsets = np.concatenate([[0], np.cumsum(got_sizes.numpy())]).tolist()
-        return len(blob), [data[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)]
+        return len(blob), [data[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)], flags
 
-    def _one_collective(self, k: int, group: Any, parts: list[list[bytes]]
-                        ) -> tuple[int, Callable[[], list[bytes]]]:
+    def _one_collective(self, k: int, group: Any, parts: list[list[bytes]],
+                        closing: bool) -> tuple[int, Callable[[], tuple[list[bytes], list[bool]]]]:
         """Window k's items in one collective: every item has its room (its
         record's bound, which both sides know from the plan), so each pair's
-        bytes are known before anything is sent. A pair's part is its
-        items' lengths (int64), then each item in its room. A record larger
-        than its room (one the pool would not keep either) goes as length 0:
-        lost, read from storage by its reader, as a failed window's. Returns
-        the bytes sent at once, with the collective issued, and what waits
-        for its end and gives the records received (in the order of
-        ``self._in[k]``)."""
+        bytes are known before anything is sent. A pair's part is the
+        sender's closing flag (int64), its items' lengths (int64), then each
+        item in its room. A record larger than its room (one the pool would
+        not keep either) goes as length 0: lost, read from storage by its
+        reader, as a failed window's. Returns the bytes sent at once, with
+        the collective issued, and what waits for its end and gives the
+        records received (in the order of ``self._in[k]``) and each node's
+        closing flag."""
         import torch
 
         out: list[list[int]] = [[] for _ in range(self.world)]
         for d, _, _, r in self._out.get(k, []):
             out[d].append(r)
-        counts = [8 * len(rs) + sum(rs) for rs in out]
+        counts = [8 + 8 * len(rs) + sum(rs) for rs in out]
         send = np.zeros(sum(counts), dtype=np.uint8)
         at, moved = 0, 0
         for bs, rs in zip(parts, out):
+            send[at:at + 8] = np.array([int(closing)], dtype=np.int64).view(np.uint8)
+            at += 8
             lens = np.array([len(b) if len(b) <= r else 0 for b, r in zip(bs, rs)], dtype=np.int64)
             send[at:at + 8 * lens.size] = lens.view(np.uint8)
             at += 8 * lens.size
@@ -296,19 +328,22 @@ class Exchange:
             moved += int(lens.sum())
             self.oversize += int((lens == 0).sum()) - sum(1 for b in bs if not b)
         incoming = self._in.get(k, [])
-        expect = [0] * self.world
+        expect = [8] * self.world
         for s, _, _, r in incoming:
             expect[s] += 8 + r
         recv = torch.empty(sum(expect), dtype=torch.uint8)
         buffers = (torch.from_numpy(send), recv)  # both kept until the collective ends
         work = self.groups.all_to_all(group, recv, buffers[0], expect, counts, wait=False)
 
-        def received() -> list[bytes]:
+        def received() -> tuple[list[bytes], list[bool]]:
             work.wait()
             data = buffers[1].numpy()
             got: list[bytes] = []
+            heads: list[int] = []
             at = 0
             for s in range(self.world):
+                heads.append(int(data[at:at + 8].view(np.int64)[0]))
+                at += 8
                 rs = [r for src, _, _, r in incoming if src == s]
                 lens = data[at:at + 8 * len(rs)].view(np.int64).tolist()
                 at += 8 * len(rs)
@@ -317,7 +352,7 @@ class Exchange:
                         raise ValueError(f"window {k}: group rank {s} sent an item of {n} bytes for a room of {r}")
                     got.append(data[at:at + n].tobytes())
                     at += r
-            return got
+            return got, _flags(k, np.array(heads, dtype=np.int64))
 
         return moved, received
 

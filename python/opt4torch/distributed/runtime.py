@@ -1,5 +1,5 @@
 """A cluster node's transfer thread (issue 18; docs/cluster.md, "The run
-time"), and what the node's other ranks hold in its place: the thread
+time"; what the node's other ranks hold in its place is follower.py's): it
 claims the positions whose bytes come from peers, runs each window's
 exchange (distributed/exchange.py) paced by the workers' progress, and
 stores what came where the workers read it. A window whose items are lost
@@ -25,32 +25,17 @@ import numpy as np
 from .. import _engine
 from ..io.forksafe import ForkGate
 from ..planning.sizing import CODEC_MARGIN
-from ..planning.cluster import FROM_PEER, FROM_STORAGE, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
-from ..planning.clusterplan import ClusterFigures
+from ..planning.cluster import FROM_PEER, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
 from .exchange import Exchange, Window, record_of
+from .follower import plan_keys
 
-__all__ = ["ClusterFollower", "ClusterRuntime", "plan_keys"]
+__all__ = ["ClusterRuntime"]
 
 T = TypeVar("T")
 
 #: A wait_head() timeout that only looks: a timeout of 0 waits for good (the
 #: futex's), which a check of the workers' progress must never do.
 _NOW = 1e-9
-
-
-def plan_keys(cp: ClusterFigures, node_plan: NodePlan, storage_sizes: np.ndarray | None) -> dict[str, int]:
-    """The plan's figures for a node, as ``stats()`` gives them beside the
-    measured ones. Storage bytes are the items' own (the plan counts what the
-    pool stores, with the codec's margin) when their sizes are known."""
-    plan = cp.node_stats()[node_plan.node]
-    mine = (node_plan.role == WORKER) & (node_plan.source == FROM_STORAGE)
-    return {
-        "plan_local_hits": plan["local_hits"],
-        "plan_peer_hits": plan["peer_hits"],
-        "plan_storage_bytes": (int(storage_sizes[node_plan.seq[mine]].sum()) if storage_sizes is not None
-                               else plan["plan_storage_bytes"]),
-        "plan_storage_reads": plan["storage_reads"],
-    }
 
 
 class ClusterRuntime:
@@ -157,8 +142,8 @@ class ClusterRuntime:
         # so a fork never waits for the workers it is about to make.
         self._gate = ForkGate()
         self._stop = threading.Event()
-        # Set by finish(): no turn the workers have not reached yet.
-        self._closing = threading.Event()
+        self._closing = threading.Event()  # the loader is ending: finish(), or the default group gone
+        self._finishing = threading.Event()  # finish(): closing turns (docs/cluster.md, "The last turn, agreed")
         self._thread: threading.Thread | None = None
         self._in_window: int | None = None  # the turn whose collective is under way
         #: Windows whose collective failed while the loader was ending.
@@ -181,18 +166,20 @@ class ClusterRuntime:
 
     def finish(self, timeout: float | None = None) -> None:
         """How a loader ends (closed, collected, at exit; docs/cluster.md,
-        "Ending a run"): the thread runs the turns the workers have reached
-        (the other nodes' threads may be in their collectives already), and
-        none after: an epoch cut short never reaches the rest. It stops at
-        the first collective that fails then (the other nodes have stopped),
-        and is joined, so no collective of the loader's group is in flight
-        when this returns, nor a thread that a later
-        ``destroy_process_group()`` or the interpreter's exit would find in
-        one. Bounded by ``timeout`` (default: a collective's timeout, plus
-        5 s): a thread still in a collective then is abandoned, and a
-        warning says which window."""
+        "Ending a run"): the thread ends the turn under way, then runs the
+        turns after in closing mode (no pace, no pool reads or stores, its
+        items sent empty, its closing flag set) and stops right after the
+        first collective in which every node's flag was set: all nodes stop
+        after the same window ("The last turn, agreed"). It stops at the
+        first collective that fails then (a node is gone), and is joined, so
+        no collective of the loader's group is in flight when this returns,
+        nor a thread that a later ``destroy_process_group()`` or the
+        interpreter's exit would find in one. Bounded by ``timeout``
+        (default: a collective's timeout, plus 5 s): a thread still in a
+        collective then is abandoned, and a warning says which window."""
         if os.getpid() != self._pid:
             return
+        self._finishing.set()
         self._closing.set()
         if self._thread is not None and self._thread.is_alive() and not self._reached_end():
             # An epoch cut short: the workers will read no further, so a store
@@ -201,9 +188,9 @@ class ClusterRuntime:
             self._pool.interrupt()
             if self._view_pool is not None:
                 self._view_pool.interrupt()
-        # The thread ends by itself once it has run the turns the workers
-        # reached (_await_turn looks at _closing); stop() first would skip
-        # one that another node's thread may be in already.
+        # The thread ends by itself after the window the nodes agree on;
+        # stop() first would skip one that another node's thread may be in
+        # already.
         limit = self.timeout + 5 if timeout is None else timeout
         began = time.monotonic()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -270,6 +257,10 @@ class ClusterRuntime:
                     if begun is None or begun.k != k:  # not issued during the delivery before
                         if not self._await_turn(k):
                             break
+                        if self._finishing.is_set():
+                            if self._closing_turn(k):
+                                continue
+                            break
                         begun, loading = self._begin(k, readers)
                     self._in_window = k
                     ok = self.exchange.complete(begun)
@@ -319,6 +310,25 @@ class ClusterRuntime:
         self.begun_early += 1
         return self._begin(k, readers)
 
+    def _closing_turn(self, k: int) -> bool:
+        """Turn k once finish() was called (docs/cluster.md, "The last
+        turn, agreed"): window k's collective with this node's closing flag,
+        its SENDs read already sent as read and the others empty (nothing
+        read from the pool, nothing stored, no forward loaded), what came
+        dropped. True to go on to the next turn; False to stop: every node's
+        flag was set (all nodes stop after this window), or the collective
+        failed (a node is gone)."""
+        self._sends.pop(k, None)
+        self._in_window = k
+        ok = self.exchange.run(k, lambda i: self._sent.pop(i, b""), closing=True)
+        self._in_window = None
+        for i in self.exchange.incoming(k):
+            self.exchange.take(i)
+        if not ok:
+            self.abandoned.append(k)
+            return False
+        return not self.exchange.all_closing
+
     def _ending(self) -> bool:
         """The loader is ending: closed (finish()), or the user destroyed
         the default process group, which takes the loader's group with it
@@ -333,14 +343,14 @@ class ClusterRuntime:
         return False
 
     def _await_turn(self, k: int) -> bool:
-        """Sleep on the workers' progress until turn k's pace; False when
-        the thread is to stop instead: stop() was called, the default group
-        was destroyed, or the loader is ending and its workers never got
-        there (an epoch cut short)."""
+        """Sleep on the workers' progress until turn k's pace, or until
+        finish() (a closing turn needs no pace); False when the thread is to
+        stop instead: stop() was called, or the default group was destroyed
+        (no flag can travel then)."""
         import torch.distributed as dist
 
         while not self._stop.is_set() and dist.is_initialized():
-            if self._pool.wait_head(self._pace[k], _NOW):
+            if self._finishing.is_set() or self._pool.wait_head(self._pace[k], _NOW):
                 return True
             if self._ending():
                 return False
@@ -459,41 +469,3 @@ class ClusterRuntime:
             "cluster_failed_windows": len(ex.failed),
             "cluster_regroups": ex.groups.regroups,
         }
-
-
-class ClusterFollower:
-    """What a node's other ranks hold in the transfer thread's place: they
-    share the node's pool, and its first rank moves the items. Their
-    ``stats()`` give the node's pool counters and the plan's figures; the
-    measured transfers (``local_hits``, ``peer_hits``, ``peer_bytes_*``,
-    ``peer_items_*``, ``exchange_seconds``) and their faults
-    (``cluster_errors``, ``cluster_failed_windows``, ``cluster_regroups``)
-    are the first rank's thread's to see, and are None here."""
-
-    error: BaseException | None = None
-    done = True
-    bytes_moved = None
-
-    def __init__(self, cp: ClusterFigures, node_plan: NodePlan, storage_sizes: np.ndarray | None,
-                 leader: int) -> None:
-        self.plan_keys = plan_keys(cp, node_plan, storage_sizes)
-        #: The node's plan, as the node's first rank handed it over (it
-        #: planned; this rank did not: distributed/setup.py).
-        self.plan = node_plan
-        #: The global rank whose transfer thread serves this node.
-        self.leader = leader
-
-    def start(self) -> None:
-        pass
-
-    def finish(self, timeout: float | None = None) -> None:
-        pass
-
-    def stop(self, timeout: float | None = None) -> None:
-        pass
-
-    def stats(self, hits: int) -> dict[str, Any]:
-        return {"local_hits": None, "peer_hits": None, "peer_bytes_sent": None, "peer_bytes_received": None,
-                "peer_items_sent": None, "peer_items_received": None, "peer_bytes_per_s": None,
-                "exchange_seconds": None, **self.plan_keys, "cluster_errors": None, "cluster_leader": self.leader,
-                "cluster_failed_windows": None, "cluster_regroups": None}

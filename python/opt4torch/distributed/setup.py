@@ -26,7 +26,8 @@ from ..planning.sizing import CODEC_MARGIN, STAGING_MIN_CLUSTER, item_sizes, par
 from ..pool.cache import OPTCache
 from .handoff import NodeShare, read_share, remove_share, share_path, write_share
 from .node import release_group
-from .runtime import ClusterFollower, ClusterRuntime
+from .follower import ClusterFollower
+from .runtime import ClusterRuntime
 
 __all__ = ["ClusterSetup", "cluster_pool", "cluster_setup"]
 

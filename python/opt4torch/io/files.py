@@ -1,4 +1,4 @@
-"""Writing files: the package's one way, over the engine's ``opt4_outfile``
+"""Writing files, and reading back what we wrote: the package's one way, over the engine's ``opt4_outfile``
 (include/opt4.h), which plan files and record files use too.
 
 A file is written into a temporary file beside its path and renamed over the
@@ -11,6 +11,10 @@ to a regular file or to nothing, refused otherwise (and refused always with
 ``no_symlink=True``, as record files do). Temporaries carry their writer's
 pid, start time and PID namespace, and the next write of the same path
 removes those whose writer died (SIGKILL).
+
+:func:`read_capped` reads back a file we cached (an index), as what it must
+be: a regular file, opened without blocking (a FIFO planted there), of at
+most the bytes it can take.
 
 :func:`abort_on_sigterm` makes SIGTERM unwind a write as SIGINT does (the
 temporary is removed), then ends the process as SIGTERM would have.
@@ -25,13 +29,56 @@ import contextlib
 import io
 import os
 import signal
+import stat
 import threading
 from collections.abc import Iterator
 from typing import IO, Any
 
 from .. import _engine
 
-__all__ = ["check_output", "atomic_write", "abort_on_sigterm", "output_path"]
+__all__ = ["FileRefused", "abort_on_sigterm", "atomic_write", "check_output", "file_kind", "output_path",
+           "read_capped"]
+
+
+class FileRefused(ValueError):
+    """A file :func:`read_capped` would not read: what was wrong with it."""
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, from its ``st_mode``."""
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return f"mode {stat.filemode(mode)}"
+
+
+def read_capped(where: str | os.PathLike[str], cap: int, what: str = "this file") -> bytes:
+    """The bytes of the regular file at ``where``, refused (FileRefused)
+    when it is anything else or larger than ``cap`` (the most ``what`` can
+    take). Opened with O_NONBLOCK,
+    so that a FIFO planted there does not block the open; FileNotFoundError
+    where there is none."""
+    fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRefused(f"it is not a regular file ({file_kind(st.st_mode)})")
+        if st.st_size > cap:
+            raise FileRefused(f"it is {st.st_size} bytes, more than {what} can be ({cap})")
+        parts, got = [], 0
+        while True:  # read to the end, at most cap + 1 bytes: a file growing under us is refused too
+            part = os.read(fd, min(cap + 1 - got, 1 << 24))
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+            if got > cap:
+                raise FileRefused(f"it grew past {cap} bytes while being read")
+        return b"".join(parts)
+    finally:
+        os.close(fd)
 
 
 def check_output(path: str | os.PathLike[str], *, no_symlink: bool = False) -> None:

@@ -10,7 +10,9 @@ and content-defined pages). Configurations (:data:`CONFIGS`):
 
   hf-torch      ``datasets.load_dataset("parquet")`` with torch's DataLoader, no cache
   hf-opt        that dataset given to opt4torch.DataLoader as it is (OPT + prefetch)
-  parquet-opt   ``opt4torch.Parquet`` over the shards (OPT over page ranges; C prefetch)
+  parquet-opt   ``opt4torch.Parquet`` over the shards, as it reads them by default (each row
+                alone where its image is a byte range of its own: OPT over rows; C prefetch)
+  parquet-opt-pages  the same with ``values=False`` (OPT over page ranges)
   parquet-opt-rowgroups  the same with ``pages=False`` (OPT over whole row groups)
   parquet-opt-small  the same rows written again by pyarrow in row groups of
                 ``Setup.small_row_group`` rows
@@ -43,16 +45,18 @@ from .e2e import Setup
 
 __all__ = ["CONFIGS", "LABELS", "label", "litdata_budget", "prepare_shards", "run", "run_config", "upload"]
 
-CONFIGS = ("hf-torch", "hf-opt", "parquet-opt", "parquet-opt-rowgroups", "parquet-opt-small", "litdata", "memory")
+CONFIGS = ("hf-torch", "hf-opt", "parquet-opt", "parquet-opt-pages", "parquet-opt-rowgroups", "parquet-opt-small",
+           "litdata", "memory")
 #: What the tables and the plot call them.
 LABELS = {"hf-torch": "datasets + torch DataLoader (no cache)",
           "hf-opt": "datasets in opt4torch.DataLoader (OPT + prefetch)",
-          "parquet-opt": "opt4torch.Parquet (page ranges)", "parquet-opt-rowgroups": "opt4torch.Parquet (row groups)",
+          "parquet-opt": "opt4torch.Parquet (rows alone)", "parquet-opt-pages": "opt4torch.Parquet (page ranges)",
+          "parquet-opt-rowgroups": "opt4torch.Parquet (row groups)",
           "parquet-opt-small": "opt4torch.Parquet (row groups of {k})", "litdata": "LitData (ParquetLoader)",
           "memory": "in memory"}
 #: The bucket on the S3 server.
 BUCKET = "opt4-hub"
-_OPT = ("hf-opt", "parquet-opt", "parquet-opt-rowgroups", "parquet-opt-small")
+_OPT = ("hf-opt", "parquet-opt", "parquet-opt-pages", "parquet-opt-rowgroups", "parquet-opt-small")
 
 
 def label(name: str, setup: Setup) -> str:
@@ -111,7 +115,7 @@ def _small(paths: list[str]) -> list[str]:
 def upload(paths: list[str], setup: Setup, log: Callable[[str], None] = print) -> None:
     """The shards, their rewrites and LitData's index as objects on the S3
     server (not timed): ``s3://BUCKET/<name>``, ``s3://BUCKET/small/<name>``."""
-    client = e2e._s3_client(setup)
+    client = e2e.s3_client(setup)
     client.create_bucket(Bucket=BUCKET)
     lit = _litdata_folder(paths)
     puts = [(p, os.path.basename(p)) for p in paths] + [(p, "small/" + os.path.basename(p)) for p in _small(paths)]
@@ -250,7 +254,7 @@ def _loader(name: str, sampler_kind: str, paths: list[str], setup: Setup, out: d
         if name == "memory":
             col = hf.data.column("image").to_pylist()
             data = [(c["bytes"], int(k)) for c, k in zip(col, labels.tolist())]
-        return torch.utils.data.DataLoader(e2e._NoCache(data, tf), sampler=sampler, **common)
+        return torch.utils.data.DataLoader(e2e.NoCache(data, tf), sampler=sampler, **common)
     if name == "hf-opt":
         out["cache_bytes"] = int(setup.capacity * HFDataset(hf).item_sizes().sum())
         source: Any = hf
@@ -261,7 +265,7 @@ def _loader(name: str, sampler_kind: str, paths: list[str], setup: Setup, out: d
             prefix = f"s3://{BUCKET}/" + ("small/" if name == "parquet-opt-small" else "")
             files = [prefix + os.path.basename(p) for p in files]
             store = {"endpoint_url": setup.s3_endpoint}
-        source = Parquet(files, pages=name != "parquet-opt-rowgroups", **store)
+        source = Parquet(files, pages=name != "parquet-opt-rowgroups", values=name == "parquet-opt", **store)
     return DataLoader(source, sampler=sampler, epochs=setup.epochs, transform=tf, cache_bytes=out["cache_bytes"],
                       prefetch=True, prefetch_threads=setup.threads, lookahead=setup.lookahead, progress=False,
                       **common)
@@ -273,26 +277,26 @@ def run_config(name: str, sampler_kind: str, paths: list[str], setup: Setup) -> 
     import torch
 
     torch.set_num_threads(1)
-    cpu0 = e2e._cpu_seconds()
-    mem = e2e._PeakMemory()
+    cpu0 = e2e.cpu_seconds()
+    mem = e2e.PeakMemory()
     mem.start()
     s3 = setup.store == "s3" and name in ("litdata",) + _OPT[1:]
     out: dict[str, Any] = {"config": name, "label": label(name, setup), "sampler": sampler_kind,
                            "reads": "s3" if s3 else "local"}
     if setup.store == "s3":
-        e2e._s3_stats(setup, "reset")
-        server_cpu0 = e2e._proc_cpu_seconds(setup.s3_server_pid) if setup.s3_server_pid else 0.0
+        e2e.s3_stats(setup, "reset")
+        server_cpu0 = e2e.proc_cpu_seconds(setup.s3_server_pid) if setup.s3_server_pid else 0.0
     t0 = time.perf_counter()
     loader = _loader(name, sampler_kind, paths, setup, out)
     out["setup_s"] = time.perf_counter() - t0
     out.update(e2e.train(loader, setup, f"{name} / {sampler_kind}"))
     out["seconds"] = time.perf_counter() - t0
-    e2e._shutdown(loader)
+    e2e.shutdown_loader(loader)
     n = out["samples"]
     if setup.store == "s3":
-        srv = e2e._s3_stats(setup)
+        srv = e2e.s3_stats(setup)
         out.update(store_gets=srv["gets"], store_get_bytes=srv["get_bytes"], store_requests=srv["requests"],
-                   server_cpu_s=(e2e._proc_cpu_seconds(setup.s3_server_pid) - server_cpu0
+                   server_cpu_s=(e2e.proc_cpu_seconds(setup.s3_server_pid) - server_cpu0
                                  if setup.s3_server_pid else None))
     if name in _OPT:
         st, plan = loader.cache.stats(), loader.cache.plan
@@ -312,7 +316,7 @@ def run_config(name: str, sampler_kind: str, paths: list[str], setup: Setup) -> 
     else:
         out["hit_rate"] = 1.0 if name == "memory" else 0.0
     del loader
-    out["cpu_s"] = e2e._cpu_seconds() - cpu0
+    out["cpu_s"] = e2e.cpu_seconds() - cpu0
     out["load_average"], out["cores"] = os.getloadavg()[0], os.cpu_count() or 1
     out["peak_memory_bytes"] = mem.stop()
     return out
@@ -336,7 +340,7 @@ def run(setup: Setup, record_path: str, log: Callable[[str], None] = print) -> d
             raise ValueError("store='s3' needs the server's URL in Setup.s3_endpoint (bench/e2e.py --store s3 "
                              "starts one)")
         upload(paths, setup, log=log)
-    e2e._import_once()
+    e2e.import_once()
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     t_start = time.perf_counter()
     for s in setup.samplers:

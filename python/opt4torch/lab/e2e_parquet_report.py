@@ -69,8 +69,9 @@ def targets(runs: dict[str, list[dict[str, Any]]], store: str) -> list[e2e.Targe
         for c in peers:
             rows.append(target(f"parquet-opt at least 1.5x faster than {c}",
                                [a / b for a, b in zip(secs(c), secs("parquet-opt"))], 1.5, True, ".2f"))
+    ours = ("parquet-opt", "parquet-opt-pages", "parquet-opt-rowgroups", "parquet-opt-small")
     exact = [r["hits"] == r["plan_hits"] and r.get("storage_bytes") == r.get("plan_miss_bytes")
-             for c in ("parquet-opt", "parquet-opt-rowgroups", "parquet-opt-small") for r in runs.get(c, [])]
+             for c in ours for r in runs.get(c, [])]
     if exact:
         rows.append(e2e.Target("opt4torch.Parquet's storage bytes and hits equal the plan's",
                                "equal in every run" if all(exact) else "NOT equal in every run", all(exact)))
@@ -90,7 +91,7 @@ def markdown(result: dict[str, Any]) -> str:
              + (f", one {s.link / 1e6:g} MB/s link every response shares" if s.link else ", no shared link")
              + "); the configurations marked local read the local copy, as references" if s3 else
              "local files through the page cache, no emulated latency")
-    lines = [f"{s.images:,} JPEGs ({e2e._px(s)}, {s.classes} classes; the record-file runs' images) as "
+    lines = [f"{s.images:,} JPEGs ({e2e.px(s)}, {s.classes} classes; the record-file runs' images) as "
              f"{s.parquet_shards} Hub-style Parquet shards (`datasets` `to_parquet`), read from {where}. "
              f"{s.epochs} epochs, batch {s.batch}, {s.workers} workers, a small CNN on {s.crop}x{s.crop} random "
              f"crops (CPU, 1 thread), cache {s.capacity:.0%} of the shards' bytes; {s.repeats} repeat(s), "
@@ -148,7 +149,8 @@ def plot(results: dict[str, dict[str, Any]], path: str, sampler: str = "shuffle"
     # In the order the runs list them (the configurations' order), all runs' together.
     labels = {c: v["label"] for r in results.values() for c, v in r["summary"].get(sampler, {}).items()}
     configs = list(labels)
-    colour = {c: "#c0392b" if c in ("hf-opt", "parquet-opt", "parquet-opt-rowgroups", "parquet-opt-small")
+    colour = {c: "#c0392b" if c in ("hf-opt", "parquet-opt", "parquet-opt-pages", "parquet-opt-rowgroups",
+                                    "parquet-opt-small")
               else "#27ae60" if c in ("litdata", "hf-torch") else "#7f8c8d" for c in configs}
     fig, axes = plt.subplots(1, len(results), figsize=(5.2 * len(results) + 2.6, 0.5 * len(configs) + 1.8),
                              sharey=True, squeeze=False, layout="constrained")

@@ -112,6 +112,10 @@ class PlannedDataset(tud.Dataset[Any]):
                            f"({pool.floor()}): their epoch was left early, so this batch is dropped unserved")
         out: list[Any] = []
         start = 0
+        # A transform that reads bytes in place (a Parquet unit, decoded by
+        # pyarrow for one row) takes the HITs' bytes as read-only views of
+        # the batch's copy of the pool's bytes, not as copies of them.
+        views = bool(getattr(self.transform, "takes_views", False))
         while start < len(positions):
             part = positions[start:] if start else positions
             # One call into C reads the batch and decodes its HITs (arrays
@@ -120,7 +124,7 @@ class PlannedDataset(tud.Dataset[Any]):
             # (AGAIN) where a prefetcher holds a miss whose store may wait
             # for one of ours: we commit what came before, then go on there.
             try:
-                got, data, rest = pool.get_batch(part, make_arrays)
+                got, data, rest = pool.get_batch(part, make_arrays, views)
             except (_engine.InvalidInputError, OverflowError, TypeError) as exc:
                 if all(0 <= int(t) < self.accesses for t in positions):
                     raise

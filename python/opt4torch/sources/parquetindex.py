@@ -16,6 +16,7 @@ import numpy as np
 
 from . import parquetmeta as pm
 from .parquetpages import Chunk, chunk_start, leaf_fields, page_units, read_chunks
+from .parquetvalues import RowValues, read_kept, value_column, walk_values
 
 __all__ = ["PageInfo", "ParquetError", "footer_of", "index_units", "parse_footer", "pread_exact", "pyarrow_parquet",
            "read_footer"]
@@ -67,12 +68,15 @@ class PageInfo:
 
 
 def index_units(paths: list[str], sizes: list[int], footers: list[tuple[bytes, Any]],
-           reads: list[Callable[[int, int], bytes]] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                                                    Any, PageInfo]:
+                reads: list[Callable[[int, int], bytes]] | None, values: RowValues | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any, PageInfo]:
     """Every file's read units: the page ranges of each row group whose
     columns all have an offset index (``reads`` given: read with
-    ``reads[f](offset, length)``), else the row group. Returns the units,
-    int64 rows (file, row group, first row in it, rows, paged); the pieces
+    ``reads[f](offset, length)``), else the row group; with ``values``,
+    each row alone where the row group allows it (parquetvalues.py: what
+    puts those rows together is added to ``values``). Returns the units,
+    int64 rows (file, row group, first row in it, rows, kind: 0 a row
+    group, 1 a page range, 2 a row's value); the pieces
     the reader reads, int64 rows (file, offset, length); each unit's first
     piece (and the count after the last); each unit's first row (and the
     count after the last); the schema, which every file must share; and
@@ -120,12 +124,22 @@ def index_units(paths: list[str], sizes: list[int], footers: list[tuple[bytes, A
                     raise ParquetError(f"Parquet file {path}: row group {rg}'s offset index is damaged ({e}); read "
                                        "the file by row groups (Parquet(..., pages=False)) or write it again"
                                        ) from None
+            alone = None
+            if chunks is not None and reads is not None:
+                alone = _values_of(f, path, size, reads[f], meta, schema, rg, chunks, values)
             if chunks is None:
                 units.append((f, rg, 0, g.num_rows, 0))
                 pieces.append((f, lo, hi - lo))
                 first_piece.append(len(pieces))
                 first_row.append(rows)
                 leaves_of_unit.append(0)
+            elif alone is not None:
+                for r, (off, n) in enumerate(alone.tolist()):
+                    units.append((f, rg, r, 1, 2))
+                    pieces.append((f, off, n))
+                    first_piece.append(len(pieces))
+                    first_row.append(rows + r)
+                    leaves_of_unit.append(0)
             else:
                 info.chunks[(f, rg)] = chunks
                 info.rows[(f, rg)] = g.num_rows
@@ -145,6 +159,35 @@ def index_units(paths: list[str], sizes: list[int], footers: list[tuple[bytes, A
     info.finish(unit_arr[:, 4] == 1, np.asarray(leaves_of_unit, dtype=np.int64))
     return (unit_arr, np.asarray(pieces, dtype=np.int64).reshape(-1, 3), np.asarray(first_piece, dtype=np.int64),
             np.asarray(first_row + [rows], dtype=np.int64), schema, info)
+
+
+def _values_of(f: int, path: str, size: int, read: Callable[[int, int], bytes], meta: Any, schema: Any, rg: int,
+               chunks: list[Chunk], values: RowValues | None) -> np.ndarray | None:
+    """Row group ``rg`` of file ``f``'s rows as units of their own (parquetvalues.py):
+    each row's value (offset, bytes), its kept columns added to ``values``;
+    None where the row group does not allow it."""
+    column = value_column(meta, schema, rg, chunks) if values is not None else None
+    if column is None or values is None:
+        return None
+    try:
+        spans = walk_values(chunks[column.leaf], meta.row_group(rg).num_rows, read, column.max_def,
+                            values.known.get((f, rg)))
+    except pm.ThriftError as e:
+        raise ParquetError(f"Parquet file {path}: row group {rg}, column {'.'.join(column.path)}: {e}; the file "
+                           "is damaged: write it again") from None
+    if spans is None:
+        return None
+    try:
+        kept = read_kept(size, read, meta, rg, column)
+    except (OSError, ValueError) as e:
+        raise ParquetError(f"Parquet file {path}: row group {rg}'s other columns cannot be read ({type(e).__name__}: "
+                           f"{e}); write the file again") from None
+    if kept is not None and kept.num_rows != meta.row_group(rg).num_rows:
+        raise ParquetError(f"Parquet file {path}: row group {rg}'s other columns hold {kept.num_rows} rows where the "
+                           f"footer says {meta.row_group(rg).num_rows}; the file is damaged")
+    values.schema = schema
+    values.add(f, rg, column, kept, spans)
+    return spans
 
 
 def pread_exact(path: str, offset: int, length: int) -> bytes:

@@ -19,6 +19,7 @@ from .base import EngineSource, checked_index
 from .local import RangeDataset
 from .parquetindex import PageInfo, ParquetError, parse_footer, pyarrow_parquet
 from .parquetpages import PagesDecoder
+from .parquetvalues import RowValues
 from .s3 import ObjectDataset, folder_of, one_bucket, split_object_url
 
 __all__ = ["PieceReader", "S3PieceReader", "UnitDecoder", "UnitReader"]
@@ -179,14 +180,15 @@ class UnitDecoder:
     the last unit it decoded (rows of one unit often come together)."""
 
     def __init__(self, files: list[str], idents: list[Any], footers: list[bytes], units: np.ndarray,
-                 pieces: np.ndarray, first_piece: np.ndarray, pages: PageInfo) -> None:
+                 pieces: np.ndarray, first_piece: np.ndarray, pages: PageInfo, values: RowValues) -> None:
         self.files = files
         self.idents = idents  # a local file's (size, mtime_ns, inode); None for an object
         self.footers = footers
-        self.units = units  # per unit: file, row group, first row in it, rows, page unit (1) or row group (0)
+        self.units = units  # per unit: file, row group, first row in it, rows, kind (parquetindex.index_units)
         self.pieces = pieces
         self.first_piece = first_piece
         self.pages = pages
+        self.values = values
         self._last: tuple[int, Any] | None = None
         self._pages_dec: dict[int, Any] = {}  # per file, per process
 
@@ -207,6 +209,22 @@ class UnitDecoder:
         if (st.st_size, st.st_mtime_ns, st.st_ino) != ident:
             raise ParquetError(f"Parquet file {path} changed after it was indexed (size, mtime or inode differ): "
                                "its row groups may no longer be where the index says; make the dataset again")
+
+    def row(self, unit: int, blob: Any, row: int, first_row: int) -> dict[str, Any]:
+        """Row ``row`` (numbered in the dataset; its unit's first is
+        ``first_row``) from its unit's bytes."""
+        f, rg, r0, _, kind = (int(x) for x in self.units[unit])
+        if kind != 2:
+            got: dict[str, Any] = self.table(unit, blob).slice(row - first_row, 1).to_pylist()[0]
+            return got
+        path = self.files[f]
+        if self.idents[f] is not None:
+            self._check_unchanged(path, self.idents[f])
+        try:
+            return self.values.row(f, rg, r0, blob, int(self.pieces[int(self.first_piece[unit]), 2]),
+                                   lambda: f"row {r0} of row group {rg} of Parquet file {path}")
+        except ValueError as e:
+            raise ParquetError(str(e)) from None
 
     def table(self, unit: int, blob: Any) -> Any:
         if self._last is not None and self._last[0] == unit:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .. import _engine
-from ..io.files import abort_on_sigterm, check_output, output_path
+from ..io.files import abort_on_sigterm, check_output, file_kind, output_path
 from .base import IMAGE_EXTENSIONS, EngineSource, checked_index
 from .local import LayoutError, find_classes, make_dataset
 
@@ -288,21 +288,12 @@ def _read_regular(path: Path) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path} is not a regular file ({_file_kind(st.st_mode)}): "
+            raise ValueError(f"{path} is not a regular file ({file_kind(st.st_mode)}): "
                              "remove it from the image folder, or move it out of the way")
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read()
     finally:
         os.close(fd)
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISDIR, "a folder")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def _scan_image_folder(base: Path, extensions: Sequence[str] | None, is_valid_file: Callable[[str], bool] | None,

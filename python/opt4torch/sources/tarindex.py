@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import warnings
 from typing import Any
 
 import numpy as np
 
-from ..io.files import atomic_write
+from ..io.files import FileRefused, atomic_write, read_capped
 
 INDEX_FORMAT = "opt4torch-tar-index"
 INDEX_VERSION = 1
@@ -75,10 +74,10 @@ def load_index(where: str, shard: str, ident: dict[str, Any]) -> tuple[list[Any]
     digits a sample, in order; a uint64 array), else None beside them. An
     ``"xxh3"`` that is not exactly that makes the index corrupt (rebuilt)."""
     try:
-        raw = _read_capped(where, index_cap(ident["size"]))
+        raw = read_capped(where, index_cap(ident["size"]), "an index of this shard")
     except FileNotFoundError:
         return None
-    except (OSError, IndexRefused) as exc:
+    except (OSError, FileRefused) as exc:
         warnings.warn(f"cannot use the cached index {where} of tar shard {shard} ({exc}): indexing the shard "
                       "again", RuntimeWarning, stacklevel=4)
         return None
@@ -94,40 +93,6 @@ def load_index(where: str, shard: str, ident: dict[str, Any]) -> tuple[list[Any]
         warnings.warn(f"the cached index {where} of tar shard {shard} is corrupt ({exc}): rebuilding it",
                       RuntimeWarning, stacklevel=4)
         return None
-
-
-def _read_capped(where: str, cap: int) -> bytes:
-    """The bytes of the regular file at ``where``, refused (IndexRefused)
-    when it is anything else or larger than ``cap``. Opened with O_NONBLOCK,
-    so that a FIFO planted there does not block the open."""
-    fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise IndexRefused(f"it is not a regular file ({_kind(st.st_mode)})")
-        if st.st_size > cap:
-            raise IndexRefused(f"it is {st.st_size} bytes, more than an index of this shard can be ({cap})")
-        parts, got = [], 0
-        while True:  # read to the end, at most cap + 1 bytes: a file growing under us is refused too
-            part = os.read(fd, min(cap + 1 - got, 1 << 24))
-            if not part:
-                break
-            parts.append(part)
-            got += len(part)
-            if got > cap:
-                raise IndexRefused(f"it grew past {cap} bytes while being read")
-        return b"".join(parts)
-    finally:
-        os.close(fd)
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return f"mode {stat.filemode(mode)}"
 
 
 def _refuse_constant(name: str) -> Any:

@@ -22,6 +22,22 @@ enum { BATCH = 16 };
 
 static _Atomic uint64_t source_loads; /* every load from the "source" */
 
+/* The consumers start once a prefetcher holds its first claim: else, on a
+ * busy machine, the consumers can run through the whole plan before any
+ * prefetcher thread is scheduled, loading every miss themselves (correct,
+ * but then "prefetched > 0" would say nothing about the prefetchers; seen
+ * once under make test's load, 4 prefetchers and 3 consumers on 2 cores). */
+static pthread_mutex_t started_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t started_cond = PTHREAD_COND_INITIALIZER;
+static int started; /* under started_lock */
+
+static void mark_started(void) {
+  pthread_mutex_lock(&started_lock);
+  started = 1;
+  pthread_cond_broadcast(&started_cond);
+  pthread_mutex_unlock(&started_lock);
+}
+
 typedef struct consumer_arg {
   const char *name;
   uint64_t accesses;
@@ -60,6 +76,7 @@ static void *prefetcher_main(void *p) {
   opt4_pool *pool = NULL;
   ASSERT_OK(opt4_pool_attach(a->name, &pool));
   uint8_t buf[PAGE];
+  int signalled = 0;
   for (;;) {
     opt4_prefetch_job job;
     int status;
@@ -68,6 +85,10 @@ static void *prefetcher_main(void *p) {
     if (status == OPT4_PREFETCH_IDLE) {
       sleep_ns(50000);
       continue;
+    }
+    if (!signalled) { /* once a thread: the lock stays off the claim loop */
+      mark_started();
+      signalled = 1;
     }
     ASSERT(job.kind == OPT4_OP_ADMIT || job.kind == OPT4_OP_BYPASS);
     ASSERT(job.space >= item_len(job.item));
@@ -95,9 +116,21 @@ static void run(const opt4_plan *plan, uint32_t staging, int prefetchers, int co
   pthread_t pt[8], ct[8];
   prefetcher_arg pa[8];
   consumer_arg ca[8];
+  started = 0;
   for (int i = 0; i < prefetchers; i++) {
     pa[i] = (prefetcher_arg){opt4_pool_name(pool), lookahead, delay_ns, 0, 0};
     ASSERT(pthread_create(&pt[i], NULL, prefetcher_main, &pa[i]) == 0);
+  }
+  if (prefetchers > 0) { /* position 0 is a miss: some prefetcher claims it, within 20 s */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 20;
+    pthread_mutex_lock(&started_lock);
+    int rc = 0;
+    while (!started && rc == 0) rc = pthread_cond_timedwait(&started_cond, &started_lock, &until);
+    int ok = started;
+    pthread_mutex_unlock(&started_lock);
+    ASSERT(ok);
   }
   for (int i = 0; i < consumers; i++) {
     ca[i] = (consumer_arg){opt4_pool_name(pool), in.accesses, i, consumers, {0, 0, 0, 0}};

@@ -82,6 +82,9 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
     ap.add_argument("--server-cpus", default=d.server_cpus, metavar="LIST",
                     help="with --store s3: run the S3 server on these CPUs (default: all): with --train-cpus, "
                     "keeps the server's CPU off the training cores, as a store runs on machines of its own")
+    ap.add_argument("--moto-gets", action="store_true",
+                    help="with --store s3: the server answers every GET by moto, which reads the whole object for "
+                    "each range (by default it answers from a copy of each object: bench/s3server.py)")
     ap.add_argument("--threads", type=int, default=d.threads, help="prefetch threads")
     ap.add_argument("--lookahead", type=int, default=d.lookahead)
     ap.add_argument("--repeats", type=int, default=d.repeats)
@@ -133,7 +136,7 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
                   samplers=[s.strip() for s in a.samplers.split(",") if s.strip()],
                   image_size_max=a.image_size_max, v11_src=a.v11_src, shard_bytes=a.shard_bytes,
                   progress=a.progress, store=a.store, link=a.link, train_cpus=a.train_cpus,
-                  server_cpus=a.server_cpus, format=a.format, parquet_shards=a.shards,
+                  server_cpus=a.server_cpus, moto_gets=a.moto_gets, format=a.format, parquet_shards=a.shards,
                   small_row_group=a.small_row_group)
     for opt in ("train_cpus", "server_cpus"):
         if getattr(a, opt):
@@ -141,8 +144,9 @@ def _argv_setup(argv: Sequence[str] | None = None) -> tuple[Setup, Any]:
                 parse_cpus(getattr(a, opt))
             except ValueError as e:
                 ap.error(f"--{opt.replace('_', '-')}: {e}")
-    if a.server_cpus and a.store != "s3":
-        ap.error("--server-cpus: there is a server only with --store s3")
+    for opt in ("server_cpus", "moto_gets"):
+        if getattr(a, opt) and a.store != "s3":
+            ap.error(f"--{opt.replace('_', '-')}: there is a server only with --store s3")
     return setup, a
 
 
@@ -174,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_REGION", "us-east-1"),
                      ("AWS_EC2_METADATA_DISABLED", "true")):
             os.environ[k] = v
-        with Server(setup.latency, bandwidth=setup.bandwidth, link=setup.link, cpus=setup.server_cpus) as server:
+        with Server(setup.latency, bandwidth=setup.bandwidth, link=setup.link, cpus=setup.server_cpus,
+                    moto_gets=setup.moto_gets) as server:
             setup.s3_endpoint, setup.s3_server_pid = server.endpoint, server.proc.pid
             os.environ["AWS_ENDPOINT_URL"] = os.environ["S3_ENDPOINT_URL"] = server.endpoint
             print(f"S3 server at {server.endpoint} (pid {server.proc.pid})", file=sys.stderr)

@@ -85,10 +85,13 @@ def _mb(v: Any) -> str:
 def markdown(result: dict[str, Any]) -> str:
     """The table of every configuration, per sampler, and the targets."""
     s = Setup(**result["setup"])
+    moto = result["setup"].get("moto_gets", True)  # a run before the server's object copies: moto answered
     s3 = s.store == "s3"
     where = ("the loopback S3 server (bench/s3server.py: "
              f"{s.latency * 1e3:g} ms a request, {s.bandwidth / 1e6:g} MB/s a response"
              + (f", one {s.link / 1e6:g} MB/s link every response shares" if s.link else ", no shared link")
+             + ("; every GET answered by moto, which reads the whole object for each range" if moto
+                else "; GETs answered from a copy of each object")
              + "); the configurations marked local read the local copy, as references" if s3 else
              "local files through the page cache, no emulated latency")
     lines = [f"{s.images:,} JPEGs ({e2e.px(s)}, {s.classes} classes; the record-file runs' images) as "

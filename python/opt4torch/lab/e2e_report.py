@@ -223,6 +223,7 @@ def _busy(result: dict[str, Any]) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     s = Setup(**result["setup"])
+    moto = result["setup"].get("moto_gets", True)  # a run before the server's object copies: moto answered
     summ = result["summary"]
     lat = next(iter(next(iter(result["runs"].values())).values()))[0]
     s3 = s.store == "s3"
@@ -230,7 +231,9 @@ def markdown(result: dict[str, Any]) -> str:
         storage = (f"Storage: an S3-compatible server on the loopback address (bench/s3server.py: moto), "
                    f"which adds {s.latency * 1e3:g} ms to every request and bytes / {s.bandwidth / 1e6:g} MB/s "
                    "to every response" + (f", whose bodies share one link of {s.link / 1e6:g} MB/s" if s.link else
-                                         " (no shared link)") + "; images as objects in the ImageFolder layout "
+                                         " (no shared link)")
+                   + ("; every GET answered by moto" if moto else "; GETs answered from a copy of each object")
+                   + "; images as objects in the ImageFolder layout "
                    f"({lat['read_note']}), the peers' shards as objects read by their own clients. ")
     else:
         storage = (f"Storage: one record file read with "

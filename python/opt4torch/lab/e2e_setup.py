@@ -71,6 +71,7 @@ class Setup:
     link: float = 0.0             # with store="s3": bytes/s of the server's one shared link (0: none)
     train_cpus: str = ""          # the CPUs the training process (and all it starts) ran on ("": all)
     server_cpus: str = ""         # with store="s3": the CPUs the server ran on ("": all)
+    moto_gets: bool = False       # with store="s3": every GET answered by moto (no object copies: s3server.py)
     format: str = "records"       # "parquet": the same JPEGs as Hub-style Parquet shards (.e2e_parquet)
     parquet_shards: int = 4       # with format="parquet": the shards datasets writes
     small_row_group: int = 8      # ... and the rows a row group of their rewrite by pyarrow

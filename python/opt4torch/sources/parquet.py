@@ -49,12 +49,13 @@ import glob
 import os
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from .base import EngineSource, checked_index
-from .parquetindex import ParquetError, footer_of, index_units, pread_exact, pyarrow_parquet, read_footer
+from .parquetindex import FILES_AT_ONCE, ParquetError, footer_of, index_units, pread_exact, pyarrow_parquet, read_footer
 from .parquetread import PieceReader, S3PieceReader, UnitDecoder, UnitReader
 from .parquetvalues import RowValues, load_walks, save_walks
 from .shardnames import expand_shards
@@ -115,15 +116,16 @@ class Parquet:
             urls = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
             groups = S3PieceReader(urls if len(urls) > 1 else urls[0], latency=self.latency, **store)
             self.paths = list(groups.urls)
-            for key in groups.keys:
-                size, etag = groups.listing[key]
-                url = f"s3://{groups.bucket}/{key}"
-                reads.append(functools.partial(groups.get_range, key))
-                footers.append(footer_of(pq, url, size, reads[-1]))
-                idents.append(None)  # an object is checked by its length on every GET
+            reads = [functools.partial(groups.get_range, key) for key in groups.keys]
+            urls = [f"s3://{groups.bucket}/{key}" for key in groups.keys]
+            with ThreadPoolExecutor(max_workers=min(FILES_AT_ONCE, len(urls))) as pool:  # each a GET or two
+                footers = list(pool.map(lambda k: footer_of(pq, urls[k], groups.listing[groups.keys[k]][0], reads[k]),
+                                        range(len(urls))))
+            idents = [None] * len(urls)  # an object is checked by its length on every GET
+            for f, (key, url) in enumerate(zip(groups.keys, urls)):
                 walk_caches.append(_walk_cache(cache_dir, groups, key, url))
-                for rg, walk in load_walks(*walk_caches[-1], footers[-1][1].num_rows).items():
-                    row_values.known[(len(footers) - 1, rg)] = walk
+                for rg, walk in load_walks(*walk_caches[-1], footers[f][1].num_rows).items():
+                    row_values.known[(f, rg)] = walk
             sizes = [groups.listing[k][0] for k in groups.keys]
         else:
             if store or cache_dir is not None:

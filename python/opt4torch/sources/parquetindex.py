@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,8 @@ from . import parquetmeta as pm
 from .parquetpages import Chunk, chunk_start, leaf_fields, page_units, read_chunks
 from .parquetvalues import RowValues, read_kept, value_column, walk_values
 
-__all__ = ["PageInfo", "ParquetError", "footer_of", "index_units", "parse_footer", "pread_exact", "pyarrow_parquet",
-           "read_footer"]
+__all__ = ["FILES_AT_ONCE", "PageInfo", "ParquetError", "footer_of", "index_units", "parse_footer", "pread_exact",
+           "pyarrow_parquet", "read_footer"]
 
 _MAGIC = b"PAR1"
 _INSTALL = "pip install 'opt4torchdataset[hf]' (or pip install pyarrow)"
@@ -67,6 +68,37 @@ class PageInfo:
         return self.runs[a:a + int(self.width[unit])]
 
 
+#: Files indexed at once: over a store, a file's indexing is a chain of
+#: GETs (footer, offset index, page headers, a row group's walk), so files
+#: overlap their waits; locally it costs a few threads.
+FILES_AT_ONCE = 8
+
+
+class _FileUnits:
+    """One file's read units, as :func:`index_units` puts them together:
+    per unit (file, row group, first row in it, rows, kind), its pieces
+    (file, offset, length), its rows before it in the file, its leaves, and
+    the page runs and chunks of its page units."""
+
+    def __init__(self) -> None:
+        self.units: list[tuple[int, int, int, int, int]] = []
+        self.pieces: list[list[tuple[int, int, int]]] = []
+        self.first_row: list[int] = []
+        self.leaves: list[int] = []
+        self.runs: list[np.ndarray] = []
+        self.fields: list[int] | None = None
+        self.chunks: dict[tuple[int, int], list[Chunk]] = {}
+        self.rows: dict[tuple[int, int], int] = {}
+        self.count = 0
+
+    def add(self, unit: tuple[int, int, int, int, int], pieces: list[tuple[int, int, int]], first_row: int,
+            leaves: int) -> None:
+        self.units.append(unit)
+        self.pieces.append(pieces)
+        self.first_row.append(first_row)
+        self.leaves.append(leaves)
+
+
 def index_units(paths: list[str], sizes: list[int], footers: list[tuple[bytes, Any]],
                 reads: list[Callable[[int, int], bytes]] | None, values: RowValues | None = None
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any, PageInfo]:
@@ -74,22 +106,16 @@ def index_units(paths: list[str], sizes: list[int], footers: list[tuple[bytes, A
     columns all have an offset index (``reads`` given: read with
     ``reads[f](offset, length)``), else the row group; with ``values``,
     each row alone where the row group allows it (parquetvalues.py: what
-    puts those rows together is added to ``values``). Returns the units,
-    int64 rows (file, row group, first row in it, rows, kind: 0 a row
-    group, 1 a page range, 2 a row's value); the pieces
+    puts those rows together is added to ``values``). Files are indexed
+    :data:`FILES_AT_ONCE` at a time; an error is the first file's in order.
+    Returns the units, int64 rows (file, row group, first row in it, rows,
+    kind: 0 a row group, 1 a page range, 2 a row's value); the pieces
     the reader reads, int64 rows (file, offset, length); each unit's first
     piece (and the count after the last); each unit's first row (and the
     count after the last); the schema, which every file must share; and
     what decoding the page units needs."""
-    units: list[tuple[int, int, int, int, int]] = []
-    pieces: list[tuple[int, int, int]] = []
-    first_piece: list[int] = [0]
-    first_row: list[int] = []
-    leaves_of_unit: list[int] = []
-    info = PageInfo()
     schema: Any = None
-    rows = 0
-    for f, (path, size, (footer, meta)) in enumerate(zip(paths, sizes, footers)):
+    for path, (_, meta) in zip(paths, footers):
         this = meta.schema.to_arrow_schema()
         if schema is None:
             schema = this
@@ -97,68 +123,97 @@ def index_units(paths: list[str], sizes: list[int], footers: list[tuple[bytes, A
             raise ParquetError(f"Parquet file {path} has another schema than {paths[0]}: every file of one "
                                f"dataset must have the same columns and types.\n{paths[0]}:\n{schema}\n"
                                f"{path}:\n{this}")
-        data_end = size - len(footer)
-        tree: Any = None
-        if reads is not None and any(meta.row_group(rg).column(c).has_offset_index
-                                     for rg in range(meta.num_row_groups)
-                                     for c in range(meta.row_group(rg).num_columns)):
-            try:
-                tree = pm.parse(footer)[0]
-                info.fields[f] = leaf_fields(tree)
-            except pm.ThriftError as e:
-                raise ParquetError(f"Parquet file {path}: its footer is corrupt ({e}); write it again") from None
-        for rg in range(meta.num_row_groups):
-            g = meta.row_group(rg)
-            lo, hi = _row_group_range(g)
-            if not 4 <= lo <= hi <= data_end:
-                raise ParquetError(f"Parquet file {path}: row group {rg} lies at bytes {lo}-{hi}, outside the "
-                                   f"file's data (4-{data_end}): the file is cut short or its footer is damaged; "
-                                   "write it again")
-            chunks = None
-            if tree is not None and g.num_rows > 0:
-                try:
-                    chunks = read_chunks(tree, rg, reads[f], data_end)  # type: ignore[index]
-                    if chunks is not None and len(chunks) != len(info.fields[f]):
-                        raise pm.ThriftError(f"{len(chunks)} column chunks for {len(info.fields[f])} leaf columns")
-                except pm.ThriftError as e:
-                    raise ParquetError(f"Parquet file {path}: row group {rg}'s offset index is damaged ({e}); read "
-                                       "the file by row groups (Parquet(..., pages=False)) or write it again"
-                                       ) from None
-            alone = None
-            if chunks is not None and reads is not None:
-                alone = _values_of(f, path, size, reads[f], meta, schema, rg, chunks, values)
-            if chunks is None:
-                units.append((f, rg, 0, g.num_rows, 0))
-                pieces.append((f, lo, hi - lo))
-                first_piece.append(len(pieces))
-                first_row.append(rows)
-                leaves_of_unit.append(0)
-            elif alone is not None:
-                for r, (off, n) in enumerate(alone.tolist()):
-                    units.append((f, rg, r, 1, 2))
-                    pieces.append((f, off, n))
-                    first_piece.append(len(pieces))
-                    first_row.append(rows + r)
-                    leaves_of_unit.append(0)
-            else:
-                info.chunks[(f, rg)] = chunks
-                info.rows[(f, rg)] = g.num_rows
-                unit_rows, unit_pieces, runs = page_units(chunks, g.num_rows, info.fields[f], list(schema.types))
-                info.add(runs)
-                for (r0, r1), ps in zip(unit_rows, unit_pieces):
-                    units.append((f, rg, r0, r1 - r0, 1))
-                    pieces.extend((f, off, n) for off, n in ps)
-                    first_piece.append(len(pieces))
-                    first_row.append(rows + r0)
-                    leaves_of_unit.append(len(chunks))
-            rows += g.num_rows
-        if sum(meta.row_group(k).num_rows for k in range(meta.num_row_groups)) != meta.num_rows:
-            raise ParquetError(f"Parquet file {path}: its row groups' rows do not add up to its row count; the "
-                               "footer is damaged")
+
+    def one(f: int) -> _FileUnits:
+        return _file_units(f, paths[f], sizes[f], footers[f], None if reads is None else reads[f], schema, values)
+
+    if len(paths) > 1:
+        with ThreadPoolExecutor(max_workers=min(FILES_AT_ONCE, len(paths))) as pool:
+            made = list(pool.map(one, range(len(paths))))
+    else:
+        made = [one(f) for f in range(len(paths))]
+    info = PageInfo()
+    units: list[tuple[int, int, int, int, int]] = []
+    pieces: list[tuple[int, int, int]] = []
+    first_piece: list[int] = [0]
+    first_row: list[int] = []
+    leaves_of_unit: list[int] = []
+    rows = 0
+    for f, m in enumerate(made):
+        if m.fields is not None:
+            info.fields[f] = m.fields
+        info.chunks.update(m.chunks)
+        info.rows.update(m.rows)
+        for runs in m.runs:
+            info.add(runs)
+        units.extend(m.units)
+        for ps in m.pieces:
+            pieces.extend(ps)
+            first_piece.append(len(pieces))
+        first_row.extend(rows + r for r in m.first_row)
+        leaves_of_unit.extend(m.leaves)
+        rows += m.count
     unit_arr = np.asarray(units, dtype=np.int64).reshape(-1, 5)
     info.finish(unit_arr[:, 4] == 1, np.asarray(leaves_of_unit, dtype=np.int64))
     return (unit_arr, np.asarray(pieces, dtype=np.int64).reshape(-1, 3), np.asarray(first_piece, dtype=np.int64),
             np.asarray(first_row + [rows], dtype=np.int64), schema, info)
+
+
+def _file_units(f: int, path: str, size: int, footer_meta: tuple[bytes, Any],
+                read: Callable[[int, int], bytes] | None, schema: Any, values: RowValues | None) -> _FileUnits:
+    """File ``f``'s read units (:func:`index_units`), its rows counted from 0."""
+    footer, meta = footer_meta
+    out = _FileUnits()
+    data_end = size - len(footer)
+    tree: Any = None
+    fields: list[int] = []
+    if read is not None and any(meta.row_group(rg).column(c).has_offset_index
+                                for rg in range(meta.num_row_groups)
+                                for c in range(meta.row_group(rg).num_columns)):
+        try:
+            tree = pm.parse(footer)[0]
+            fields = out.fields = leaf_fields(tree)
+        except pm.ThriftError as e:
+            raise ParquetError(f"Parquet file {path}: its footer is corrupt ({e}); write it again") from None
+    rows = 0
+    for rg in range(meta.num_row_groups):
+        g = meta.row_group(rg)
+        lo, hi = _row_group_range(g)
+        if not 4 <= lo <= hi <= data_end:
+            raise ParquetError(f"Parquet file {path}: row group {rg} lies at bytes {lo}-{hi}, outside the "
+                               f"file's data (4-{data_end}): the file is cut short or its footer is damaged; "
+                               "write it again")
+        chunks = None
+        if tree is not None and read is not None and g.num_rows > 0:
+            try:
+                chunks = read_chunks(tree, rg, read, data_end)
+                if chunks is not None and len(chunks) != len(fields):
+                    raise pm.ThriftError(f"{len(chunks)} column chunks for {len(fields)} leaf columns")
+            except pm.ThriftError as e:
+                raise ParquetError(f"Parquet file {path}: row group {rg}'s offset index is damaged ({e}); read "
+                                   "the file by row groups (Parquet(..., pages=False)) or write it again"
+                                   ) from None
+        alone = None
+        if chunks is not None and read is not None:
+            alone = _values_of(f, path, size, read, meta, schema, rg, chunks, values)
+        if chunks is None:
+            out.add((f, rg, 0, g.num_rows, 0), [(f, lo, hi - lo)], rows, 0)
+        elif alone is not None:
+            for r, (off, n) in enumerate(alone.tolist()):
+                out.add((f, rg, r, 1, 2), [(f, off, n)], rows + r, 0)
+        else:
+            out.chunks[(f, rg)] = chunks
+            out.rows[(f, rg)] = g.num_rows
+            unit_rows, unit_pieces, runs = page_units(chunks, g.num_rows, fields, list(schema.types))
+            out.runs.append(runs)
+            for (r0, r1), ps in zip(unit_rows, unit_pieces):
+                out.add((f, rg, r0, r1 - r0, 1), [(f, off, n) for off, n in ps], rows + r0, len(chunks))
+        rows += g.num_rows
+    if rows != meta.num_rows:
+        raise ParquetError(f"Parquet file {path}: its row groups' rows do not add up to its row count; the "
+                           "footer is damaged")
+    out.count = rows
+    return out
 
 
 def _values_of(f: int, path: str, size: int, read: Callable[[int, int], bytes], meta: Any, schema: Any, rg: int,

@@ -73,6 +73,10 @@ def test_hub_rows_alone_equal_pyarrows_reading(hub_files: list[str]) -> None:
     assert (sizes == np.asarray([len(r["image"]["bytes"]) + 4 for r in want])).all()  # a row's read: its value
     pages = opt4torch.Parquet(hub_files, values=False)
     assert kinds(pages)[2] == 0 and [pages[i] for i in range(len(pages))] == want
+    # Rows are taken ahead from a decoded unit only where a unit holds several
+    order = np.arange(len(ds), dtype=np.int64)
+    assert ds.opt4_read_units(order, None)[1].lookahead == 0
+    assert pages.opt4_read_units(order, None)[1].lookahead > 0
 
 
 @pytest.mark.timeout(240)

@@ -200,7 +200,9 @@ class Parquet:
         the transform that decodes a position's row from its unit, and the
         unit at each position."""
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        return self._groups, _RowAt(self, rows, transform), self.unit_of[rows]
+        # Rows taken ahead only where a unit holds several (none of rows alone)
+        ahead = _RowAt.LOOKAHEAD if len(self._groups) < self._n else 0
+        return self._groups, _RowAt(self, rows, transform, ahead), self.unit_of[rows]
 
     def __repr__(self) -> str:
         return f"Parquet({len(self.paths)} files, {self._n} rows, {len(self._groups)} read units)"
@@ -243,7 +245,11 @@ class _RowAt:
     #: PlannedDataset hands HITs' bytes over as memoryviews, not copies.
     takes_views = True
 
-    def __init__(self, ds: Parquet, rows: np.ndarray, then: Callable[[Any], Any] | None, lookahead: int = 4) -> None:
+    #: Batches ahead a decoded unit gives its rows to.
+    LOOKAHEAD = 4
+
+    def __init__(self, ds: Parquet, rows: np.ndarray, then: Callable[[Any], Any] | None,
+                 lookahead: int = LOOKAHEAD) -> None:
         self.ds = ds
         self.rows = rows
         self.then = then

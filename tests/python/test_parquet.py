@@ -64,6 +64,24 @@ def reference(paths: list[str]) -> list[dict]:
     return [row for p in paths for row in pq.read_table(p).to_pylist()]
 
 
+def refused_or_right(bad: str, want: list[dict]) -> None:
+    """A damaged file ``bad`` is refused at indexing naming it, or each of
+    its rows is refused naming it or equals ``want``'s: never a wrong row."""
+    name = os.path.basename(bad)
+    try:
+        ds = opt4torch.Parquet(bad)
+    except ParquetError as e:
+        assert name in str(e)
+        return
+    for i in range(len(ds)):
+        try:
+            got = ds[i]
+        except ParquetError as e:
+            assert name in str(e)
+            continue
+        assert got == want[i], i
+
+
 def test_every_row_equals_pyarrows_reading(files: list[str]) -> None:
     ds = opt4torch.Parquet(files)
     want = reference(files)

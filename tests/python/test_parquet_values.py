@@ -79,6 +79,27 @@ def test_hub_rows_alone_equal_pyarrows_reading(hub_files: list[str]) -> None:
     assert pages.opt4_read_units(order, None)[1].lookahead > 0
 
 
+def test_indexing_reads_each_place_once(hub_files: list[str], monkeypatch) -> None:
+    """The header check of page ranges and rows alone's walk both read a
+    page's start (parquetpages.PageHeads): indexing asks for no offset of
+    a file twice."""
+    from collections import Counter
+
+    from opt4torch.sources import parquet as parquet_module
+
+    asked: Counter[tuple[str, int]] = Counter()
+    pread = parquet_module.pread_exact
+
+    def counted(path: str, offset: int, length: int) -> bytes:
+        asked[(path, offset)] += 1
+        return pread(path, offset, length)
+
+    monkeypatch.setattr(parquet_module, "pread_exact", counted)
+    ds = opt4torch.Parquet(hub_files)
+    assert list(kinds(ds)) == [0, 0, 147] and len(asked) > 147
+    assert max(asked.values()) == 1, [k for k, n in asked.items() if n > 1]
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_loader_over_rows_alone_is_exact(hub_files: list[str], context: str) -> None:

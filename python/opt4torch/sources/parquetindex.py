@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import parquetmeta as pm
-from .parquetpages import Chunk, chunk_start, leaf_fields, page_units, read_chunks
+from .parquetpages import Chunk, PageHeads, chunk_start, leaf_fields, page_units, read_chunks
 from .parquetvalues import RowValues, read_kept, value_column, walk_values
 
 __all__ = ["FILES_AT_ONCE", "PageInfo", "ParquetError", "footer_of", "index_units", "parse_footer", "pread_exact",
@@ -164,6 +164,8 @@ def _file_units(f: int, path: str, size: int, footer_meta: tuple[bytes, Any],
     """File ``f``'s read units (:func:`index_units`), its rows counted from 0."""
     footer, meta = footer_meta
     out = _FileUnits()
+    if read is not None:
+        read = PageHeads(read)  # a page's start read once, for the header check and the walk
     data_end = size - len(footer)
     tree: Any = None
     fields: list[int] = []

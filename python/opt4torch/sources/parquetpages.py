@@ -163,6 +163,30 @@ def read_chunks(meta: pm.Struct, rg: int, read: Callable[[int, int], bytes], dat
 #: :data:`_HEADS_TOGETHER` are read in one.
 _HEAD_BYTES = 256
 _HEADS_TOGETHER = 1 << 16
+#: What a page read alone reads at its offset: its header, and where its
+#: values begin (rows alone's walk reads the same, parquetvalues.py, and
+#: takes it from :class:`PageHeads` instead of asking again).
+PAGE_START_BYTES = 1 << 10
+
+
+class PageHeads:
+    """A file's ``read(offset, length)`` at indexing that keeps what it read
+    at a page's offset (:data:`PAGE_START_BYTES` at most) and answers a
+    later read of no more bytes at the same offset from it: the header check
+    and rows alone's walk both read a page's start."""
+
+    def __init__(self, read: Callable[[int, int], bytes]) -> None:
+        self._read = read
+        self._kept: dict[int, bytes] = {}
+
+    def __call__(self, offset: int, length: int) -> bytes:
+        got = self._kept.get(offset)
+        if got is not None and length <= len(got):
+            return got[:length]
+        data = self._read(offset, length)
+        if length <= PAGE_START_BYTES:
+            self._kept[offset] = data
+        return data
 
 
 def check_pages(pages: pm.PageLocations, rows: int, repeated: bool, read: Callable[[int, int], bytes],
@@ -184,16 +208,17 @@ def check_pages(pages: pm.PageLocations, rows: int, repeated: bool, read: Callab
         while j < n and pages.offsets[j] + _HEAD_BYTES - pages.offsets[k] <= _HEADS_TOGETHER:
             j += 1
         start = pages.offsets[k]
-        end = pages.offsets[j - 1] + min(pages.sizes[j - 1], _HEAD_BYTES)
+        head_bytes = _HEAD_BYTES if j > k + 1 else PAGE_START_BYTES  # a page alone: as rows alone's walk reads it
+        end = pages.offsets[j - 1] + min(pages.sizes[j - 1], head_bytes)
         blob = read(start, end - start)
         for p in range(k, j):
             at, size = pages.offsets[p] - start, pages.sizes[p]
             want = (pages.first_rows[p + 1] if p + 1 < n else rows) - pages.first_rows[p]
             try:
                 try:
-                    head = pm.page_header(blob[at:at + min(size, _HEAD_BYTES)])
+                    head = pm.page_header(blob[at:at + min(size, head_bytes)])
                 except pm.ThriftError:
-                    if size <= _HEAD_BYTES:
+                    if size <= head_bytes:
                         raise
                     head = pm.page_header(read(pages.offsets[p], min(size, 1 << 20)))  # a long header
             except pm.ThriftError as e:

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from . import parquetmeta as pm
-from .parquetpages import Chunk
+from .parquetpages import PAGE_START_BYTES, Chunk
 
 __all__ = ["RowValues", "ValueColumn", "load_walks", "read_kept", "save_walks", "value_column", "walk_values"]
 
@@ -139,7 +139,7 @@ def _page_start(read: Callable[[int, int], bytes], offset: int, size: int, rows:
     """Where a data page's first value begins, and its values; None where
     the page is not PLAIN with every value present. ThriftError where the
     page is not as its header says."""
-    head = read(offset, min(size, 1 << 10))
+    head = read(offset, min(size, PAGE_START_BYTES))
 
     def take(at: int, n: int) -> bytes:  # from the header's read where it holds them (a GET fewer)
         lo = at - offset

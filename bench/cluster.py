@@ -34,6 +34,11 @@ accelerator's step), and ``--slow-rank R`` makes node R's step, CPU and wait,
 ``--slow-factor`` times as long (a slow node); every rank's epoch times are
 kept in the results.
 
+``--nodes N`` runs N nodes instead of 4, and ``--pin`` keeps each node
+(its process, workers and threads) on CPU ``rank % cores``: with 2 nodes on
+this 2-core machine each node has a core of its own, as nodes on machines
+of their own do; with 4 on 2 cores, two nodes share each core.
+
 ``--preempt`` runs issue 36's preemption instead of the table: cluster OPT
 on 4 nodes stopped after its first epoch (every rank saves ``state_dict()``),
 a 2-node job resuming those states (``load_state_dict``) for the other
@@ -92,6 +97,9 @@ def rank_main(args: argparse.Namespace) -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    if args.pin:  # before any worker or thread of the loader: they inherit it
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
     torch.set_num_threads(1)
     if args.store == "s3":  # the endpoint and the keys are in the environment main() gave torchrun
         ds = opt4torch.S3ImageFolder(args.path, client="c")
@@ -160,12 +168,13 @@ def rank_main(args: argparse.Namespace) -> None:
 
 
 def run_config(args: argparse.Namespace, path: str, config: str, capacity: float, tmp: str, *extra: str,
-               world: int = 4, name: str = "") -> list[dict]:
+               world: int = 0, name: str = "") -> list[dict]:
     from opt4torch.lab.launch import rank_errors, torchrun
 
     out = os.path.join(tmp, name or f"{config}-{capacity}")
+    world = world or args.nodes
     store = ["--store", args.store, "--slow-rank", str(args.slow_rank), "--slow-factor", str(args.slow_factor),
-             "--step-ms", str(args.step_ms), *extra]
+             "--step-ms", str(args.step_ms), *(["--pin"] if args.pin else []), *extra]
     r = torchrun(os.path.abspath(__file__), world, "--rank-run", "--path", path, "--config", config,
                  "--capacity", str(capacity), "--latency", str(args.latency), "--epochs", str(args.epochs),
                  "--batch", str(args.batch), "--workers", str(args.workers), "--window", str(args.window),
@@ -202,6 +211,8 @@ def summary(ranks: list[dict]) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--items", type=int, default=2000)
+    ap.add_argument("--nodes", type=int, default=4, help="nodes (torchrun ranks, one a node; default 4)")
+    ap.add_argument("--pin", action="store_true", help="each node on CPU rank %% cores (its workers and threads too)")
     ap.add_argument("--latency", type=float, default=0.010)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--capacity", default="0.25,0.5")
@@ -263,8 +274,11 @@ def main() -> None:
             opt4torch.write_records(path, bodies, labels=[i % 10 for i in range(args.items)])
         where = f"on the S3 server, {args.latency * 1000:.0f} ms a request" if server else \
             f"{args.latency * 1000:.0f} ms a read"
-        print(f"{args.items} items, {int(sizes.sum()):,} bytes, {where}; 4 nodes")
+        print(f"{args.items} items, {int(sizes.sum()):,} bytes, {where}; {args.nodes} nodes"
+              + (", each pinned to a core" if args.pin else ""))
         peers = [c for c in configs if c in cluster_peers.PEERS]
+        if peers and args.nodes != 4:
+            raise SystemExit("Streaming and LitData run as 4 ranks: leave --nodes at 4")
         if peers:
             if server is None:
                 raise SystemExit("Streaming and LitData run over the S3 server: give --store s3")

@@ -16,9 +16,10 @@ unset, then unreadable, refused on every rank). Then the rest of the run: every 
 source, what each epoch read, and stats() to <dir>/resume.<rank>.json.
 
 --warm (with --phase resume): then a resume in the same processes that
-keeps what the pools hold (distributed/warm.py): a cluster loader whose
-workers are not persistent reads epoch 0 and --cut batches of epoch 1,
-saves, and load_state_dict's its own state; it reads the rest of epoch 1.
+keeps what the pools hold (distributed/warm.py): a cluster loader of 3
+epochs whose workers are not persistent reads epoch 0 and --cut batches of
+epoch 1, saves, and load_state_dict's its own state (timed); it reads the
+rest of epoch 1 and epoch 2.
 Beside it, a loader built afresh resumes the same state cold (what a
 relaunched job plans). To <dir>/resume.<rank>.json's "warm"."""
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -55,7 +57,7 @@ def own_loader(ds: Items, seed: int, args: argparse.Namespace) -> opt4torch.Data
 def warm_loader(ds: Items, args: argparse.Namespace) -> opt4torch.DataLoader:
     total = sum(size_of(x) for x in range(ds.n))
     return opt4torch.DataLoader(
-        ds, cluster=True, cluster_window=2, cluster_timeout=30, shuffle=True, seed=11, epochs=2,
+        ds, cluster=True, cluster_window=2, cluster_timeout=30, shuffle=True, seed=11, epochs=3,
         batch_size=args.batch, cache_bytes=int(0.25 * total) + 4096, num_workers=1, persistent_workers=False,
         multiprocessing_context="fork", collate_fn=list, wait_timeout=30)
 
@@ -77,13 +79,16 @@ def warm_resume(args: argparse.Namespace) -> dict[str, Any]:
                         "storage_reads": cold.cluster_plan.storage_reads, "warm": cold.cluster_plan.stats()["warm"]}
     cold.cache.close()
     reads, nbytes = ds.counts[0], ds.counts[1]
+    began = time.perf_counter()
     wl.load_state_dict(state)
+    out["resume_seconds"] = time.perf_counter() - began
     out["loaded_in_resume"] = ds.counts[0] - reads
     reads, nbytes = ds.counts[0], ds.counts[1]
     out["warm_plan"] = {"hits": wl.cluster_plan.hits, "storage_bytes": wl.cluster_plan.storage_bytes,
                         "storage_reads": wl.cluster_plan.storage_reads, "warm": wl.cluster_plan.stats()["warm"]}
     out["epoch1_after"], w = read(wl)
-    out["wrong"] = wrong + w
+    out["epoch2"], w2 = read(wl)
+    out["wrong"] = wrong + w + w2
     rt = wl.cache.transfers
     dist.barrier()  # every rank read its last batch before any node closes (see main)
     rt.finish()

@@ -304,7 +304,7 @@ def cluster_pool(c: ClusterSetup, dataset: Any, *, reader: Any, allow_pickle: bo
             # are the items the old pool holds that the new plan keeps, copied
             # now, before any worker or transfer reads the pool.
             cache._prefix = warm_count(c.node_plan)
-            if c.held is not None and cache._prefix:
+            if c.held is not None:  # on every node's owner alike: it ends the old transfer thread
                 kept, loaded = warm_pool(c.held, cache, dataset, allow_pickle)
                 cache._earlier.update(kept=kept, kept_loaded=loaded)
             cache.transfers = ClusterRuntime(

@@ -83,9 +83,20 @@ def warm_count(node_plan: NodePlan) -> int:
 def warm_pool(held: Held, new: OPTCache, dataset: Any, allow_pickle: bool) -> tuple[int, int]:
     """Warm ``new`` (whose plan's first ``new._prefix`` positions are its
     node's warm prefix) with the items it keeps, from the old pool; an item
-    the old pool no longer holds is read from ``dataset``. The old pool's
-    prefetcher stops first. Returns how many were copied, and how many
-    loaded."""
+    the old pool no longer holds is read from ``dataset``. Returns how many
+    were copied, and how many loaded.
+
+    The old pool's prefetcher and transfer thread end first. The copy reads
+    the old pool at the items' next reads, up to the end of its plan, which
+    moves the pool's head, the pace of the old transfer thread: left
+    running, each node's thread would run on to another turn and wait out
+    ``cluster_timeout`` in a collective the others never enter (60-65 s a
+    resume in bench/cluster_warm_resume.py --run, before). Every node's
+    owner ends it here, at the same point of the resume, so the nodes agree
+    on their last turn at once (docs/cluster.md, "The last turn, agreed");
+    closing the old loader later finds it ended."""
+    if held.cache.transfers is not None:
+        held.cache.transfers.finish()
     held.cache.stop_prefetch()
     read_at = dict(zip(held.items.tolist(), held.reads.tolist()))
     return keep_from(held.cache, new, held.stop, read_at, lambda item: encode(dataset[item], allow_pickle))

@@ -148,6 +148,19 @@ static void test_golden_two_nodes_in_windows(void) {
  * peer hit, from window_of[0] + 1 on; in window 0 itself it is LATE. The
  * prefix counts in no access or storage figure. A node with no room drops
  * its warm item: its read is from storage (unplaced). */
+static void place_warm(const opt4_plan *p, const uint32_t *node_of, const uint64_t *caps,
+                       const uint32_t *window_of, uint64_t prefix, placed *out) {
+  opt4_cluster_opts o;
+  memset(&o, 0, sizeof o);
+  o.node_of = node_of;
+  o.n_nodes = 2;
+  o.capacity = caps;
+  o.item_bytes = 10;
+  o.window_of = window_of;
+  o.prefix = prefix;
+  ASSERT_OK(opt4_cluster_place(p, &o, out->kinds, out->nodes, 64, out->st, &out->info));
+}
+
 static void test_golden_warm_prefix(void) {
   const uint32_t seq[] = {0, 1, 1, 0, 2};
   const uint32_t node_of[] = {0, 1, 0, 1, 0};
@@ -157,15 +170,7 @@ static void test_golden_warm_prefix(void) {
   for (int w = 0; w < 3; w++) {
     const uint32_t windows[3][5] = {{0, 0, 1, 1, 1}, {0, 0, 0, 0, 0}, {0}};
     placed r;
-    opt4_cluster_opts o;
-    memset(&o, 0, sizeof o);
-    o.node_of = node_of;
-    o.n_nodes = 2;
-    o.capacity = caps;
-    o.item_bytes = 10;
-    o.window_of = w < 2 ? windows[w] : NULL;
-    o.prefix = 2;
-    ASSERT_OK(opt4_cluster_place(p, &o, r.kinds, r.nodes, 64, r.st, &r.info));
+    place_warm(p, node_of, caps, w < 2 ? windows[w] : NULL, 2, &r);
     const uint8_t in_time[] = {A, A, P, P, B}, late[] = {A, A, LT, LT, B};
     const uint32_t nodes[] = {0, 1, 1, 0, NONE};
     expect_kinds(&r, w == 1 ? late : in_time, nodes, 5);
@@ -186,14 +191,7 @@ static void test_golden_warm_prefix(void) {
    * is from storage; item 0 stays warm at node 0. */
   const uint64_t lopsided[] = {2, 0};
   placed r;
-  opt4_cluster_opts o;
-  memset(&o, 0, sizeof o);
-  o.node_of = node_of;
-  o.n_nodes = 2;
-  o.capacity = lopsided;
-  o.item_bytes = 10;
-  o.prefix = 2;
-  ASSERT_OK(opt4_cluster_place(p, &o, r.kinds, r.nodes, 64, r.st, &r.info));
+  place_warm(p, node_of, lopsided, NULL, 2, &r);
   const uint8_t kinds[] = {A, B, B, P, B};
   const uint32_t where[] = {0, NONE, NONE, 0, NONE};
   expect_kinds(&r, kinds, where, 5);
@@ -202,12 +200,9 @@ static void test_golden_warm_prefix(void) {
   ASSERT_U64_EQ(r.info.warm, 1);
   /* The checksum names the prefix. */
   placed plain;
-  o.capacity = caps;
-  o.prefix = 0;
-  ASSERT_OK(opt4_cluster_place(p, &o, plain.kinds, plain.nodes, 64, plain.st, &plain.info));
+  place_warm(p, node_of, caps, NULL, 0, &plain);
   ASSERT_U64_EQ(plain.info.accesses, 5);
-  o.prefix = 2;
-  ASSERT_OK(opt4_cluster_place(p, &o, r.kinds, r.nodes, 64, r.st, &r.info));
+  place_warm(p, node_of, caps, NULL, 2, &r);
   ASSERT(r.info.checksum != plain.info.checksum);
   opt4_plan_close(p);
   ASSERT_NO_ENGINE_MEMORY();

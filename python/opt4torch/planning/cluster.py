@@ -23,7 +23,7 @@ from .clusterplan import (ADMIT, BYPASS, FROM_PEER, FROM_POOL, FROM_STORAGE, LAT
 from .plan import Plan, as_sequence
 from .sizing import choose_page
 from .plan import plan as build_plan
-from .timeline import Timeline, global_timeline, interleave
+from .timeline import Timeline, global_timeline, interleave, with_warm_prefix
 
 __all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_ENV", "NODE_KEYS", "ClusterFigures",
            "ClusterPlan", "NodePlan",
@@ -169,7 +169,7 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
     n_nodes = _node_count(capacity_per_node if cache_bytes is None else cache_bytes,
                           "capacity_per_node" if cache_bytes is None else "cache_bytes", node_of)
     if warm is not None:
-        timeline, prefix = _with_warm_prefix(timeline, warm, node_of, n_nodes, 1 if window is None else int(window))
+        timeline, prefix = with_warm_prefix(timeline, warm, node_of, n_nodes, 1 if window is None else int(window))
     seq, items = as_sequence(timeline.seq, items)
     sizes = None
     if item_sizes is not None:
@@ -196,38 +196,6 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
     return ClusterPlan(aggregate, timeline, reader, caps.astype(np.int64), kinds, nodes, info, per_node,
                        None if sizes is None else sizes.astype(np.int64), int(item_bytes), page,
                        None if window is None else int(window), prefix)
-
-
-def _with_warm_prefix(timeline: Timeline, warm: Sequence[Any], node_of: np.ndarray, n_nodes: int,
-                      shift: int) -> tuple[Timeline, int]:
-    """``timeline`` after a warm prefix (:func:`cluster_plan`'s ``warm``):
-    node n's items read by its first rank at step 0, the timeline's steps
-    ``shift`` later (a window of their own). Returns it and the prefix's
-    length."""
-    if isinstance(warm, (str, bytes)) or len(warm) != n_nodes:
-        raise InvalidInputError(f"warm needs one array of item ids per node ({n_nodes}), got "
-                                f"{len(warm) if hasattr(warm, '__len__') else type(warm).__name__}")
-    parts, ranks, seen = [], [], np.empty(0, np.int64)
-    for n, held in enumerate(warm):
-        a = np.asarray(held)
-        if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)) or (a.size and int(a.min()) < 0):
-            raise InvalidInputError(f"warm[{n}] must be a 1-D array of item ids, got {held!r:.80}")
-        a = a.astype(np.int64)
-        a = a[~np.isin(a, seen)]  # another node named it first
-        a = a[np.sort(np.unique(a, return_index=True)[1])]
-        if a.size == 0:
-            continue
-        on_n = np.flatnonzero(node_of == n)
-        if on_n.size == 0:
-            raise InvalidInputError(f"warm[{n}] names {a.size} items, but no rank is on node {n}")
-        parts.append(a)
-        ranks.append(np.full(a.size, int(on_n[0]), dtype=np.int32))
-        seen = np.concatenate([seen, a])
-    if not parts:
-        return timeline, 0
-    pre = np.concatenate(parts)
-    return Timeline(np.concatenate([pre, timeline.seq]), np.concatenate([*ranks, timeline.rank]),
-                    np.concatenate([np.zeros(pre.size, np.int64), timeline.step + shift])), int(pre.size)
 
 
 # ---- a job under torch.distributed (torchrun) ----

@@ -27,24 +27,25 @@ static int get_array(PyObject *obj, Py_ssize_t itemsize, int writable, const cha
 
 static PyObject *node_dict(const opt4_cluster_node *s) {
   return Py_BuildValue(
-      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "accesses", (unsigned long long)s->accesses,
+      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "accesses", (unsigned long long)s->accesses,
       "local_hits", (unsigned long long)s->local_hits, "peer_hits", (unsigned long long)s->peer_hits,
       "admits", (unsigned long long)s->admits, "bypasses", (unsigned long long)s->bypasses,
       "storage_bytes", (unsigned long long)s->storage_bytes, "homed", (unsigned long long)s->homed,
       "peer_items_sent", (unsigned long long)s->peer_items_sent, "peer_items_received",
       (unsigned long long)s->peer_items_received, "peer_bytes_sent", (unsigned long long)s->peer_bytes_sent,
       "peer_bytes_received", (unsigned long long)s->peer_bytes_received, "peak_resident",
-      (unsigned long long)s->peak_resident, "late", (unsigned long long)s->late);
+      (unsigned long long)s->peak_resident, "late", (unsigned long long)s->late, "warm",
+      (unsigned long long)s->warm);
 }
 
 static PyObject *py_cluster_place(PyObject *Py_UNUSED(m), PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"plan",       "node_of",    "capacities", "kinds", "nodes",
-                           "item_sizes", "item_bytes", "window_of",  NULL};
+                           "item_sizes", "item_bytes", "window_of",  "prefix", NULL};
   PyObject *plan_obj, *node_of_obj, *cap_obj, *kinds_obj, *nodes_obj, *sizes_obj = Py_None,
                                                                         *window_obj = Py_None;
-  unsigned long long item_bytes = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|OKO", kwlist, &plan_obj, &node_of_obj, &cap_obj,
-                                   &kinds_obj, &nodes_obj, &sizes_obj, &item_bytes, &window_obj))
+  unsigned long long item_bytes = 0, prefix = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|OKOK", kwlist, &plan_obj, &node_of_obj, &cap_obj,
+                                   &kinds_obj, &nodes_obj, &sizes_obj, &item_bytes, &window_obj, &prefix))
     return NULL;
   Py_buffer node_of = {0}, caps = {0}, kinds = {0}, nodes = {0}, sizes = {0}, windows = {0};
   opt4_cluster_node *stats = NULL;
@@ -89,6 +90,7 @@ static PyObject *py_cluster_place(PyObject *Py_UNUSED(m), PyObject *args, PyObje
   opts.item_sizes = sizes_obj != Py_None ? sizes.buf : NULL;
   opts.item_bytes = item_bytes;
   opts.window_of = window_obj != Py_None ? windows.buf : NULL;
+  opts.prefix = prefix;
   opt4_cluster_info info;
   int rc;
   Py_BEGIN_ALLOW_THREADS rc = opt4_cluster_place(plan, &opts, kinds.buf, nodes.buf,
@@ -105,14 +107,14 @@ static PyObject *py_cluster_place(PyObject *Py_UNUSED(m), PyObject *args, PyObje
     PyList_SET_ITEM(per_node, n, d);
   }
   result = Py_BuildValue(
-      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}O", "accesses", (unsigned long long)info.accesses,
+      "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}O", "accesses", (unsigned long long)info.accesses,
       "hits", (unsigned long long)info.hits, "local_hits", (unsigned long long)info.local_hits,
       "peer_hits", (unsigned long long)info.peer_hits, "admits", (unsigned long long)info.admits,
       "bypasses", (unsigned long long)info.bypasses, "remote_admits", (unsigned long long)info.remote_admits,
       "storage_bytes", (unsigned long long)info.storage_bytes, "peer_bytes",
       (unsigned long long)info.peer_bytes, "capacity", (unsigned long long)info.capacity, "unplaced",
       (unsigned long long)info.unplaced, "unplaced_hits", (unsigned long long)info.unplaced_hits, "late",
-      (unsigned long long)info.late, "checksum",
+      (unsigned long long)info.late, "warm", (unsigned long long)info.warm, "checksum",
       (unsigned long long)info.checksum, per_node);
 
 leave:
@@ -130,8 +132,8 @@ leave:
 
 static PyMethodDef cluster_functions[] = {
     {"cluster_place", (PyCFunction)(void (*)(void))py_cluster_place, METH_VARARGS | METH_KEYWORDS,
-     "cluster_place(plan, node_of, capacities, kinds, nodes, item_sizes=None, item_bytes=0, window_of=None) "
-     "-> (info, per_node)"},
+     "cluster_place(plan, node_of, capacities, kinds, nodes, item_sizes=None, item_bytes=0, window_of=None, "
+     "prefix=0) -> (info, per_node)"},
     {NULL, NULL, 0, NULL}};
 
 int opt4py_cluster_init(PyObject *m) {

@@ -415,7 +415,21 @@ int opt4_plan_load_buffer(const void *buf, size_t len, opt4_plan **out);
  * nothing: its ADMIT is a BYPASS then (its home's capacity stays counted
  * for it, as placed). Without
  * window_of (NULL) nothing is ever LATE: the plan assumes transfers arrive
- * whenever they are due. */
+ * whenever they are due.
+ *
+ * A warm prefix (opts->prefix positions, a resumed run's; docs/cluster.md,
+ * "The cache after a resume"). Positions [0, prefix) are not reads: each
+ * says that its reader's node holds the item at the start (what that
+ * node's pool still holds when a live loader plans the rest again). The
+ * aggregate plan decides, as for any access, which of them to keep; a kept
+ * one (ADMIT) is homed at the node that holds it, never sent anywhere (no
+ * worker reads it), and one its node has no room for is dropped (BYPASS,
+ * counted in info->unplaced). Its generation is at its home before any
+ * window starts: the home reads it at once, and with windows a peer from
+ * window_of[0] + 1 on (the home sends it in window window_of[0]). Prefix
+ * positions count in no access, storage or transfer figure; each node's
+ * kept ones are its `warm` (also counted in `homed`). An item may appear
+ * once in the prefix. */
 #define OPT4_CLUSTER_LOCAL_HIT 0u
 #define OPT4_CLUSTER_PEER_HIT 1u
 #define OPT4_CLUSTER_ADMIT 2u
@@ -442,6 +456,9 @@ typedef struct opt4_cluster_opts {
   /* Each position's transfer window (T entries, non-decreasing), or NULL
    * for none: see "Windows" above. */
   const uint32_t *window_of;
+  /* Positions at the start that are a warm prefix, not reads (0: none):
+   * see "A warm prefix" above. At most T. */
+  uint64_t prefix;
 } opt4_cluster_opts;
 
 /* One node's share of a cluster plan. */
@@ -457,6 +474,7 @@ typedef struct opt4_cluster_node {
   uint64_t peer_bytes_sent, peer_bytes_received;
   uint64_t peak_resident;  /* most generations (pages) held here at once, <= capacity */
   uint64_t late;           /* its LATE reads (counted in bypasses too) */
+  uint64_t warm;           /* warm-prefix generations kept here (in homed too) */
 } opt4_cluster_node;
 
 /* The cluster's totals. */
@@ -476,6 +494,9 @@ typedef struct opt4_cluster_info {
   uint64_t unplaced, unplaced_hits;
   /* With windows: the aggregate plan's hits that are LATE. */
   uint64_t late;
+  /* Warm-prefix generations kept (every node's warm). accesses counts the
+   * positions after the prefix only. */
+  uint64_t warm;
   /* XXH3-64 of the plan's fingerprint and capacity, the node count and
    * capacities, every position's reader, kind and node, and the windows
    * when given (native byte order): equal on every rank that planned the
@@ -494,7 +515,9 @@ typedef struct opt4_cluster_info {
  * decisions), OPT4_ECAPACITY (the nodes' total is 0 or smaller than the
  * plan's slots, or pages; the detail gives both),
  * OPT4_ERANGE (a node id >= n_nodes, or a window smaller than the one
- * before it; the detail names the position),
+ * before it; the detail names the position), OPT4_EINVAL also for a
+ * prefix longer than the plan or an item twice in it (the detail names
+ * both positions),
  * OPT4_ECORRUPT (a plan whose residents would not fit: not one the engine
  * built or validated), OPT4_ENOMEM. On failure the buffers hold nothing
  * meaningful. Thread safety: reads the plan only; any number of threads may

@@ -19,6 +19,10 @@
  * away that ends with no read in time would have been sent for nothing: at
  * its end its ADMIT becomes a BYPASS (forward_undo).
  *
+ * A warm prefix (opts->prefix) is what nodes hold at the start: its kept
+ * generations are homed where they are (no transfer), marked warm, and
+ * count in no access figure (opt4.h, "A warm prefix").
+ *
  * "The node with the most room" is a tournament tree over the nodes: each
  * inner entry holds the better of its two children (more room; on ties the
  * left one, whose ids are lower), so the root is the answer and a change in
@@ -44,12 +48,14 @@ struct admitted {
   uint32_t window; /* its window */
   uint8_t away;    /* kept away from the node that read it */
   uint8_t served;  /* a read of it has been in time */
+  uint8_t warm;    /* held from the start (a warm prefix's): window is window_of[0] */
 };
 
 /* With windows: can node `reader` read generation x (at home `home`) in
  * window w? */
 static int in_time(const cluster_ctx *c, uint32_t x, uint32_t home, uint32_t reader, uint64_t w) {
   const struct admitted *a = &c->admitted[x];
+  if (a->warm) return reader == home || w >= (uint64_t)a->window + 1;
   if (reader == home) return !a->away || w >= (uint64_t)a->window + 2;
   return w >= (uint64_t)a->window + 2 + a->away;
 }
@@ -125,6 +131,9 @@ static int check_args(const opt4_plan *plan, const opt4_cluster_opts *opts, cons
   if (opts->capacity == NULL) return opt4__fail(OPT4_EINVAL, "capacity must not be NULL");
   if (pi->accesses > 0 && (opts->node_of == NULL || kinds == NULL || nodes == NULL))
     return opt4__fail(OPT4_EINVAL, "node_of, kinds and nodes must not be NULL");
+  if (opts->prefix > pi->accesses)
+    return opt4__fail(OPT4_EINVAL, "a warm prefix of %llu positions in a plan of %llu",
+                      (unsigned long long)opts->prefix, (unsigned long long)pi->accesses);
   if (dst_len < pi->accesses)
     return opt4__fail(OPT4_EINVAL, "the output buffers hold %llu positions; the plan has %llu",
                       (unsigned long long)dst_len, (unsigned long long)pi->accesses);
@@ -153,6 +162,7 @@ static void hash_header(opt4__hasher *h, const opt4_plan_info *pi, const opt4_cl
                             pi->accesses, opts->n_nodes};
   opt4__hasher_update(h, head, sizeof head);
   opt4__hasher_update(h, opts->capacity, (size_t)opts->n_nodes * sizeof(uint64_t));
+  if (opts->prefix > 0) opt4__hasher_update(h, &opts->prefix, sizeof opts->prefix);
 }
 
 int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uint8_t *kinds,
@@ -179,6 +189,7 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
   const uint32_t *seq = plan->seq;
   const uint32_t *ops = plan->ops;
   const uint32_t *node_of = opts->node_of;
+  const uint64_t prefix = opts->prefix;
   opt4__hasher *h = NULL;
 
   c.room = opt4__malloc(room_bytes);
@@ -213,6 +224,11 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
       goto leave;
     }
     uint32_t x = seq[t];
+    if (OPT4__UNLIKELY(t < prefix && c.home[x] != OPT4__NEVER && c.home[x] < prefix)) {
+      rc = opt4__fail(OPT4_EINVAL, "item %u is at positions %llu and %u of the warm prefix: a prefix names "
+                                   "each item once (one node holds it)", x, (unsigned long long)t, c.home[x]);
+      goto leave;
+    }
     nodes[t] = c.home[x];
     c.home[x] = (uint32_t)t;
   }
@@ -235,6 +251,26 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
     /* Does the generation read at t continue to x's next access? */
     const int goes_on = nx != OPT4__NEVER && OPT4_OP_KIND(ops[nx]) == OPT4_OP_HIT;
     opt4_cluster_node *sr = &stats[r];
+    if (t < prefix) { /* held at r from the start; no HIT here: an item is once in the prefix */
+      if (kind == OPT4_OP_ADMIT && goes_on && c.room[r] >= (int64_t)need) {
+        take(&c, r, need, stats);
+        c.home[x] = r;
+        if (window_of != NULL) c.admitted[x] = (struct admitted){t, c.T > 0 ? window_of[0] : 0, 0, 0, 1};
+        kinds[t] = OPT4_CLUSTER_ADMIT;
+        nodes[t] = r;
+        sr->homed++;
+        sr->warm++;
+        info->warm++;
+        continue;
+      }
+      if (kind == OPT4_OP_ADMIT && goes_on) { /* no room where it is: dropped, its reads from storage */
+        c.home[x] = OPT4_CLUSTER_NONE;
+        info->unplaced++;
+      }
+      kinds[t] = OPT4_CLUSTER_BYPASS;
+      nodes[t] = OPT4_CLUSTER_NONE;
+      continue;
+    }
     sr->accesses++;
     if (kind == OPT4_OP_HIT && c.home[x] != OPT4_CLUSTER_NONE) {
       const uint32_t home = c.home[x];
@@ -293,7 +329,7 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
     }
     take(&c, home, need, stats);
     c.home[x] = home;
-    if (window_of != NULL) c.admitted[x] = (struct admitted){t, window_of[t], home != r, 0};
+    if (window_of != NULL) c.admitted[x] = (struct admitted){t, window_of[t], home != r, 0, 0};
     kinds[t] = OPT4_CLUSTER_ADMIT;
     nodes[t] = home;
     sr->admits++;
@@ -310,7 +346,7 @@ int opt4_cluster_place(const opt4_plan *plan, const opt4_cluster_opts *opts, uin
     info->admits += stats[n].admits;
     info->bypasses += stats[n].bypasses;
   }
-  info->accesses = c.T;
+  info->accesses = c.T - prefix;
   info->hits = info->local_hits + info->peer_hits;
   info->capacity = total;
   hash_header(h, &plan->info, opts);

@@ -142,6 +142,72 @@ static void test_golden_two_nodes_in_windows(void) {
   ASSERT_NO_ENGINE_MEMORY();
 }
 
+/* A warm prefix: nodes 0 and 1 hold items 0 and 1 at the start (positions
+ * 0 and 1, not reads); then node 0 reads 1, node 1 reads 0, node 0 reads 2.
+ * Each warm item stays where it is (no transfer to its next reader) and is a
+ * peer hit, from window_of[0] + 1 on; in window 0 itself it is LATE. The
+ * prefix counts in no access or storage figure. A node with no room drops
+ * its warm item: its read is from storage (unplaced). */
+static void place_warm(const opt4_plan *p, const uint32_t *node_of, const uint64_t *caps,
+                       const uint32_t *window_of, uint64_t prefix, placed *out) {
+  opt4_cluster_opts o;
+  memset(&o, 0, sizeof o);
+  o.node_of = node_of;
+  o.n_nodes = 2;
+  o.capacity = caps;
+  o.item_bytes = 10;
+  o.window_of = window_of;
+  o.prefix = prefix;
+  ASSERT_OK(opt4_cluster_place(p, &o, out->kinds, out->nodes, 64, out->st, &out->info));
+}
+
+static void test_golden_warm_prefix(void) {
+  const uint32_t seq[] = {0, 1, 1, 0, 2};
+  const uint32_t node_of[] = {0, 1, 0, 1, 0};
+  const uint64_t caps[] = {1, 1};
+  uint64_t total = 2;
+  opt4_plan *p = build(seq, 5, 3, total);
+  for (int w = 0; w < 3; w++) {
+    const uint32_t windows[3][5] = {{0, 0, 1, 1, 1}, {0, 0, 0, 0, 0}, {0}};
+    placed r;
+    place_warm(p, node_of, caps, w < 2 ? windows[w] : NULL, 2, &r);
+    const uint8_t in_time[] = {A, A, P, P, B}, late[] = {A, A, LT, LT, B};
+    const uint32_t nodes[] = {0, 1, 1, 0, NONE};
+    expect_kinds(&r, w == 1 ? late : in_time, nodes, 5);
+    ASSERT_U64_EQ(r.info.accesses, 3);
+    ASSERT_U64_EQ(r.info.warm, 2);
+    ASSERT_U64_EQ(r.info.admits, 0);
+    ASSERT_U64_EQ(r.info.remote_admits, 0);
+    ASSERT_U64_EQ(r.info.hits, w == 1 ? 0 : 2);
+    ASSERT_U64_EQ(r.info.storage_bytes, w == 1 ? 30 : 10);
+    ASSERT_U64_EQ(r.info.peer_bytes, w == 1 ? 0 : 20);
+    ASSERT_U64_EQ(r.st[0].accesses, 2);
+    ASSERT_U64_EQ(r.st[1].accesses, 1);
+    ASSERT_U64_EQ(r.st[0].warm, 1);
+    ASSERT_U64_EQ(r.st[1].homed, 1);
+    ASSERT_U64_EQ(r.st[1].peak_resident, 1);
+  }
+  /* Node 1 holds nothing: its warm item 1 is dropped, node 0's read of it
+   * is from storage; item 0 stays warm at node 0. */
+  const uint64_t lopsided[] = {2, 0};
+  placed r;
+  place_warm(p, node_of, lopsided, NULL, 2, &r);
+  const uint8_t kinds[] = {A, B, B, P, B};
+  const uint32_t where[] = {0, NONE, NONE, 0, NONE};
+  expect_kinds(&r, kinds, where, 5);
+  ASSERT_U64_EQ(r.info.unplaced, 1);
+  ASSERT_U64_EQ(r.info.unplaced_hits, 1);
+  ASSERT_U64_EQ(r.info.warm, 1);
+  /* The checksum names the prefix. */
+  placed plain;
+  place_warm(p, node_of, caps, NULL, 0, &plain);
+  ASSERT_U64_EQ(plain.info.accesses, 5);
+  place_warm(p, node_of, caps, NULL, 2, &r);
+  ASSERT(r.info.checksum != plain.info.checksum);
+  opt4_plan_close(p);
+  ASSERT_NO_ENGINE_MEMORY();
+}
+
 /* The tie-break. Nodes hold 1, 0 and 2 items; node 1 reads X, Y, X, Y. X's
  * next reader (node 1) has no room, nor has the node reading it now (node 1
  * again): the node with most room, node 2. Then nodes 0 and 2 have one
@@ -467,6 +533,13 @@ static void test_errors(void) {
   o.n_nodes = (uint32_t)OPT4_MAX_NODES;
   ASSERT_ERR(opt4_cluster_place(p, &o, kinds, nodes, 4, st, &info), OPT4_ETOOBIG);
   o.n_nodes = 2;
+  o.prefix = 5; /* longer than the plan */
+  ASSERT_ERR(opt4_cluster_place(p, &o, kinds, nodes, 4, st, &info), OPT4_EINVAL);
+  ASSERT(strstr(opt4_errdetail(), "prefix of 5") != NULL);
+  o.prefix = 3; /* item 0 twice in it */
+  ASSERT_ERR(opt4_cluster_place(p, &o, kinds, nodes, 4, st, &info), OPT4_EINVAL);
+  ASSERT(strstr(opt4_errdetail(), "item 0 is at positions 0 and 2") != NULL);
+  o.prefix = 0;
   ASSERT_OK(opt4_cluster_place(p, &o, kinds, nodes, 4, st, &info));
   opt4_plan_close(p);
 
@@ -550,6 +623,7 @@ static void test_alloc_fail(void) {
 int main(void) {
   RUN(test_golden_two_nodes);
   RUN(test_golden_two_nodes_in_windows);
+  RUN(test_golden_warm_prefix);
   RUN(test_golden_tie_break);
   RUN(test_golden_unread_admit);
   RUN(test_random_replay);

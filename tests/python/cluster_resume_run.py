@@ -13,13 +13,22 @@ state old rank (rank % saved world) saved; with --refusals, first the
 refusals (another seed, another dataset: each a cluster loader built and
 refused; then a cluster loader built with the last rank's OPT4TORCH_NODE
 unset, then unreadable, refused on every rank). Then the rest of the run: every sample checked against the
-source, what each epoch read, and stats() to <dir>/resume.<rank>.json."""
+source, what each epoch read, and stats() to <dir>/resume.<rank>.json.
+
+--warm (with --phase resume): then a resume in the same processes that
+keeps what the pools hold (distributed/warm.py): a cluster loader of 3
+epochs whose workers are not persistent reads epoch 0 and --cut batches of
+epoch 1, saves, and load_state_dict's its own state (timed); it reads the
+rest of epoch 1 and epoch 2.
+Beside it, a loader built afresh resumes the same state cold (what a
+relaunched job plans). To <dir>/resume.<rank>.json's "warm"."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -43,6 +52,55 @@ def own_loader(ds: Items, seed: int, args: argparse.Namespace) -> opt4torch.Data
                                  seed=seed)
     return opt4torch.DataLoader(ds, sampler=sampler, batch_size=args.batch, cache_items=40, epochs=args.epochs,
                                 collate_fn=list)
+
+
+def warm_loader(ds: Items, args: argparse.Namespace) -> opt4torch.DataLoader:
+    total = sum(size_of(x) for x in range(ds.n))
+    return opt4torch.DataLoader(
+        ds, cluster=True, cluster_window=2, cluster_timeout=30, shuffle=True, seed=11, epochs=3,
+        batch_size=args.batch, cache_bytes=int(0.25 * total) + 4096, num_workers=1, persistent_workers=False,
+        multiprocessing_context="fork", collate_fn=list, wait_timeout=30)
+
+
+def warm_resume(args: argparse.Namespace) -> dict[str, Any]:
+    """Epoch 0 and --cut batches of epoch 1 read, saved, resumed in these
+    processes (the pools kept), the rest of epoch 1 read; and the same
+    state resumed cold by a loader built afresh."""
+    ds = Items(args.items)
+    wl = warm_loader(ds, args)
+    out: dict[str, Any] = {}
+    out["epoch0"], wrong = read(wl)
+    out["epoch1_before"], w = read(wl, args.cut)
+    wrong += w
+    state = wl.state_dict()
+    cold = warm_loader(ds, args)
+    cold.load_state_dict(state)
+    out["cold_plan"] = {"hits": cold.cluster_plan.hits, "storage_bytes": cold.cluster_plan.storage_bytes,
+                        "storage_reads": cold.cluster_plan.storage_reads, "warm": cold.cluster_plan.stats()["warm"]}
+    cold.cache.close()
+    reads, nbytes = ds.counts[0], ds.counts[1]
+    began = time.perf_counter()
+    wl.load_state_dict(state)
+    out["resume_seconds"] = time.perf_counter() - began
+    out["loaded_in_resume"] = ds.counts[0] - reads
+    reads, nbytes = ds.counts[0], ds.counts[1]
+    out["warm_plan"] = {"hits": wl.cluster_plan.hits, "storage_bytes": wl.cluster_plan.storage_bytes,
+                        "storage_reads": wl.cluster_plan.storage_reads, "warm": wl.cluster_plan.stats()["warm"]}
+    out["epoch1_after"], w = read(wl)
+    out["epoch2"], w2 = read(wl)
+    out["wrong"] = wrong + w + w2
+    rt = wl.cache.transfers
+    dist.barrier()  # every rank read its last batch before any node closes (see main)
+    rt.finish()
+    dist.barrier()
+    out["reads"], out["bytes"] = ds.counts[0] - reads, ds.counts[1] - nbytes
+    st = wl.cache.stats()
+    out["stats"] = {k: v for k, v in st.items() if isinstance(v, (int, float, str, list, type(None)))}
+    out["node_stats"] = wl.cluster_plan.node_stats()[wl.node]
+    out["thread_error"] = repr(rt.error) if rt.error else None
+    dist.barrier()
+    wl.cache.close()
+    return out
 
 
 def read(loader: opt4torch.DataLoader, batches: int | None = None) -> tuple[list[int], int]:
@@ -97,6 +155,7 @@ def main() -> None:
     ap.add_argument("--cut", type=int, default=5)
     ap.add_argument("--saved-world", type=int, default=4)
     ap.add_argument("--refusals", action="store_true")
+    ap.add_argument("--warm", action="store_true")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -141,6 +200,11 @@ def main() -> None:
             wrong += w
         out["wrong"] = wrong
         rt = cl.cache.transfers
+        # Every rank read its last batch before any node closes, as ranks
+        # in lockstep would: a node that closes first sends its last SENDs
+        # empty, and a peer still reading loads those from storage
+        # (docs/cluster.md, "The last turn, agreed"), a hit short of the plan.
+        dist.barrier()
         rt.finish()
         dist.barrier()
         st = cl.cache.stats()
@@ -149,6 +213,8 @@ def main() -> None:
         out["reads"] = ds.counts[0] - reads_before
         out["thread_error"] = repr(rt.error) if rt.error else None
         out["state_after"] = cl.state_dict()
+        if args.warm:
+            out["warm"] = warm_resume(args)
     with open(f"{args.dir}/{args.phase}.{rank}.json", "w") as f:
         json.dump(out, f)
     dist.barrier()

@@ -88,6 +88,61 @@ def test_engine_equals_reference_in_bytes(case: tuple, page: int, data: st.DataO
     assert all(d["peak_resident"] <= d["capacity"] for d in cp.node_stats())
 
 
+@given(clusters(), st.booleans(), windows, st.data())
+def test_warm_prefix_equals_reference(case: tuple, sized: bool, window: int | None, data: st.DataObject) -> None:
+    """A warm prefix (what each node's pool holds when a live loader plans
+    the rest again): the engine and the reference agree position by
+    position; a kept warm item stays at the node that holds it (no
+    transfer), the prefix counts in no access, and OPT decides what to
+    keep as for any access (the hits are Belady's over prefix and rest)."""
+    seqs, node_of, caps, batch, items = case
+    n_nodes = len(caps)
+    warm = [data.draw(st.lists(st.integers(0, items - 1), max_size=6, unique=True)) for _ in range(n_nodes)]
+    for n in range(n_nodes):  # a node with no rank holds nothing a plan can name
+        if n not in node_of:
+            warm[n] = []
+    sizes = np.arange(1, items + 1, dtype=np.int64) * 7 if sized else None
+    cp = cluster_plan(seqs, node_of, caps, items=items, batch_size=batch, item_bytes=5, item_sizes=sizes,
+                      window=window, warm=warm)
+    firsts: list[int] = []
+    for n in range(n_nodes):
+        firsts.extend(x for x in warm[n] if x not in firsts)
+    assert cp.prefix == len(firsts) and cp.seq[:cp.prefix].tolist() == firsts
+    pre_nodes = cp.reader[:cp.prefix].tolist()
+    assert all(x in warm[n] for x, n in zip(firsts, pre_nodes))
+    ref = cluster_place(cp.seq, cp.reader, caps, item_sizes=sizes, item_bytes=5, items=items,
+                        window_of=None if window is None else cp.windows().tolist(), prefix=cp.prefix)
+    assert cp.kinds.tolist() == ref.kinds
+    assert cp.nodes.tolist() == ref.nodes
+    assert (cp.remote_admits, cp.late, cp.unplaced, cp.unplaced_hits, cp.stats()["warm"]) == (
+        ref.remote_admits, ref.late, ref.unplaced, ref.unplaced_hits, ref.warm)
+    assert [{k: d[k] for k in NODE_KEYS} for d in cp._per_node] == ref.per_node
+    kept = cp.kinds[:cp.prefix] == ADMIT
+    assert (cp.nodes[:cp.prefix][kept] == cp.reader[:cp.prefix][kept]).all()  # never moved
+    assert cp.accesses == cp.seq.size - cp.prefix
+    assert sum(d["accesses"] for d in cp.node_stats()) == cp.accesses
+    assert cp.stats()["warm"] == int(kept.sum())
+    # Every hit of the rest is the aggregate plan's, over prefix and rest.
+    assert cp.hits + cp.late + cp.unplaced_hits == cp.plan.hits
+    if window is not None:  # each node's plan: its kept warm items first, stored, never read by a worker
+        for n in range(n_nodes):
+            np_ = cp.node_plan(n)
+            w = np.flatnonzero(np_.role == cluster.WARM)
+            assert w.tolist() == list(range(w.size))
+            assert sorted(np_.seq[w].tolist()) == sorted(cp.seq[:cp.prefix][kept & (cp.reader[:cp.prefix] == n)]
+                                                           .tolist())
+            cp.pool_plan(n, np_)  # the engine checks that it fits the node's capacity
+
+
+def test_warm_prefix_refused() -> None:
+    with pytest.raises(opt4torch.InvalidInputError, match="one array of item ids per node"):
+        cluster_plan([[0, 1]], None, 1, warm=[[0], [1]])
+    with pytest.raises(opt4torch.InvalidInputError, match="no rank is on node 1"):
+        cluster_plan([[0, 1]], None, [1, 1], warm=[[0], [1]])
+    with pytest.raises(opt4torch.InvalidInputError, match=r"warm\[0\] must be a 1-D array"):
+        cluster_plan([[0, 1]], None, 1, warm=[[-1]])
+
+
 def test_golden_bytes_unplaced() -> None:
     """Two nodes of 20 bytes in 10-byte pages. B and C (10 bytes) go to
     their next readers, leaving one page on each node: A (20 bytes) fits the

@@ -29,7 +29,7 @@ from conftest import torchrun
 
 HERE = os.path.dirname(__file__)
 N, CUT, BATCH, SAVED = 242, 5, 4, 4
-SEEDS = {"cluster": 3, "own": 5}
+SEEDS = {"cluster": 3, "own": 5, "warm": 11}
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -86,7 +86,44 @@ def check_resumed(saves: list[dict], ranks: list[dict], world: int) -> None:
 
 def test_saved_on_4_nodes_resumes_on_4(saved) -> None:
     directory, saves = saved
-    check_resumed(saves, job(directory, 4, "--phase", "resume"), 4)
+    ranks = job(directory, 4, "--phase", "resume", "--warm")
+    check_resumed(saves, ranks, 4)
+    check_warm([r["warm"] for r in ranks])
+
+
+def check_warm(ranks: list[dict]) -> None:
+    """A resume in the same processes keeps what the pools hold (issue 36):
+    3 epochs; epoch 0 and 5 batches of epoch 1 read with workers that are
+    not persistent, saved, load_state_dict'ed on the same loader, the rest
+    read. Each rank reads epochs 1 and 2 exactly as it would have, every
+    sample the source's; each node reads from storage exactly what the
+    warm plan says (items its old pool lost are loaded while warming, and
+    counted as kept_loaded), with the plan's hits, local and peer, and no
+    fallback; and the warm plan hits more than the cold one, which a
+    loader built afresh plans for the same state. The resume takes well
+    under cluster_timeout (30 s). (Copying from the old pool moves its
+    transfer thread's pace: left running, the old threads waited out the
+    timeout in turns the other nodes never entered, 60-65 s a resume in
+    bench/cluster_warm_resume.py --run; at this job's scale they happened
+    to agree, so that is measured there, not here.)"""
+    for k, r in enumerate(ranks):
+        assert r["epoch0"] == order("warm", 4, k, 0)
+        assert r["epoch1_before"] + r["epoch1_after"] == order("warm", 4, k, 1), k
+        assert r["epoch2"] == order("warm", 4, k, 2), k
+        assert r["resume_seconds"] < 10, (k, r["resume_seconds"])
+        assert len(r["epoch1_before"]) == CUT * BATCH
+        st, plan = r["stats"], r["node_stats"]
+        assert r["wrong"] == 0 and r["thread_error"] is None and st["cluster_errors"] == [], k
+        assert st["hits"] == st["plan_hits"] and st["fallbacks"] == 0, k
+        assert (st["local_hits"], st["peer_hits"]) == (plan["local_hits"], plan["peer_hits"]), k
+        assert r["reads"] == plan["storage_reads"] == st["plan_storage_reads"], k
+        assert r["bytes"] == st["plan_storage_bytes"], k
+        assert st["kept"] + st["kept_loaded"] == plan["warm"] == st["plan_warm"], k
+        assert r["loaded_in_resume"] == st["kept_loaded"], k
+    warm, cold = ranks[0]["warm_plan"], ranks[0]["cold_plan"]
+    assert all(r["warm_plan"] == warm and r["cold_plan"] == cold for r in ranks)
+    assert cold["warm"] == 0 and warm["warm"] == sum(r["node_stats"]["warm"] for r in ranks) > 0
+    assert warm["hits"] > cold["hits"] and warm["storage_bytes"] < cold["storage_bytes"]
 
 
 @pytest.fixture(scope="module")

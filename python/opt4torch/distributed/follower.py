@@ -31,6 +31,9 @@ def plan_keys(cp: ClusterFigures, node_plan: NodePlan, storage_sizes: np.ndarray
         "plan_storage_bytes": (int(storage_sizes[node_plan.seq[mine]].sum()) if storage_sizes is not None
                                else plan["plan_storage_bytes"]),
         "plan_storage_reads": plan["storage_reads"],
+        # A resumed loader's warm prefix: items its old pool held that the
+        # plan keeps (stored before any worker starts, not storage reads).
+        "plan_warm": plan["warm"],
     }
 
 

@@ -28,6 +28,7 @@ from .handoff import NodeShare, read_share, remove_share, share_path, write_shar
 from .node import release_group
 from .follower import ClusterFollower
 from .runtime import ClusterRuntime
+from .warm import Held, held_now, warm_count, warm_pool
 
 __all__ = ["ClusterSetup", "cluster_pool", "cluster_setup"]
 
@@ -67,6 +68,10 @@ class ClusterSetup:
     #: The whole plan, on the ranks that made it (each node's first), for
     #: its transfer thread; None on the node's other ranks.
     full: ClusterPlan | None = None
+    #: What the node's old pool holds, on the rank that owns it, when a
+    #: live loader resumed (distributed/warm.py): the plan starts with it,
+    #: and the new pool is warmed from it.
+    held: Held | None = None
 
 
 def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sampler: Any, seed: int | None,
@@ -113,7 +118,9 @@ def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sample
     else:
         capacity = dict(cache_bytes=parse_bytes(cache_bytes), item_sizes=sizes, page_size=page_size)
     opts = dict(batch_size=int(batch_size), window=int(window), **capacity)
-    agreed = agree(sampler, epochs, group=group, check_sizes=True, **opts)
+    held = held_now()
+    agreed = agree(sampler, epochs, group=group, check_sizes=True, warm=None if held is None else held.items,
+                   **opts)
     node, leaders = agreed.node_of_rank[rank], agreed.leaders
     # The ranks of each node: its first one (the leader) plans for the node,
     # owns its pool and runs its transfers, on a group of the leaders (the
@@ -136,7 +143,7 @@ def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sample
     return ClusterSetup(cp=share.figures, node=node, node_plan=node_plan, plan=plan, pool_page=pool_page,
                         group=group, exchange_group=exchange_group, peers=peers, leader=leaders[node],
                         starts=starts, own=own, floors=floors, storage_sizes=raw, sampler=sampler, share=path,
-                        full=cp if isinstance(cp, ClusterPlan) else None)
+                        full=cp if isinstance(cp, ClusterPlan) else None, held=held)
 
 
 def _batches(node_plan: NodePlan, ranks: np.ndarray, rank: int, sampler: Any, epochs: int, batch_size: int
@@ -293,6 +300,13 @@ def cluster_pool(c: ClusterSetup, dataset: Any, *, reader: Any, allow_pickle: bo
         if leader:
             assert c.full is not None, "a node's first rank made the plan"
             cache = OPTCache(plan, c.pool_page, wait_timeout=wait_timeout, staging_slots=int(staging))
+            # A warm prefix (a live loader resumed): the plan's first positions
+            # are the items the old pool holds that the new plan keeps, copied
+            # now, before any worker or transfer reads the pool.
+            cache._prefix = warm_count(c.node_plan)
+            if c.held is not None:  # on every node's owner alike: it ends the old transfer thread
+                kept, loaded = warm_pool(c.held, cache, dataset, allow_pickle)
+                cache._earlier.update(kept=kept, kept_loaded=loaded)
             cache.transfers = ClusterRuntime(
                 c.full, c.node_plan, cache.name, dataset, reader=reader(cache.name, len(c.node_plan)),
                 allow_pickle=allow_pickle, group=c.exchange_group, peers=c.peers, storage_sizes=c.storage_sizes,
@@ -304,5 +318,6 @@ def cluster_pool(c: ClusterSetup, dataset: Any, *, reader: Any, allow_pickle: bo
         release_group(c.group)  # planned and shared: the exchange has a group of its own
     if cache is None:
         cache = OPTCache.attach(name[c.leader], plan, c.pool_page or plan.page_size)
+        cache._prefix = warm_count(c.node_plan)
         cache.transfers = ClusterFollower(c.cp, c.node_plan, c.storage_sizes, c.leader)
     return cache

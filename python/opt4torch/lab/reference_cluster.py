@@ -24,6 +24,13 @@ it always fits):
    the node that read it that ends with no read in time was sent for
    nothing: its ADMIT becomes a BYPASS, and nothing is sent.
 
+5. A warm prefix (``prefix``, a resumed run's): positions before it are
+   not reads but what each reader's node holds at the start. A kept one
+   (an ADMIT of the aggregate plan) stays at that node, if it has room (else
+   it is dropped, ``unplaced``); its home reads it at once and a peer from
+   ``window_of[0] + 1``. Prefix positions count in no figure but ``warm``
+   (and ``homed``, ``peak_resident``).
+
 In bytes (``page_size`` and ``plan_sizes`` given) the aggregate plan is
 :func:`~opt4torch.lab.reference.belady_sized` over the nodes' pages, room is
 free pages, and a generation no node has enough free pages for is read from
@@ -46,7 +53,7 @@ LOCAL_HIT, PEER_HIT, ADMIT, BYPASS, LATE = 0, 1, 2, 3, 4
 #: Per-node counts, named as the C engine's opt4_cluster_node fields.
 NODE_KEYS = ("accesses", "local_hits", "peer_hits", "admits", "bypasses", "storage_bytes", "homed",
              "peer_items_sent", "peer_items_received", "peer_bytes_sent", "peer_bytes_received",
-             "peak_resident", "late")
+             "peak_resident", "late", "warm")
 
 
 @dataclass
@@ -61,13 +68,14 @@ class ReferenceCluster:
     unplaced: int = 0
     unplaced_hits: int = 0
     late: int = 0
+    warm: int = 0
 
 
 def cluster_place(seq: Sequence[int], node_of: Sequence[int], capacities: Sequence[int], *,
                   item_sizes: Sequence[int] | None = None, item_bytes: int = 0,
                   items: int | None = None, page_size: int | None = None,
                   plan_sizes: Sequence[int] | None = None,
-                  window_of: Sequence[int] | None = None) -> ReferenceCluster:
+                  window_of: Sequence[int] | None = None, prefix: int = 0) -> ReferenceCluster:
     """Plan ``seq`` (the global timeline; ``node_of[t]`` reads position t)
     over nodes holding ``capacities[n]`` items each (pages of ``page_size``
     bytes each, with ``plan_sizes`` the items' sizes for the plan)."""
@@ -98,6 +106,8 @@ def cluster_place(seq: Sequence[int], node_of: Sequence[int], capacities: Sequen
 
     def in_time(x: int, h: int, reader: int, w: int) -> bool:
         _, at, away, _ = admitted[x]
+        if admitted[x][0] < prefix:  # held from the start
+            return reader == h or w >= int(window_of[0]) + 1  # type: ignore[index]
         if reader == h:
             return not away or w >= at + 2
         return w >= at + 2 + away
@@ -129,12 +139,32 @@ def cluster_place(seq: Sequence[int], node_of: Sequence[int], capacities: Sequen
         out.per_node[dst]["peer_items_received"] += 1
         out.per_node[dst]["peer_bytes_received"] += size
 
+    if len(set(seq[:prefix])) < prefix:
+        raise ValueError("an item twice in the warm prefix")
     for t, x in enumerate(seq):
         r = node_of[t]
         me = out.per_node[r]
-        me["accesses"] += 1
         size = size_of(x)
         goes_on = nxt[t] != never and kinds_plan[nxt[t]] == PLAN_HIT
+        if t < prefix:
+            if kinds_plan[t] == PLAN_ADMIT and goes_on and caps[r] - live[r] >= need[x]:
+                live[r] += need[x]
+                me["peak_resident"] = max(me["peak_resident"], live[r])
+                me["homed"] += 1
+                me["warm"] += 1
+                out.warm += 1
+                home[x] = r
+                admitted[x] = [t, 0, 0, 0]
+                out.kinds.append(ADMIT)
+                out.nodes.append(r)
+                continue
+            if kinds_plan[t] == PLAN_ADMIT and goes_on:  # no room where it is: dropped
+                home[x] = -1
+                out.unplaced += 1
+            out.kinds.append(BYPASS)
+            out.nodes.append(-1)
+            continue
+        me["accesses"] += 1
         if kinds_plan[t] == PLAN_HIT and home.get(x, -1) >= 0:
             h = home[x]
             if window_of is not None and not in_time(x, h, r, int(window_of[t])):

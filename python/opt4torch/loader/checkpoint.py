@@ -299,8 +299,12 @@ class Checkpoints(ElasticResume):
         window that place falls in. The same holds, rank by rank, for a
         DistributedSampler run without ``cluster`` resumed on another world
         (``state['distributed']``; docs/cluster.md, "Resuming a cluster run,
-        and elastic resume"). The pools are new: the cache starts cold
-        there, and ``warm`` does not apply."""
+        and elastic resume"). The pools are new. A cluster loader that has
+        read keeps what its nodes' pools hold where the new plan reads it
+        (planned as a warm prefix, copied into the new pools before any
+        worker starts; stats()' ``kept``, ``kept_loaded``, ``plan_warm``);
+        a loader built afresh (a relaunched job) has nothing to keep and
+        starts cold. ``warm`` does not apply to these resumes."""
         if self._elastic_wanted(state):
             self._resume_elastic(state)
             return

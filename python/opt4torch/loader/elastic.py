@@ -263,11 +263,38 @@ class ElasticResume:
         assert at is not None
         return at
 
+    def _pool_stop(self) -> int:
+        """Where this loader's run left its plan: the position of its next
+        batch not yet yielded (the plan's end past the last). On a cluster
+        node's first rank, the node's: its batch comes first at every step,
+        and the node's ranks step together."""
+        pos, e, b = self._positions, self._iter_epoch, self._batches_done
+        for epoch in range(e, len(pos.starts)):
+            starts = pos.starts[epoch]
+            k = b if epoch == e else 0
+            if k < len(starts):
+                return int(starts[k])
+        return int(self.cache.plan.accesses)
+
+    def _held(self) -> Any:
+        """On the rank that owns a cluster node's pool: what the pool holds
+        with a read to come, for the plan of the rest to keep
+        (distributed/warm.py); None elsewhere."""
+        from ..distributed.runtime import ClusterRuntime
+        from ..distributed.warm import held_by
+
+        if not isinstance(self.cache.transfers, ClusterRuntime):
+            return None
+        return held_by(self.cache, self._pool_stop())
+
     def _resume_elastic(self, state: Any) -> None:
         """Resume ``state`` by planning the rest of the run again: the rest
         of the cut epoch over this world, then the later epochs. Pools are
-        new (a cluster's cache starts cold and fills as the new plan reads:
-        its first window's reads are its misses)."""
+        new; a cluster loader's keep what the old ones hold where the new
+        plan reads it (distributed/warm.py): in a loader that has read, the
+        old pools are live in these processes. A loader built afresh (a
+        relaunched job) has nothing to keep: its cache starts cold and fills
+        as the new plan reads."""
         cluster = getattr(self, "cluster_plan", None) is not None
         epoch, consumed = self._agreed(state) if cluster else self._check_elastic(state)
         s = self._dist_sampler
@@ -283,7 +310,10 @@ class ElasticResume:
             return
         resumed = ResumedSampler(s.dataset, num_replicas=world, rank=int(s.rank), shuffle=bool(s.shuffle),
                                  seed=int(s.seed), drop_last=bool(s.drop_last), cut_epoch=epoch, consumed=consumed)
-        fresh = self._rebuilt(sampler=resumed, shuffle=None, seed=None)
+        from ..distributed.warm import keeping
+
+        with keeping(self._held() if cluster else None):
+            fresh = self._rebuilt(sampler=resumed, shuffle=None, seed=None)
         self._adopt(fresh, drawn=False)
         start, batches = self._positions.resume(epoch, 0)
         self.cache.set_floor(start)

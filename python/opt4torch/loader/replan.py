@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _engine
 from ..planning.plan import Plan
 from ..planning.sizing import spare_pages
 from ..pool.cache import OPTCache
 from ..pool.codec import encode
+from ..pool.keep import keep_from
 
 if TYPE_CHECKING:
     from .sampler import PositionBatchSampler
@@ -165,32 +165,8 @@ class Replans:
                           "reads (said once; loader.replans lists every re-plan)", RuntimeWarning, stacklevel=4)
 
     def _keep(self, old: OPTCache, new: OPTCache, stop: int, read_at: dict[int, int]) -> tuple[int, int]:
-        """Warm ``new`` with the items its plan keeps from the prefix: each
-        copied from ``old``, read at its next read there (``read_at``, at or
-        after ``stop``), as bytes; one the old pool no longer holds (a failed
-        store, pages a worker took after a ``break``) is loaded from the
-        source instead, so the new plan's hits stay exact. Returns how many
-        were copied, and how many loaded."""
-        # Nothing below stop runs in the old pool any more: a read of an item
-        # it never stored gives up at once instead of waiting.
-        old.set_floor(stop)
-        src, dst = _engine.pool_attach(old.name), _engine.pool_attach(new.name)
+        """Warm ``new`` with the items its plan keeps from the prefix, from
+        ``old`` (pool/keep.py); one the old pool no longer holds is loaded
+        from the dataset. Returns how many were copied, and how many loaded."""
         ds: PlannedDataset = self.dataset
-        copied = loaded = 0
-        try:
-            live = [g for g in dst.live_at(new._prefix) if g[0] < new._prefix]
-            for i in range(0, len(live), 256):
-                chunk = live[i:i + 256]
-                data, entries = src.read_batch([read_at[item] for _, item, _ in chunk])
-                with memoryview(data) as view:
-                    for j, (admit, item, before) in enumerate(chunk):
-                        status, _, a, b = entries[j] if j < len(entries) else (_engine.ENTRY_LOAD, 0, 0, 0)
-                        if status == _engine.ENTRY_HIT:
-                            copied += dst.warm(admit, [view[a:a + b]], before) == _engine.STORE_STORED
-                        else:
-                            dst.warm(admit, encode(ds.dataset[item], ds.allow_pickle), before)
-                            loaded += 1
-        finally:
-            src.close()
-            dst.close()
-        return copied, loaded
+        return keep_from(old, new, stop, read_at, lambda item: encode(ds.dataset[item], ds.allow_pickle))

@@ -19,15 +19,15 @@ import numpy as np
 from .. import _engine
 from .._engine import InvalidInputError
 from .clusterplan import (ADMIT, BYPASS, FROM_PEER, FROM_POOL, FROM_STORAGE, LATE, LOCAL_HIT, NODE_KEYS, PEER_HIT,
-                          RECEIVE, SEND, WORKER, ClusterFigures, ClusterPlan, NodePlan)
+                          RECEIVE, SEND, WARM, WORKER, ClusterFigures, ClusterPlan, NodePlan)
 from .plan import Plan, as_sequence
 from .sizing import choose_page
 from .plan import plan as build_plan
-from .timeline import Timeline, global_timeline, interleave
+from .timeline import Timeline, global_timeline, interleave, with_warm_prefix
 
 __all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_ENV", "NODE_KEYS", "ClusterFigures",
            "ClusterPlan", "NodePlan",
-           "Timeline", "WORKER", "RECEIVE", "SEND", "FROM_POOL", "FROM_STORAGE", "FROM_PEER",
+           "Timeline", "WORKER", "RECEIVE", "SEND", "WARM", "FROM_POOL", "FROM_STORAGE", "FROM_PEER",
            "JobAgreement", "agree", "check_checksums", "check_nodes", "check_numbering", "cluster_plan",
            "global_timeline", "interleave", "job_plan", "node_of_this_rank", "plan_agreed", "plans_made", "this_host"]
 
@@ -112,7 +112,8 @@ def plans_made() -> int:
 def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None, capacity_per_node: Any = None,
                  *, cache_bytes: Any = None, page_size: int | None = None, items: int | None = None,
                  batch_size: int = 1, item_bytes: int = 1, item_sizes: Any = None,
-                 window: int | None = None, progress: bool | None = None) -> ClusterPlan:
+                 window: int | None = None, warm: Sequence[Any] | None = None,
+                 progress: bool | None = None) -> ClusterPlan:
     """Plan one OPT cache over several nodes.
 
     ``seqs_by_rank[r]`` is rank r's order (an array, or a list of arrays, one
@@ -144,17 +145,31 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
     :data:`LATE` (from storage, counted in ``plan_storage_bytes``), and a
     generation goes to its next reader's node only when it can get there in
     time (docs/cluster.md). ``None``: transfers are assumed always in time.
+
+    ``warm`` (one array of item ids per node): what each node's pool holds
+    at the start, a resumed run's (docs/cluster.md, "The cache after a
+    resume"). The timeline then starts with a prefix, a step of its own (a
+    window of its own with ``window``): each node's first rank "reads" its
+    node's items, and OPT decides which of them to keep, as for any access;
+    a kept one stays where it is (never sent: nobody reads the prefix) and
+    serves its node at once and its peers from the next window. An item two
+    nodes name is taken from the lower node. The prefix is
+    :attr:`ClusterPlan.prefix` positions long and counts in no figure but
+    ``warm`` (the kept ones) and ``homed``.
     """
     if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer))
                                or window < 1):
         raise InvalidInputError(f"window must be a positive number of steps, or None, got {window!r}")
     timeline = global_timeline(seqs_by_rank, batch_size)
     node_of = _nodes_of_ranks(node_of_rank, len(seqs_by_rank))
+    prefix = 0
     if (capacity_per_node is None) == (cache_bytes is None):
         raise InvalidInputError("give the capacity a node as capacity_per_node= (items) or cache_bytes= "
                                 "(bytes, with item_sizes), not both and not neither")
     n_nodes = _node_count(capacity_per_node if cache_bytes is None else cache_bytes,
                           "capacity_per_node" if cache_bytes is None else "cache_bytes", node_of)
+    if warm is not None:
+        timeline, prefix = with_warm_prefix(timeline, warm, node_of, n_nodes, 1 if window is None else int(window))
     seq, items = as_sequence(timeline.seq, items)
     sizes = None
     if item_sizes is not None:
@@ -175,12 +190,12 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
             raise InvalidInputError(f"window={window} makes {int(w[-1]) + 1} windows; the limit is 2**32")
         window_of = np.ascontiguousarray(w, dtype=np.uint32)
     info, per_node = _engine.cluster_place(aggregate._h, reader, caps, kinds, nodes, sizes, int(item_bytes),
-                                           window_of)
+                                           window_of, prefix)
     global _plans_made
     _plans_made += 1
     return ClusterPlan(aggregate, timeline, reader, caps.astype(np.int64), kinds, nodes, info, per_node,
                        None if sizes is None else sizes.astype(np.int64), int(item_bytes), page,
-                       None if window is None else int(window))
+                       None if window is None else int(window), prefix)
 
 
 # ---- a job under torch.distributed (torchrun) ----
@@ -325,6 +340,9 @@ class JobAgreement:
     leaders: list[int]
     #: A token every rank got from rank 0: names what this build shares.
     token: str
+    #: What each node's pool holds, to keep (a resumed loader's: ``agree``'s
+    #: ``warm``; one array of item ids per node), or None: a cold start.
+    warm: list[np.ndarray] | None = None
 
     @property
     def n_nodes(self) -> int:
@@ -342,7 +360,7 @@ def _digest(a: np.ndarray | None) -> str | None:
 
 def agree(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any = None, cache_bytes: Any = None,
           item_sizes: Any = None, item_bytes: int = 1, page_size: int | None = None, window: int | None = None,
-          group: Any = None, check_sizes: bool = False) -> JobAgreement:
+          group: Any = None, check_sizes: bool = False, warm: Any = None) -> JobAgreement:
     """The first half of :func:`job_plan`, a collective of every rank on
     ``group``: the ranks compare what must agree (the sampler's class, seed,
     shuffle, drop_last and replica count, the dataset's length, ``epochs``,
@@ -350,7 +368,10 @@ def agree(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any 
     their node ids against their machines (:func:`check_nodes`); a
     difference raises ``ValueError`` on every rank, naming the fact and each
     rank's value. ``check_sizes``: the item sizes too, by a digest (ranks
-    that do not plan have no checksum of their own to compare)."""
+    that do not plan have no checksum of their own to compare). ``warm``:
+    the item ids this rank's node's pool holds, to keep, on the rank that
+    owns it (distributed/warm.py); gathered in the same collective, each
+    node's from its first rank, into :attr:`JobAgreement.warm`."""
     import os
     import secrets
 
@@ -377,7 +398,8 @@ def agree(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any 
         facts["item_sizes_digest"] = _digest(sizes)
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, {"node": node, "setting": setting, "unreadable": unreadable,
-                                      "host": this_host(), "facts": facts, "token": secrets.token_hex(6)},
+                                      "host": this_host(), "facts": facts, "token": secrets.token_hex(6),
+                                      "warm": None if warm is None else np.asarray(warm, dtype=np.int64)},
                            group=group)
     differs = _disagreement([e["facts"] for e in everyone])
     if differs is not None:
@@ -390,7 +412,11 @@ def agree(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any 
     node_ids = sorted({int(e["node"]) for e in everyone})
     node_of_rank = [node_ids.index(int(e["node"])) for e in everyone]
     leaders = [node_of_rank.index(n) for n in range(len(node_ids))]
-    return JobAgreement(node_of_rank=node_of_rank, leaders=leaders, token=str(everyone[0]["token"]))
+    held = [everyone[r].get("warm") for r in leaders]
+    kept = None
+    if any(h is not None and len(h) for h in held):
+        kept = [np.empty(0, np.int64) if h is None else np.asarray(h, dtype=np.int64) for h in held]
+    return JobAgreement(node_of_rank=node_of_rank, leaders=leaders, token=str(everyone[0]["token"]), warm=kept)
 
 
 def plan_agreed(sampler: Any, epochs: int, agreement: JobAgreement, *, batch_size: int,
@@ -398,14 +424,15 @@ def plan_agreed(sampler: Any, epochs: int, agreement: JobAgreement, *, batch_siz
                 item_bytes: int = 1, page_size: int | None = None, window: int | None = None,
                 progress: bool | None = None) -> ClusterPlan:
     """The second half of :func:`job_plan`, on one rank, without a
-    collective: capture every rank's order and plan the whole cluster."""
+    collective: capture every rank's order and plan the whole cluster
+    (after the agreement's warm prefix, if any)."""
     from .capture import capture_ranks
 
     seqs = capture_ranks(sampler, epochs, progress=progress)
     return cluster_plan(seqs, agreement.node_of_rank, capacity_per_node, cache_bytes=cache_bytes,
                         page_size=page_size, batch_size=batch_size, item_bytes=item_bytes,
                         item_sizes=None if item_sizes is None else np.asarray(item_sizes), window=window,
-                        progress=progress)
+                        warm=agreement.warm, progress=progress)
 
 
 def check_checksums(sums: Sequence[int | None]) -> None:

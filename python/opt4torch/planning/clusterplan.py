@@ -48,7 +48,7 @@ from .plan import Plan
 from .timeline import Timeline
 
 __all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_KEYS", "ClusterFigures", "ClusterPlan", "NodePlan",
-           "WORKER", "RECEIVE", "SEND", "FROM_POOL", "FROM_STORAGE", "FROM_PEER"]
+           "WORKER", "RECEIVE", "SEND", "WARM", "FROM_POOL", "FROM_STORAGE", "FROM_PEER"]
 
 LOCAL_HIT: int = _engine.CLUSTER_LOCAL_HIT
 PEER_HIT: int = _engine.CLUSTER_PEER_HIT
@@ -64,15 +64,17 @@ _NONE = _engine.CLUSTER_NONE
 NODE_KEYS: tuple[str, ...] = (
     "capacity", "accesses", "local_hits", "peer_hits", "storage_reads", "admits", "bypasses",
     "plan_storage_bytes", "homed", "peer_items_sent", "peer_items_received", "peer_bytes_sent",
-    "peer_bytes_received", "peak_resident", "late",
+    "peer_bytes_received", "peak_resident", "late", "warm",
 )
 
 
 
 #: A node plan's roles (:meth:`ClusterPlan.node_plan`): a read by one of the
 #: node's ranks, an item from a peer stored in the node's pool, a read of the
-#: node's pool to send an item to a peer.
-WORKER, RECEIVE, SEND = 0, 1, 2
+#: node's pool to send an item to a peer, and an item of a warm prefix the
+#: node's pool holds from the start (a resumed run's: nobody reads it; the
+#: pool is warmed with it before any worker starts).
+WORKER, RECEIVE, SEND, WARM = 0, 1, 2, 3
 #: Where the bytes of a node plan's ADMIT or BYPASS come from.
 FROM_POOL, FROM_STORAGE, FROM_PEER = 0, 1, 2
 
@@ -81,7 +83,8 @@ FROM_POOL, FROM_STORAGE, FROM_PEER = 0, 1, 2
 class NodePlan:
     """One node's part of a windowed cluster plan, as its pool will run it
     (docs/cluster.md, "The run time"): the node's own positions in order,
-    per window first the RECEIVEs (items sent to be kept here, stored in
+    a warm prefix's items it keeps first (WARM, ADMITs nobody reads: the
+    pool is warmed with them), then per window first the RECEIVEs (items sent to be kept here, stored in
     the pool), then the SENDs (this node's pool read for a peer), then the
     reads of the node's ranks (WORKER), in timeline order.
 
@@ -241,6 +244,7 @@ class ClusterFigures:
                 "peer_bytes_received": d["peer_bytes_received"],
                 "peak_resident": d["peak_resident"],
                 "late": d["late"],
+                "warm": d["warm"],
             })
         return out
 
@@ -262,6 +266,7 @@ class ClusterFigures:
             "unplaced_hits": self.unplaced_hits,
             "window": self.window,
             "late": self.late,
+            "warm": int(self._info["warm"]),
             "hit_rate": self.hits / T if T else 0.0,
             "local_hit_rate": self.local_hits / T if T else 0.0,
             "peer_hit_rate": self.peer_hits / T if T else 0.0,
@@ -286,12 +291,16 @@ class ClusterPlan(ClusterFigures):
     node its counts, and a checksum that every rank planning the same cluster
     gets. Build one with :func:`cluster_plan`."""
 
-    __slots__ = ("plan", "timeline", "reader", "kinds", "_nodes", "_sizes", "_item_bytes")
+    __slots__ = ("plan", "timeline", "reader", "kinds", "_nodes", "_sizes", "_item_bytes", "prefix")
 
     def __init__(self, plan: Plan, timeline: Timeline, reader: np.ndarray, capacities: np.ndarray,
                  kinds: np.ndarray, nodes: np.ndarray, info: dict[str, int], per_node: list[dict[str, int]],
-                 sizes: np.ndarray | None, item_bytes: int, page_size: int = 0, window: int | None = None) -> None:
+                 sizes: np.ndarray | None, item_bytes: int, page_size: int = 0, window: int | None = None,
+                 prefix: int = 0) -> None:
         super().__init__(capacities, info, per_node, page_size, window)
+        #: The warm prefix: the timeline's first positions, what each node
+        #: holds at the start (``cluster_plan(warm=)``), not reads.
+        self.prefix = int(prefix)
         #: The aggregate plan (Belady over the timeline at the total capacity).
         self.plan = plan
         self.timeline = timeline
@@ -365,6 +374,11 @@ class ClusterPlan(ClusterFigures):
         hit, admit, bypass = _engine.OP_HIT, _engine.OP_ADMIT, _engine.OP_BYPASS
         raw, kinds, step, win = self._nodes, self.kinds, self.timeline.step, int(self.window)
         mine = np.flatnonzero(self.reader == node)
+        # A warm prefix's positions here: the kept ones (homed here) only;
+        # one not kept is nothing to this node's pool.
+        held = mine[mine < self.prefix]
+        held = held[kinds[held] == ADMIT]
+        mine = mine[mine >= self.prefix]
         k = kinds[mine]
         op = np.full(mine.size, bypass, dtype=np.uint8)
         op[k == LOCAL_HIT] = hit
@@ -378,19 +392,23 @@ class ClusterPlan(ClusterFigures):
         # hits, sent in the window before).
         recv = np.flatnonzero((kinds == ADMIT) & (raw == node) & (self.reader != node))
         send = np.flatnonzero((kinds == PEER_HIT) & (raw == node))
-        n_r, n_s = recv.size, send.size
-        window = np.concatenate([step[mine] // win, step[recv] // win + 2, step[send] // win - 1])
-        role = np.concatenate([np.full(mine.size, WORKER), np.full(n_r, RECEIVE), np.full(n_s, SEND)])
-        position = np.concatenate([mine, recv, send])
-        # By window, then RECEIVE, SEND, WORKER, then position (lexsort's last key is its first).
-        order = np.lexsort((position, np.where(role == WORKER, 2, role - 1), window))
+        n_r, n_s, n_w = recv.size, send.size, held.size
+        window = np.concatenate([step[mine] // win, step[recv] // win + 2, step[send] // win - 1, step[held] // win])
+        role = np.concatenate([np.full(mine.size, WORKER), np.full(n_r, RECEIVE), np.full(n_s, SEND),
+                               np.full(n_w, WARM)])
+        position = np.concatenate([mine, recv, send, held])
+        # By window, then WARM, RECEIVE, SEND, WORKER, then position (lexsort's last key is its first).
+        rank_of_role = np.array([3, 1, 2, 0])[role]
+        order = np.lexsort((position, rank_of_role, window))
         return NodePlan(
             node=node,
             seq=self.seq[position[order]].astype(np.int64),
-            op=np.concatenate([op, np.full(n_r, admit), np.full(n_s, hit)]).astype(np.uint8)[order],
+            op=np.concatenate([op, np.full(n_r, admit), np.full(n_s, hit), np.full(n_w, admit)]
+                              ).astype(np.uint8)[order],
             role=role.astype(np.uint8)[order],
-            source=np.concatenate([source, np.full(n_r, FROM_PEER), np.full(n_s, FROM_POOL)]).astype(np.uint8)[order],
-            forward=np.concatenate([forward, np.zeros(n_r + n_s, dtype=bool)])[order],
+            source=np.concatenate([source, np.full(n_r, FROM_PEER), np.full(n_s + n_w, FROM_POOL)]
+                                  ).astype(np.uint8)[order],
+            forward=np.concatenate([forward, np.zeros(n_r + n_s + n_w, dtype=bool)])[order],
             window=window.astype(np.int64)[order],
             position=position.astype(np.int64)[order],
         )

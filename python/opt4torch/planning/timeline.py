@@ -1,7 +1,8 @@
 """The global timeline of data-parallel training: every rank's batches
 interleaved, epoch by epoch, step by step, rank 0's batch first (the order
-cluster plans and ``share_across_ranks`` both read). May touch: nothing but
-the arrays it is given.
+cluster plans and ``share_across_ranks`` both read), and a resumed
+cluster's warm prefix before it. May touch: nothing but the arrays it is
+given.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy.typing as npt
 
 from .._engine import InvalidInputError
 
-__all__ = ["Timeline", "global_timeline", "interleave"]
+__all__ = ["Timeline", "global_timeline", "interleave", "with_warm_prefix"]
 
 @dataclass(frozen=True)
 class Timeline:
@@ -124,3 +125,36 @@ def global_timeline(seqs_by_rank: Sequence[Any], batch_size: int = 1) -> Timelin
     lengths = [[np.minimum(batch_size, a.size - np.arange(0, a.size, batch_size)) for a in rank]
                for rank in orders]
     return interleave(orders, lengths)[0]
+
+
+def with_warm_prefix(timeline: Timeline, warm: Sequence[Any], node_of: np.ndarray, n_nodes: int,
+                      shift: int) -> tuple[Timeline, int]:
+    """``timeline`` after a warm prefix (``cluster_plan``'s ``warm``: what
+    each node's pool holds at the start, a resumed run's):
+    node n's items read by its first rank at step 0, the timeline's steps
+    ``shift`` later (a window of their own). Returns it and the prefix's
+    length."""
+    if isinstance(warm, (str, bytes)) or len(warm) != n_nodes:
+        raise InvalidInputError(f"warm needs one array of item ids per node ({n_nodes}), got "
+                                f"{len(warm) if hasattr(warm, '__len__') else type(warm).__name__}")
+    parts, ranks, seen = [], [], np.empty(0, np.int64)
+    for n, held in enumerate(warm):
+        a = np.asarray(held)
+        if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)) or (a.size and int(a.min()) < 0):
+            raise InvalidInputError(f"warm[{n}] must be a 1-D array of item ids, got {held!r:.80}")
+        a = a.astype(np.int64)
+        a = a[~np.isin(a, seen)]  # another node named it first
+        a = a[np.sort(np.unique(a, return_index=True)[1])]
+        if a.size == 0:
+            continue
+        on_n = np.flatnonzero(node_of == n)
+        if on_n.size == 0:
+            raise InvalidInputError(f"warm[{n}] names {a.size} items, but no rank is on node {n}")
+        parts.append(a)
+        ranks.append(np.full(a.size, int(on_n[0]), dtype=np.int32))
+        seen = np.concatenate([seen, a])
+    if not parts:
+        return timeline, 0
+    pre = np.concatenate(parts)
+    return Timeline(np.concatenate([pre, timeline.seq]), np.concatenate([*ranks, timeline.rank]),
+                    np.concatenate([np.zeros(pre.size, np.int64), timeline.step + shift])), int(pre.size)

@@ -79,10 +79,18 @@ def warm_resume(args: argparse.Namespace) -> dict[str, Any]:
                         "storage_reads": cold.cluster_plan.storage_reads, "warm": cold.cluster_plan.stats()["warm"]}
     cold.cache.close()
     reads, nbytes = ds.counts[0], ds.counts[1]
+    # The old transfer thread runs on into load_state_dict, which ends it;
+    # until then it may read items from storage for its last windows (its
+    # storage_reads: forwards, RECEIVEs that came empty), which then sit in
+    # the old pool to be copied. Those reads are the old plan's, not the
+    # warming's loads that kept_loaded counts.
+    old = wl.cache.transfers
+    old_loads = old.storage_reads
     began = time.perf_counter()
     wl.load_state_dict(state)
     out["resume_seconds"] = time.perf_counter() - began
-    out["loaded_in_resume"] = ds.counts[0] - reads
+    out["old_thread_loads"] = old.storage_reads - old_loads
+    out["loaded_in_resume"] = ds.counts[0] - reads - out["old_thread_loads"]
     reads, nbytes = ds.counts[0], ds.counts[1]
     out["warm_plan"] = {"hits": wl.cluster_plan.hits, "storage_bytes": wl.cluster_plan.storage_bytes,
                         "storage_reads": wl.cluster_plan.storage_reads, "warm": wl.cluster_plan.stats()["warm"]}

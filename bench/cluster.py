@@ -69,6 +69,10 @@ import cluster_peers  # noqa: E402
 from _machine import machine  # noqa: E402
 
 CONFIGS = ("no cache", "per-node OPT", "cluster OPT")
+#: Run by name only: ``cluster=True`` with ``cluster_alone=False``, the
+#: cluster's plan even where it saves under ``MIN_SAVING`` of the storage
+#: bytes (plain "cluster OPT" then plans alone, as users get it).
+ALWAYS = "cluster OPT always"
 
 
 #: Pages of the runs with ``--of stored``.
@@ -117,7 +121,8 @@ def rank_main(args: argparse.Namespace) -> None:
                                       **page, **common)
     else:
         loader = opt4torch.DataLoader(ds, cluster=True, sampler=sampler, epochs=args.epochs, cache_bytes=cap,
-                                      prefetch=True, cluster_window=args.window, **page, **common)
+                                      prefetch=True, cluster_window=args.window,
+                                      cluster_alone=False if args.config == ALWAYS else None, **page, **common)
     first = resume_states(loader, args.resume_from, rank) if args.resume_from else 0
     a = torch.randn(96, 96)
     before = ds.info()
@@ -154,7 +159,8 @@ def rank_main(args: argparse.Namespace) -> None:
         st = loader.cache.stats()
         out.update({k: st.get(k) for k in ("hits", "plan_hits", "stall_rate", "fallbacks", "local_hits", "peer_hits",
                                            "plan_local_hits", "plan_peer_hits", "peer_bytes_sent",
-                                           "peer_bytes_received", "plan_storage_bytes", "cluster_errors")})
+                                           "peer_bytes_received", "plan_storage_bytes", "cluster_errors",
+                                           "plan_alone")})
         if rt is None:  # a node planning alone: its plan's miss bytes
             plan = loader.cache.plan
             sizes = ds.item_sizes()
@@ -205,6 +211,7 @@ def summary(ranks: list[dict]) -> dict[str, Any]:
         out["plan_peer_hits"] = sum(r["plan_peer_hits"] for r in ranks)
         out["peer_hits"] = sum(r["peer_hits"] for r in ranks)
         out["cluster_errors"] = sum(len(r["cluster_errors"] or []) for r in ranks)
+        out["plan_alone"] = ranks[0]["plan_alone"]
     return out
 
 
@@ -224,7 +231,7 @@ def main() -> None:
                          f"(each item with the codec's margin, in whole pages of {STORED_PAGE} bytes)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--configs", default=",".join(CONFIGS),
-                    help=f"of {', '.join(CONFIGS)}; with --store s3 also Streaming and LitData "
+                    help=f"of {', '.join(CONFIGS)}, {ALWAYS}; with --store s3 also Streaming and LitData "
                          "(bench/cluster_peers.py, run by --peer-python)")
     ap.add_argument("--peer-python", default=sys.executable,
                     help="the Python that runs Streaming's and LitData's ranks (one with them: .venv-bench)")
@@ -595,7 +602,8 @@ def table(results: dict[str, Any]) -> str:
             if "server_get_bytes" in runs[0]:  # the store's own count beside the ranks'
                 sb_server = statistics.median(s["server_get_bytes"] for s in runs)
                 plan = f"{plan} (server: {sb_server / 1e6:.1f} MB)"
-            rows.append(f"| {_pretty(cap)} | {config} | {t:.2f} s | {run:.2f} s | {rel} | {sb / 1e6:.1f} MB | {plan} | {peer} | "
+            alone = " (planned alone)" if runs[0].get("plan_alone") else ""
+            rows.append(f"| {_pretty(cap)} | {config}{alone} | {t:.2f} s | {run:.2f} s | {rel} | {sb / 1e6:.1f} MB | {plan} | {peer} | "
                         f"{hr} | {stall} |")
     return "\n".join(rows)
 

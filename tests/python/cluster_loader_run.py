@@ -83,6 +83,8 @@ def main() -> None:
     ap.add_argument("--lockstep", action="store_true")
     ap.add_argument("--step-seconds", type=float, default=0.0, help="a training step's compute, slept")
     ap.add_argument("--log-every", type=int, default=None)
+    ap.add_argument("--alone", choices=["auto", "yes", "no"], default="no",
+                    help="cluster_alone= None, True or False (no: the exchange under test runs)")
     ap.add_argument("--fail-planning-rank", type=int, default=-1,
                     help="this rank's planning raises MemoryError; every rank writes the error it got")
     ap.add_argument("--out", required=True)
@@ -136,7 +138,8 @@ def make_loader(args: Any, ds: Items, total: int, figures: list[dict[str, Any]])
         num_workers=args.workers, persistent_workers=args.workers > 0 and not args.no_persistent, multiprocessing_context="fork",
         collate_fn=list, prefetch=args.prefetch,
         wait_timeout=args.timeout if args.wait_timeout is None else args.wait_timeout,
-        log_every=args.log_every, on_stats=figures.append if args.log_every else None)
+        log_every=args.log_every, on_stats=figures.append if args.log_every else None,
+        cluster_alone={"auto": None, "yes": True, "no": False}[args.alone])
 
 
 def run_loader(args: Any, rank: int, ds: Items, loader: Any, figures: list[dict[str, Any]],

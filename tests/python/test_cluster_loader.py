@@ -116,12 +116,15 @@ def test_a_killed_rank_stops_the_job_in_time(tmp_path) -> None:
     assert "SIGKILL" in err or "Signals.SIGKILL" in err or "exitcode" in err
 
 
-@pytest.mark.parametrize("node_env", ["rank//2", None])
-def test_the_ranks_of_a_node_share_its_pool(tmp_path, node_env: str | None) -> None:
+@pytest.mark.parametrize("node_env,alone", [("rank//2", "no"), (None, "auto"), ("rank//2", "yes")])
+def test_the_ranks_of_a_node_share_its_pool(tmp_path, node_env: str | None, alone: str) -> None:
     """Two nodes of two ranks (rank//2), or all four ranks on one node
     (unset: torchrun's GROUP_RANK, 0 here): each node's first rank makes the
-    pool and runs the transfers, the others read from it."""
-    ranks, _ = run(tmp_path, node_env=node_env)
+    pool and runs the transfers, the others read from it. One node plans
+    alone where the cluster could save nothing (``cluster_alone=None``);
+    two nodes told to plan alone (``True``) read what each node's own plan
+    says, with no transfer at all."""
+    ranks, _ = run(tmp_path, "--alone", alone, node_env=node_env)
     assert all(r is not None for r in ranks)
     nodes: dict[int, list[dict]] = {}
     for r in ranks:
@@ -152,10 +155,14 @@ def test_the_ranks_of_a_node_share_its_pool(tmp_path, node_env: str | None) -> N
             assert r["stats"]["hits"] == st["hits"] and r["stats"]["cluster_leader"] == first["rank"]
             assert r["stats"]["peer_hits"] is None and r["stats"]["cluster_errors"] is None
             assert r["stats"]["plan_peer_hits"] == plan["peer_hits"]
-    if node_env:
+    assert all(r["stats"]["plan_alone"] == (alone != "no") for r in ranks)
+    if alone == "no":
         assert all(m[0]["stats"]["peer_hits"] > 0 for m in nodes.values())
-    else:  # one node holds what it can alone: no peers, no transfers
-        assert ranks[0]["stats"]["peer_items_sent"] == ranks[0]["stats"]["peer_items_received"] == 0
+    else:  # each node holds what it can alone: no peers, no transfers, no window
+        for m in nodes.values():
+            st = m[0]["stats"]
+            assert st["peer_hits"] == st["peer_items_sent"] == st["peer_items_received"] == 0
+            assert st["plan_peer_hits"] == 0 and m[0]["incoming"] == {}
 
 
 def test_a_planning_rank_that_fails_stops_every_rank_with_its_error(tmp_path) -> None:

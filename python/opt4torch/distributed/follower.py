@@ -34,6 +34,8 @@ def plan_keys(cp: ClusterFigures, node_plan: NodePlan, storage_sizes: np.ndarray
         # A resumed loader's warm prefix: items its old pool held that the
         # plan keeps (stored before any worker starts, not storage reads).
         "plan_warm": plan["warm"],
+        # Whether every node planned alone (cluster_alone=): no transfers.
+        "plan_alone": cp.alone,
     }
 
 

@@ -76,7 +76,7 @@ class ClusterSetup:
 
 def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sampler: Any, seed: int | None,
                    epochs: int, cache_bytes: Any, cache_items: int | None, item_bytes: Any, page_size: int | None,
-                   allow_pickle: bool, window: int, timeout: float, progress: bool | None,
+                   allow_pickle: bool, window: int, timeout: float, alone: bool | None, progress: bool | None,
                    probe: Callable[[Any, np.ndarray, bool], tuple[int, int]]) -> ClusterSetup:
     """``cluster=True``: the job's cluster plan over every node's memory
     (windows of ``window`` steps), planned once a node by its first rank
@@ -117,7 +117,7 @@ def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sample
         capacity = dict(capacity_per_node=min(per_node, n_items), item_bytes=pool_page)
     else:
         capacity = dict(cache_bytes=parse_bytes(cache_bytes), item_sizes=sizes, page_size=page_size)
-    opts = dict(batch_size=int(batch_size), window=int(window), **capacity)
+    opts = dict(batch_size=int(batch_size), window=int(window), alone=alone, **capacity)
     held = held_now()
     agreed = agree(sampler, epochs, group=group, check_sizes=True, warm=None if held is None else held.items,
                    **opts)

@@ -350,10 +350,13 @@ def build_cluster(dataset: Any, o: Options, reader: Callable[[str, int], Any]) -
         raise ValueError(f"cluster_window must be a positive number of steps, got {window!r}")
     if not timeout > 0:
         raise ValueError(f"cluster_timeout must be positive seconds, got {timeout!r}")
+    if o.cluster_alone not in (None, True, False):
+        raise ValueError(f"cluster_alone must be None (alone where the cluster saves little), True or False, "
+                         f"got {o.cluster_alone!r}")
     c = cluster_setup(dataset, batch_size=int(o.batch_size), shuffle=o.shuffle, sampler=o.sampler, seed=o.seed,
                       epochs=o.epochs, cache_bytes=o.cache_bytes, cache_items=o.cache_items,
                       item_bytes=o.item_bytes, page_size=o.page_size, allow_pickle=o.allow_pickle, window=window,
-                      timeout=timeout, progress=o.progress, probe=probe_item_bytes)
+                      timeout=timeout, alone=o.cluster_alone, progress=o.progress, probe=probe_item_bytes)
     cache = cluster_pool(c, dataset, reader=reader, allow_pickle=o.allow_pickle, wait_timeout=o.wait_timeout,
                          staging=o.staging_slots, timeout=timeout)
     seed = None if o.sampler is not None else (0 if o.seed is None else int(o.seed))  # cluster_setup's

@@ -52,6 +52,7 @@ class Options:
     spare_pages: int | None
     cluster_window: int
     cluster_timeout: float
+    cluster_alone: bool | None
 
     @property
     def batched(self) -> bool:

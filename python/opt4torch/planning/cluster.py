@@ -10,6 +10,7 @@ planner; never a pool.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from .timeline import Timeline, global_timeline, interleave, with_warm_prefix
 __all__ = ["LOCAL_HIT", "PEER_HIT", "ADMIT", "BYPASS", "LATE", "NODE_ENV", "NODE_KEYS", "ClusterFigures",
            "ClusterPlan", "NodePlan",
            "Timeline", "WORKER", "RECEIVE", "SEND", "WARM", "FROM_POOL", "FROM_STORAGE", "FROM_PEER",
-           "JobAgreement", "agree", "check_checksums", "check_nodes", "check_numbering", "cluster_plan",
+           "JobAgreement", "MIN_SAVING", "agree", "check_checksums", "check_nodes", "check_numbering", "cluster_plan",
            "global_timeline", "interleave", "job_plan", "node_of_this_rank", "plan_agreed", "plans_made", "this_host"]
 
 def _capacities(capacity_per_node: Any, n_nodes: int) -> np.ndarray:
@@ -98,6 +99,14 @@ def _aggregate(seq: np.ndarray, items: int, n_nodes: int, capacity_per_node: Any
     return aggregate, caps, page
 
 
+#: ``cluster_plan(alone=None)`` (and ``cluster=True``'s loader) plans with
+#: the cluster only where that reads at least this fraction fewer bytes from
+#: storage than every node planning alone. Two nodes that each hold a
+#: quarter of the dataset save 0.3 % by one plan, for a transfer every
+#: 3.3 reads (bench/RESULTS.md, "When the nodes plan alone"); where the
+#: cluster pays, it saves a fifth to a half.
+MIN_SAVING = 0.05
+
 #: Cluster plans made in this process (:func:`plans_made`).
 _plans_made = 0
 
@@ -113,7 +122,7 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
                  *, cache_bytes: Any = None, page_size: int | None = None, items: int | None = None,
                  batch_size: int = 1, item_bytes: int = 1, item_sizes: Any = None,
                  window: int | None = None, warm: Sequence[Any] | None = None,
-                 progress: bool | None = None) -> ClusterPlan:
+                 alone: bool | None = False, progress: bool | None = None) -> ClusterPlan:
     """Plan one OPT cache over several nodes.
 
     ``seqs_by_rank[r]`` is rank r's order (an array, or a list of arrays, one
@@ -156,7 +165,18 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
     nodes name is taken from the lower node. The prefix is
     :attr:`ClusterPlan.prefix` positions long and counts in no figure but
     ``warm`` (the kept ones) and ``homed``.
+
+    ``alone``: ``False`` (the default) places the aggregate plan over the
+    nodes as above. ``True`` gives each node its own OPT plan over its own
+    reads at its own capacity instead, the plan it would make without the
+    cluster: every hit local, no transfer, ever. ``None`` plans alone
+    unless the cluster's plan reads at least :data:`MIN_SAVING` fewer bytes
+    from storage: where one plan over the cluster saves next to nothing,
+    its transfers would cost time for nothing (docs/cluster.md, "When the
+    nodes plan alone"). :attr:`ClusterPlan.alone` says which it is.
     """
+    if alone is not None and not isinstance(alone, bool):
+        raise InvalidInputError(f"alone must be True, False or None (whichever reads less), got {alone!r}")
     if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer))
                                or window < 1):
         raise InvalidInputError(f"window must be a positive number of steps, or None, got {window!r}")
@@ -191,11 +211,65 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
         window_of = np.ascontiguousarray(w, dtype=np.uint32)
     info, per_node = _engine.cluster_place(aggregate._h, reader, caps, kinds, nodes, sizes, int(item_bytes),
                                            window_of, prefix)
+    info["alone"] = 0
+    if alone is not False:
+        solo = _alone(seq, items, reader, caps, page, sizes, int(item_bytes), window_of, prefix)
+        if isinstance(solo, str) and alone:
+            raise InvalidInputError(f"alone=True: {solo}; give it more, or plan with the cluster (alone=False)")
+        if not isinstance(solo, str) and (alone or info["storage_bytes"] > (1 - MIN_SAVING) * solo[2]["storage_bytes"]):
+            kinds, nodes, info, per_node = solo
     global _plans_made
     _plans_made += 1
     return ClusterPlan(aggregate, timeline, reader, caps.astype(np.int64), kinds, nodes, info, per_node,
                        None if sizes is None else sizes.astype(np.int64), int(item_bytes), page,
                        None if window is None else int(window), prefix)
+
+
+def _alone(seq: np.ndarray, items: int, reader: np.ndarray, caps: np.ndarray, page: int,
+           sizes: np.ndarray | None, item_bytes: int, window_of: np.ndarray | None, prefix: int
+           ) -> tuple[np.ndarray, np.ndarray, dict[str, int], list[dict[str, int]]] | str:
+    """Each node's own OPT plan over its own reads at its own capacity, as
+    a cluster plan's kinds, nodes and figures (``cluster_plan(alone=)``):
+    each node placed by the engine as a cluster of one, so every hit is
+    local and nothing is ever sent. Or why it cannot be: a node that reads
+    an item its own capacity cannot hold (only the cluster can serve it)."""
+    kinds = np.full(seq.size, BYPASS, dtype=np.uint8)
+    nodes = np.full(seq.size, _engine.CLUSTER_NONE, dtype=np.uint32)
+    info: dict[str, int] = {}
+    per_node: list[dict[str, int]] = []
+    sums = []
+    for n in range(caps.size):
+        mine = np.flatnonzero(reader == n)
+        sub = seq[mine]
+        if mine.size:
+            need = 1 if sizes is None or page == 0 else -(-int(sizes[np.unique(sub)].max()) // page)
+            if need > caps[n]:
+                what = "item" if page == 0 else f"largest item ({need} pages of {page} bytes)"
+                return f"node {n} reads, but its capacity ({int(caps[n])}) cannot hold its {what}"
+        cap = max(int(caps[n]), 1)  # a node that reads nothing is placed over no reads
+        p = (build_plan(sub, cap, items=items, progress=False) if page == 0 else
+             build_plan(sub, items=items, capacity_bytes=cap * page, item_sizes=sizes, page_size=page,
+                        progress=False))
+        k = np.empty(mine.size, dtype=np.uint8)
+        nd = np.empty(mine.size, dtype=np.uint32)
+        got, (st,) = _engine.cluster_place(p._h, np.zeros(mine.size, dtype=np.uint32),
+                                           np.array([cap], dtype=np.uint64), k, nd, sizes, item_bytes,
+                                           None if window_of is None else np.ascontiguousarray(window_of[mine]),
+                                           int((mine < prefix).sum()))
+        kinds[mine] = k
+        nodes[mine] = np.where(nd == _engine.CLUSTER_NONE, nd, np.uint32(n))
+        per_node.append(st)
+        sums.append(int(got.pop("checksum")))
+        for key, v in got.items():
+            info[key] = info.get(key, 0) + int(v)
+    info["capacity"] = int(caps.sum())
+    # The nodes' own checksums, in node order, with their capacities.
+    h = hashlib.blake2b(b"opt4torch-cluster-alone", digest_size=8)
+    h.update(np.asarray(sums, dtype=np.uint64).tobytes())
+    h.update(np.ascontiguousarray(caps, dtype=np.uint64).tobytes())
+    info["checksum"] = int.from_bytes(h.digest(), "little")
+    info["alone"] = 1
+    return kinds, nodes, info, per_node
 
 
 # ---- a job under torch.distributed (torchrun) ----
@@ -360,11 +434,13 @@ def _digest(a: np.ndarray | None) -> str | None:
 
 def agree(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any = None, cache_bytes: Any = None,
           item_sizes: Any = None, item_bytes: int = 1, page_size: int | None = None, window: int | None = None,
-          group: Any = None, check_sizes: bool = False, warm: Any = None) -> JobAgreement:
+          alone: bool | None = False, group: Any = None, check_sizes: bool = False, warm: Any = None
+          ) -> JobAgreement:
     """The first half of :func:`job_plan`, a collective of every rank on
     ``group``: the ranks compare what must agree (the sampler's class, seed,
     shuffle, drop_last and replica count, the dataset's length, ``epochs``,
-    ``batch_size``, the capacity, the window, how many item sizes) and
+    ``batch_size``, the capacity, the window, ``alone``, how many item
+    sizes) and
     their node ids against their machines (:func:`check_nodes`); a
     difference raises ``ValueError`` on every rank, naming the fact and each
     rank's value. ``check_sizes``: the item sizes too, by a digest (ranks
@@ -392,7 +468,7 @@ def agree(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any 
     facts = {**_sampler_facts(sampler), "epochs": epochs, "batch_size": batch_size,
              "capacity_per_node": None if capacity_per_node is None else np.asarray(capacity_per_node).tolist(),
              "cache_bytes": None if cache_bytes is None else np.asarray(cache_bytes).tolist(),
-             "page_size": page_size, "item_bytes": item_bytes, "window": window,
+             "page_size": page_size, "item_bytes": item_bytes, "window": window, "alone": alone,
              "item_sizes": None if sizes is None else int(sizes.size)}
     if check_sizes:
         facts["item_sizes_digest"] = _digest(sizes)
@@ -422,7 +498,7 @@ def agree(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any 
 def plan_agreed(sampler: Any, epochs: int, agreement: JobAgreement, *, batch_size: int,
                 capacity_per_node: Any = None, cache_bytes: Any = None, item_sizes: Any = None,
                 item_bytes: int = 1, page_size: int | None = None, window: int | None = None,
-                progress: bool | None = None) -> ClusterPlan:
+                alone: bool | None = False, progress: bool | None = None) -> ClusterPlan:
     """The second half of :func:`job_plan`, on one rank, without a
     collective: capture every rank's order and plan the whole cluster
     (after the agreement's warm prefix, if any)."""
@@ -432,7 +508,7 @@ def plan_agreed(sampler: Any, epochs: int, agreement: JobAgreement, *, batch_siz
     return cluster_plan(seqs, agreement.node_of_rank, capacity_per_node, cache_bytes=cache_bytes,
                         page_size=page_size, batch_size=batch_size, item_bytes=item_bytes,
                         item_sizes=None if item_sizes is None else np.asarray(item_sizes), window=window,
-                        warm=agreement.warm, progress=progress)
+                        warm=agreement.warm, alone=alone, progress=progress)
 
 
 def check_checksums(sums: Sequence[int | None]) -> None:
@@ -454,8 +530,8 @@ def check_checksums(sums: Sequence[int | None]) -> None:
 
 def job_plan(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: Any = None,
              cache_bytes: Any = None, item_sizes: Any = None, item_bytes: int = 1,
-             page_size: int | None = None, window: int | None = None, progress: bool | None = None,
-             group: Any = None) -> tuple[ClusterPlan, int]:
+             page_size: int | None = None, window: int | None = None, alone: bool | None = False,
+             progress: bool | None = None, group: Any = None) -> tuple[ClusterPlan, int]:
     """The cluster plan of a job under torch.distributed, the same on every
     rank, and this rank's node (an index into the plan's nodes).
 
@@ -465,8 +541,8 @@ def job_plan(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: A
     cluster, so no plan is sent anywhere. Before planning, the ranks compare
     what must agree (:func:`agree`): a difference raises ``ValueError`` on
     every rank, naming the fact and each rank's value. After, they compare
-    the plans' checksums (:func:`check_checksums`). ``window``: as in
-    :func:`cluster_plan`. Node ids (:func:`node_of_this_rank`) are numbered
+    the plans' checksums (:func:`check_checksums`). ``window`` and
+    ``alone``: as in :func:`cluster_plan`. Node ids (:func:`node_of_this_rank`) are numbered
     densely in the plan, in increasing order. The exchanges run on ``group``
     (default: a gloo group of its own, made here: a collective, as is every
     call). ``opt4torch.DataLoader(..., cluster=True)`` plans once a node
@@ -480,7 +556,7 @@ def job_plan(sampler: Any, epochs: int, *, batch_size: int, capacity_per_node: A
     if group is None:
         group = dist.new_group(backend="gloo")
     opts = dict(batch_size=batch_size, capacity_per_node=capacity_per_node, cache_bytes=cache_bytes,
-                item_sizes=item_sizes, item_bytes=item_bytes, page_size=page_size, window=window)
+                item_sizes=item_sizes, item_bytes=item_bytes, page_size=page_size, window=window, alone=alone)
     agreement = agree(sampler, epochs, group=group, **opts)
     plan = plan_agreed(sampler, epochs, agreement, progress=progress, **opts)
     sums: list[Any] = [None] * dist.get_world_size()

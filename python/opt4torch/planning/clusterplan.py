@@ -166,6 +166,13 @@ class ClusterFigures:
         return int(self._info["late"])
 
     @property
+    def alone(self) -> bool:
+        """Whether each node plans alone (``cluster_plan(alone=)``): every
+        hit local, nothing sent, because one plan over the cluster would
+        have read no fewer bytes from storage (or ``alone=True``)."""
+        return bool(self._info.get("alone", 0))
+
+    @property
     def n_nodes(self) -> int:
         return int(self.capacities.size)
 
@@ -254,6 +261,7 @@ class ClusterFigures:
         return {
             "accesses": T,
             "nodes": self.n_nodes,
+            "alone": self.alone,
             "capacity": int(self._info["capacity"]),
             "hits": self.hits,
             "local_hits": self.local_hits,

@@ -435,13 +435,18 @@ def test_nodes_alone_are_each_nodes_own_plan(case: tuple, sized: bool, window: i
     own reads as a cluster of one (so Belady's at its own capacity: every
     hit local, nothing sent); ``alone=None`` takes it exactly when the
     cluster's plan would not read MIN_SAVING fewer bytes; the node plans
-    run it."""
+    run it. With a warm prefix sometimes (a live loader resumed): each node
+    keeps what OPT keeps of its own."""
     seqs, node_of, caps, batch, items = case
     sizes = np.arange(1, items + 1, dtype=np.int64) * 7 if sized else None
-    kw = dict(items=items, batch_size=batch, item_bytes=5, item_sizes=sizes, window=window)
+    warm = None
+    if data.draw(st.booleans()):
+        warm = [data.draw(st.lists(st.integers(0, items - 1), max_size=6, unique=True)) if n in node_of else []
+                for n in range(len(caps))]
+    kw = dict(items=items, batch_size=batch, item_bytes=5, item_sizes=sizes, window=window, warm=warm)
     with_cluster = cluster_plan(seqs, node_of, caps, **kw)
     assert not with_cluster.alone
-    reading = {node_of[r] for r, s in enumerate(seqs) if s}
+    reading = set(with_cluster.reader.tolist())  # the nodes with a position (a read, or a warm item)
     if any(caps[n] == 0 for n in reading):
         with pytest.raises(opt4torch.InvalidInputError, match=r"node \d+ reads, but its capacity \(0\)"):
             cluster_plan(seqs, node_of, caps, alone=True, **kw)
@@ -454,14 +459,15 @@ def test_nodes_alone_are_each_nodes_own_plan(case: tuple, sized: bool, window: i
     for n in range(len(caps)):
         mine = np.flatnonzero(cp.reader == n)
         ref = cluster_place(cp.seq[mine].tolist(), [0] * mine.size, [max(caps[n], 1)], item_sizes=sizes,
-                            item_bytes=5, items=items)
+                            item_bytes=5, items=items, prefix=int((mine < cp.prefix).sum()),
+                            window_of=None if window is None else cp.windows()[mine].tolist())
         assert cp.kinds[mine].tolist() == ref.kinds
         assert cp.nodes[mine].tolist() == [-1 if x == -1 else n for x in ref.nodes]
         assert {k: cp._per_node[n][k] for k in NODE_KEYS} == ref.per_node[0]
-        if mine.size:
+        if mine.size and not cp.prefix:
             assert cp.node_stats()[n]["local_hits"] == reference.belady(cp.seq[mine].tolist(), caps[n],
                                                                          items=items).hits
-    if window is not None:
+    if window is not None and not cp.prefix:  # (check_node_plans reads no warm prefix)
         check_node_plans(cp)
     auto = cluster_plan(seqs, node_of, caps, alone=None, **kw)
     expect = with_cluster.storage_bytes > (1 - cluster.MIN_SAVING) * cp.storage_bytes

@@ -77,7 +77,7 @@ def main() -> None:
     groups_before = len(dist.distributed_c10d._world.pg_map)
     groups_after_close = None
     loader = opt4torch.DataLoader(
-        ds, cluster=True, cluster_window=args.window, cluster_timeout=args.timeout, wait_timeout=args.timeout, shuffle=True, seed=5,
+        ds, cluster=True, cluster_alone=False, cluster_window=args.window, cluster_timeout=args.timeout, wait_timeout=args.timeout, shuffle=True, seed=5,
         epochs=args.epochs, batch_size=args.batch, cache_bytes=sum(size_of(x, args.big) for x in range(len(ds))) // 4,
         num_workers=args.workers, persistent_workers=args.persistent and args.workers > 0,
         multiprocessing_context=args.context if args.workers > 0 else None, collate_fn=list)

@@ -42,7 +42,7 @@ from cluster_loader_run import Items, content, size_of  # the dataset test_clust
 def cluster_loader(ds: Items, seed: int, args: argparse.Namespace) -> opt4torch.DataLoader:
     total = sum(size_of(x) for x in range(ds.n))
     return opt4torch.DataLoader(
-        ds, cluster=True, cluster_window=2, cluster_timeout=30, shuffle=True, seed=seed, epochs=args.epochs,
+        ds, cluster=True, cluster_alone=False, cluster_window=2, cluster_timeout=30, shuffle=True, seed=seed, epochs=args.epochs,
         batch_size=args.batch, cache_bytes=int(0.25 * total) + 4096, num_workers=1, persistent_workers=True,
         multiprocessing_context="fork", collate_fn=list, wait_timeout=30)
 
@@ -57,7 +57,7 @@ def own_loader(ds: Items, seed: int, args: argparse.Namespace) -> opt4torch.Data
 def warm_loader(ds: Items, args: argparse.Namespace) -> opt4torch.DataLoader:
     total = sum(size_of(x) for x in range(ds.n))
     return opt4torch.DataLoader(
-        ds, cluster=True, cluster_window=2, cluster_timeout=30, shuffle=True, seed=11, epochs=3,
+        ds, cluster=True, cluster_alone=False, cluster_window=2, cluster_timeout=30, shuffle=True, seed=11, epochs=3,
         batch_size=args.batch, cache_bytes=int(0.25 * total) + 4096, num_workers=1, persistent_workers=False,
         multiprocessing_context="fork", collate_fn=list, wait_timeout=30)
 

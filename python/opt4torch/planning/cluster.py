@@ -10,7 +10,6 @@ planner; never a pool.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 
 from .. import _engine
 from .._engine import InvalidInputError
+from .alone import MIN_SAVING, choose
 from .clusterplan import (ADMIT, BYPASS, FROM_PEER, FROM_POOL, FROM_STORAGE, LATE, LOCAL_HIT, NODE_KEYS, PEER_HIT,
                           RECEIVE, SEND, WARM, WORKER, ClusterFigures, ClusterPlan, NodePlan)
 from .plan import Plan, as_sequence
@@ -99,14 +99,6 @@ def _aggregate(seq: np.ndarray, items: int, n_nodes: int, capacity_per_node: Any
     return aggregate, caps, page
 
 
-#: ``cluster_plan(alone=None)`` (and ``cluster=True``'s loader) plans with
-#: the cluster only where that reads at least this fraction fewer bytes from
-#: storage than every node planning alone. Two nodes that each hold a
-#: quarter of the dataset save 0.3 % by one plan, for a transfer every
-#: 3.3 reads (bench/RESULTS.md, "When the nodes plan alone"); where the
-#: cluster pays, it saves a fifth to a half.
-MIN_SAVING = 0.05
-
 #: Cluster plans made in this process (:func:`plans_made`).
 _plans_made = 0
 
@@ -166,14 +158,9 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
     :attr:`ClusterPlan.prefix` positions long and counts in no figure but
     ``warm`` (the kept ones) and ``homed``.
 
-    ``alone``: ``False`` (the default) places the aggregate plan over the
-    nodes as above. ``True`` gives each node its own OPT plan over its own
-    reads at its own capacity instead, the plan it would make without the
-    cluster: every hit local, no transfer, ever. ``None`` plans alone
-    unless the cluster's plan reads at least :data:`MIN_SAVING` fewer bytes
-    from storage: where one plan over the cluster saves next to nothing,
-    its transfers would cost time for nothing (docs/cluster.md, "When the
-    nodes plan alone"). :attr:`ClusterPlan.alone` says which it is.
+    ``alone``: ``False`` (the default) places the aggregate plan as above,
+    ``True`` gives each node its own OPT plan (no transfer), ``None`` plans
+    alone unless one over the cluster reads :data:`MIN_SAVING` fewer bytes.
     """
     if alone is not None and not isinstance(alone, bool):
         raise InvalidInputError(f"alone must be True, False or None (whichever reads less), got {alone!r}")
@@ -211,65 +198,13 @@ def cluster_plan(seqs_by_rank: Sequence[Any], node_of_rank: Sequence[int] | None
         window_of = np.ascontiguousarray(w, dtype=np.uint32)
     info, per_node = _engine.cluster_place(aggregate._h, reader, caps, kinds, nodes, sizes, int(item_bytes),
                                            window_of, prefix)
-    info["alone"] = 0
-    if alone is not False:
-        solo = _alone(seq, items, reader, caps, page, sizes, int(item_bytes), window_of, prefix)
-        if isinstance(solo, str) and alone:
-            raise InvalidInputError(f"alone=True: {solo}; give it more, or plan with the cluster (alone=False)")
-        if not isinstance(solo, str) and (alone or info["storage_bytes"] > (1 - MIN_SAVING) * solo[2]["storage_bytes"]):
-            kinds, nodes, info, per_node = solo
+    kinds, nodes, info, per_node = choose(alone, (kinds, nodes, info, per_node), seq, items, reader, caps, page,
+                                          sizes, int(item_bytes), window_of, prefix)
     global _plans_made
     _plans_made += 1
     return ClusterPlan(aggregate, timeline, reader, caps.astype(np.int64), kinds, nodes, info, per_node,
                        None if sizes is None else sizes.astype(np.int64), int(item_bytes), page,
                        None if window is None else int(window), prefix)
-
-
-def _alone(seq: np.ndarray, items: int, reader: np.ndarray, caps: np.ndarray, page: int,
-           sizes: np.ndarray | None, item_bytes: int, window_of: np.ndarray | None, prefix: int
-           ) -> tuple[np.ndarray, np.ndarray, dict[str, int], list[dict[str, int]]] | str:
-    """Each node's own OPT plan over its own reads at its own capacity, as
-    a cluster plan's kinds, nodes and figures (``cluster_plan(alone=)``):
-    each node placed by the engine as a cluster of one, so every hit is
-    local and nothing is ever sent. Or why it cannot be: a node that reads
-    an item its own capacity cannot hold (only the cluster can serve it)."""
-    kinds = np.full(seq.size, BYPASS, dtype=np.uint8)
-    nodes = np.full(seq.size, _engine.CLUSTER_NONE, dtype=np.uint32)
-    info: dict[str, int] = {}
-    per_node: list[dict[str, int]] = []
-    sums = []
-    for n in range(caps.size):
-        mine = np.flatnonzero(reader == n)
-        sub = seq[mine]
-        if mine.size:
-            need = 1 if sizes is None or page == 0 else -(-int(sizes[np.unique(sub)].max()) // page)
-            if need > caps[n]:
-                what = "item" if page == 0 else f"largest item ({need} pages of {page} bytes)"
-                return f"node {n} reads, but its capacity ({int(caps[n])}) cannot hold its {what}"
-        cap = max(int(caps[n]), 1)  # a node that reads nothing is placed over no reads
-        p = (build_plan(sub, cap, items=items, progress=False) if page == 0 else
-             build_plan(sub, items=items, capacity_bytes=cap * page, item_sizes=sizes, page_size=page,
-                        progress=False))
-        k = np.empty(mine.size, dtype=np.uint8)
-        nd = np.empty(mine.size, dtype=np.uint32)
-        got, (st,) = _engine.cluster_place(p._h, np.zeros(mine.size, dtype=np.uint32),
-                                           np.array([cap], dtype=np.uint64), k, nd, sizes, item_bytes,
-                                           None if window_of is None else np.ascontiguousarray(window_of[mine]),
-                                           int((mine < prefix).sum()))
-        kinds[mine] = k
-        nodes[mine] = np.where(nd == _engine.CLUSTER_NONE, nd, np.uint32(n))
-        per_node.append(st)
-        sums.append(int(got.pop("checksum")))
-        for key, v in got.items():
-            info[key] = info.get(key, 0) + int(v)
-    info["capacity"] = int(caps.sum())
-    # The nodes' own checksums, in node order, with their capacities.
-    h = hashlib.blake2b(b"opt4torch-cluster-alone", digest_size=8)
-    h.update(np.asarray(sums, dtype=np.uint64).tobytes())
-    h.update(np.ascontiguousarray(caps, dtype=np.uint64).tobytes())
-    info["checksum"] = int.from_bytes(h.digest(), "little")
-    info["alone"] = 1
-    return kinds, nodes, info, per_node
 
 
 # ---- a job under torch.distributed (torchrun) ----

@@ -383,8 +383,11 @@ def test_a_nodes_transfers_without_the_whole_table(case: tuple, window: int, chu
     positions at a time (transfers_of), never making the cluster's table,
     are that table's rows for it, by window then position, and the windows
     with a transfer anywhere are the table's; with a warm prefix too. The
-    table itself is held to its definition, position by position."""
-    from opt4torch.distributed.exchange import NodeTransfers
+    table itself is held to its definition, position by position. What an
+    Exchange keeps of them (routes: each window's rows, as group ranks,
+    with the node-plan index each received item goes to) is what a plain
+    loop over the rows gives."""
+    from opt4torch.distributed.exchange import NodeTransfers, routes
 
     seqs, node_of, caps, batch, items = case
     warm = None
@@ -414,6 +417,23 @@ def test_a_nodes_transfers_without_the_whole_table(case: tuple, window: int, chu
         assert t.windows.tolist() == np.unique(tr["window"]).tolist()
         assert (t.node, t.n_nodes, t.checksum) == (n, cp.n_nodes, cp.checksum)
         assert type(t.figures) is cluster.ClusterFigures  # the figures alone, not the plan
+        p = cp.node_plan(n)
+        peers = data.draw(st.permutations(range(cp.n_nodes)))
+        room = t.item * 3 + 1
+        where = {(int(r), int(x)): i for i, (r, x) in enumerate(zip(p.role, p.position)) if r != cluster.WORKER}
+        reads = {int(p.position[i]): int(i) for i in p.reads}
+        out: dict[int, list[tuple]] = {}
+        got: dict[int, list[tuple]] = {}
+        for k, x, s, d, kd, r in zip(*(a.tolist() for a in (t.window, t.position, t.src, t.dst, t.kind, room))):
+            if s == n:
+                out.setdefault(k, []).append((peers[d], x, kd, r))
+            if d == n:
+                got.setdefault(k, []).append((peers[s], x, reads[x] if kd == PEER_HIT else where[(cluster.RECEIVE, x)],
+                                              r))
+        sent, received, send_at = routes(t, p, list(peers), room)
+        for k in range(-1, int(w.max(initial=0)) + 3):
+            assert sent.get(k) == out.get(k, []) and received.get(k) == sorted(got.get(k, [])), k
+        assert send_at == {x: i for (r, x), i in where.items() if r == cluster.SEND}
     with pytest.raises(opt4torch.InvalidInputError, match="outside"):
         cp.transfers_of(cp.n_nodes)
 

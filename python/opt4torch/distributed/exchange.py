@@ -53,7 +53,7 @@ from ..planning.clusterfigures import ClusterFigures
 from ..pool.codec import encode
 from .regroup import ExchangeGroup
 
-__all__ = ["Exchange", "NodeTransfers", "Window", "record_of"]
+__all__ = ["Exchange", "NodeTransfers", "Window", "record_of", "routes"]
 
 #: Errors kept with their window (every failed window is counted in
 #: Exchange.failed; a node that left for good fails every window after).
@@ -172,6 +172,35 @@ class _ByWindow:
         a, b = self._at.get(k, (0, 0))
         return [tuple(r) for r in self._rows[a:b].tolist()]
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its rows."""
+        return int(self._rows.nbytes)
+
+
+def routes(t: NodeTransfers, node_plan: NodePlan, peers: list[int], room: npt.NDArray[np.int64]
+           ) -> tuple[_ByWindow, _ByWindow, dict[int, int]]:
+    """What an :class:`Exchange` keeps of its node's transfers, by window,
+    with the peers as group ranks (``peers[n]``, node n's) and each row's
+    room (``room``): what this node sends, (dst, position, kind, room), by
+    position (the rows come by window, then position); what it receives,
+    (src, position, node-plan index, room), by sender, then position (the
+    bytes arrive grouped by sender); and the node-plan index of each SEND
+    by the timeline position it serves."""
+    group_rank = np.asarray(peers, dtype=np.int64)
+    node = t.node
+    out = np.flatnonzero(t.src == node)
+    sent = _ByWindow(t.window[out], group_rank[t.dst[out]], t.position[out], t.kind[out], room[out])
+    got = np.flatnonzero(t.dst == node)
+    got = got[np.lexsort((t.position[got], group_rank[t.src[got]], t.window[got]))]
+    peer = t.kind[got] == PEER_HIT
+    at = np.empty(got.size, dtype=np.int64)  # where in this node's plan each received item goes
+    at[peer] = _index_of(node_plan, WORKER, t.position[got[peer]])
+    at[~peer] = _index_of(node_plan, RECEIVE, t.position[got[~peer]])
+    received = _ByWindow(t.window[got], group_rank[t.src[got]], t.position[got], at, room[got])
+    sends = np.flatnonzero(node_plan.role == SEND)
+    return sent, received, dict(zip(node_plan.position[sends].tolist(), sends.tolist()))
+
 
 class Exchange:
     """One node's side of the windowed transfers of a cluster plan."""
@@ -205,23 +234,7 @@ class Exchange:
         #: Windows with a transfer anywhere in the cluster: every rank runs
         #: a collective in those, and only those.
         self.windows = t.windows.tolist()
-        group_rank = np.asarray(self.peers, dtype=np.int64)
-        # By window, with the peers as group ranks: what this node sends,
-        # (dst, position, kind, room), by position (the rows come by window,
-        # then position), and what it receives, (src, position, node-plan
-        # index, room), by sender, then position (the bytes arrive grouped by
-        # sender).
-        out = np.flatnonzero(t.src == self.node)
-        self._out = _ByWindow(t.window[out], group_rank[t.dst[out]], t.position[out], t.kind[out], room[out])
-        got = np.flatnonzero(t.dst == self.node)
-        got = got[np.lexsort((t.position[got], group_rank[t.src[got]], t.window[got]))]
-        peer = t.kind[got] == PEER_HIT
-        at = np.empty(got.size, dtype=np.int64)  # where in this node's plan each received item goes
-        at[peer] = _index_of(node_plan, WORKER, t.position[got[peer]])
-        at[~peer] = _index_of(node_plan, RECEIVE, t.position[got[~peer]])
-        self._in = _ByWindow(t.window[got], group_rank[t.src[got]], t.position[got], at, room[got])
-        sends = np.flatnonzero(node_plan.role == SEND)
-        self._send_at = dict(zip(node_plan.position[sends].tolist(), sends.tolist()))
+        self._out, self._in, self._send_at = routes(t, node_plan, self.peers, room)
         self._windows = set(self.windows)
         #: Forwards read by this node's ranks, by timeline position, until sent.
         self.outbox: dict[int, Any] = {}

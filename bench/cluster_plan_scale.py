@@ -9,7 +9,11 @@ it captures every rank's order from a ``DistributedSampler``
 (:func:`cluster_plan`, the loader's default window of 8 steps, a cache of
 ``--capacity`` of the dataset over all nodes), takes its node's part
 (``share_of``: the node plan, each position's rank, the pool's plan) and
-writes it to /dev/shm (distributed/handoff.py). The node's other ranks map
+what its transfer thread keeps (``NodeTransfers.of``: its node's transfer
+rows and the windows with a transfer anywhere, found without the cluster's
+whole transfer table; then ``routes``, the Exchange's tables of them), writes
+the node's part to /dev/shm (distributed/handoff.py) and lets the plan go.
+The node's other ranks map
 that part (``read_share``) and find their batches in it. The collectives
 around this are left out (there is one job, not 512 ranks, on this machine).
 
@@ -17,13 +21,24 @@ Each size runs in fresh processes, one after the other: the planning rank,
 then one rank that does not plan, reading the planner's files. Each reports
 its wall times and its peak resident memory (``VmHWM``) above what the
 process held before (torch and opt4torch imported), and what it still holds
-after. A rank that does not plan maps the node's files: its resident pages
+after, with the plan (``kept_bytes``) and once it let the plan go
+(``after_bytes``: the node's part and the transfer thread's tables, what
+the loader holds while it trains). A rank that does not plan maps the node's files: its resident pages
 of them are shared by the node's ranks, so its own cost is its anonymous
 memory (``/proc/self/smaps_rollup``), and the files count once a node. Time
 and memory are linear in the accesses (items x epochs); a least-squares
 line through the measured points models the sizes past what fits.
 
-    python bench/cluster_plan_scale.py [--epochs 1,8,16] [--items 1281167]
+``--baseline N`` then plans the largest size once more, in a process of its
+own, and times the planning rank's step from the plan to what its transfer
+thread keeps both ways, N times each, alternating: the way before (commit
+31b1f49: the cluster's whole transfer table, ``transfers()``, sorted, its
+node's rows picked, and a Python loop over them) and the way now
+(``NodeTransfers.of`` and ``routes``), with each one's peak resident memory
+above what the process held before it (``VmHWM``, reset through
+``/proc/self/clear_refs``).
+
+    python bench/cluster_plan_scale.py [--epochs 1,8,16] [--items 1281167] [--baseline 3]
 """
 
 from __future__ import annotations
@@ -59,6 +74,7 @@ def anon():
 
 import torch
 from torch.utils.data import DistributedSampler
+from opt4torch.distributed.exchange import NodeTransfers, routes
 from opt4torch.distributed.handoff import read_share, write_share
 from opt4torch.distributed.setup import _batches, share_of
 from opt4torch.planning.capture import capture_ranks
@@ -80,19 +96,28 @@ del seqs
 t2 = time.perf_counter()
 share = share_of(cp, 0)
 t3 = time.perf_counter()
-write_share(path, share)
+mine = NodeTransfers.of(cp, 0)  # the leader's transfer thread's part (distributed/setup.py)
 t4 = time.perf_counter()
+# What its Exchange makes of them (no rooms: a plan in items; group ranks = nodes).
+tables = routes(mine, share.node_plan, list(range(nodes)), np.zeros(mine.item.size, np.int64))
+t5 = time.perf_counter()
+write_share(path, share)
+t6 = time.perf_counter()
 gc.collect()
 accesses, transfers = cp.accesses, cp.peer_hits + cp.remote_admits
-kept = status("VmRSS") - base  # what the leader holds after planning: the global plan and its node's part
-del cp
+kept = status("VmRSS") - base  # with the global plan, its node's part and its transfers
+mine_rows, mine_windows, mine_bytes = int(mine.position.size), int(mine.windows.size), mine.nbytes
+del cp, mine  # the loader keeps the node's part and its Exchange's tables, not the rows they came from
 gc.collect()
 import ctypes
 ctypes.CDLL("libc.so.6").malloc_trim(0)  # the heap's freed pages back, as a long run's would go in time
-without = status("VmRSS") - base  # had it dropped the global plan, keeping its node's part
+after = status("VmRSS") - base  # the plan let go: what the loader holds while it trains
 print(json.dumps({"accesses": accesses, "transfers": int(transfers), "node_positions": len(share.node_plan),
-                  "capture_s": t1 - t0, "plan_s": t2 - t1, "share_s": t3 - t2, "write_s": t4 - t3,
-                  "peak_bytes": status("VmHWM") - base, "kept_bytes": kept, "kept_without_plan_bytes": without,
+                  "node_transfers": mine_rows, "windows": mine_windows,
+                  "capture_s": t1 - t0, "plan_s": t2 - t1, "share_s": t3 - t2, "transfers_s": t4 - t3,
+                  "routes_s": t5 - t4, "write_s": t6 - t5,
+                  "peak_bytes": status("VmHWM") - base, "kept_bytes": kept, "after_bytes": after,
+                  "transfers_bytes": mine_bytes, "routes_bytes": tables[0].nbytes + tables[1].nbytes,
                   "share_file_bytes": os.path.getsize(path) + os.path.getsize(path + ".plan")}))
 """
 
@@ -108,6 +133,71 @@ starts, own, floors = _batches(share.node_plan, share.ranks, 1, sampler, epochs,
 t1 = time.perf_counter()
 print(json.dumps({"positions": len(share.node_plan), "batches": int(sum(s.size for s in starts)),
                   "map_s": t1 - t0, "peak_bytes": status("VmHWM") - base, "own_bytes": anon() - base_own}))
+"""
+
+
+BASELINE = COMMON + r"""
+import ctypes
+from opt4torch.planning.cluster import PEER_HIT, RECEIVE, SEND, WORKER
+items, epochs, nodes, per_node, batch, capacity, window, repeats = (int(a) for a in sys.argv[1:9])
+world = nodes * per_node
+sampler = DistributedSampler(range(items), num_replicas=world, rank=0, shuffle=True, seed=0)
+seqs = capture_ranks(sampler, epochs, progress=False)
+cp = cluster_plan(seqs, [r // per_node for r in range(world)], capacity // nodes, batch_size=batch, window=window,
+                  progress=False)
+del seqs
+node_plan = share_of(cp, 0).node_plan
+node, peers = 0, list(range(nodes))
+
+def whole_table():
+    # Exchange.__init__ at 31b1f49, line for line (rooms None).
+    tr = cp.transfers()
+    order = np.lexsort((tr["position"], tr["window"]))
+    win, pos, src, dst, kind, item = (tr[k][order] for k in ("window", "position", "src", "dst", "kind", "item"))
+    room = np.zeros(item.size, np.int64)
+    windows = np.unique(win).tolist()
+    ours = np.flatnonzero((src == node) | (dst == node))
+    win, pos, src, dst, kind, room = (a[ours] for a in (win, pos, src, dst, kind, room))
+    del tr, order, item
+    out, into = {}, {}
+    p = node_plan
+    where = {(int(r), int(t)): i for i, (r, t) in enumerate(zip(p.role, p.position)) if r != WORKER}
+    reads = {int(t): i for i, t in zip(p.reads.tolist(), p.position[p.reads].tolist())}
+    for k, t, s, d, kd, r in zip(win.tolist(), pos.tolist(), src.tolist(), dst.tolist(), kind.tolist(),
+                                 room.tolist()):
+        if s == node:
+            out.setdefault(k, []).append((peers[d], t, kd, r))
+        if d == node:
+            at = reads[t] if kd == PEER_HIT else where[(RECEIVE, t)]
+            into.setdefault(k, []).append((peers[s], t, at, r))
+    for got in into.values():
+        got.sort()
+    send_at = {t: i for (r, t), i in where.items() if r == SEND}
+    return (len(windows), sum(map(len, out.values())) + sum(map(len, into.values())))
+
+def node_part():
+    t = NodeTransfers.of(cp, node)
+    sent, received, send_at = routes(t, node_plan, peers, np.zeros(t.item.size, np.int64))
+    rows = sum(len(sent.get(k)) + len(received.get(k)) for k in t.windows.tolist())
+    return (int(t.windows.size), rows)
+
+times = {"before_s": [], "now_s": []}
+grew = {"before_bytes": [], "now_bytes": []}
+got = {}
+for _ in range(repeats):
+    for key, fn in (("before", whole_table), ("now", node_part)):
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        base = status("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:  # VmHWM from here: this step's peak
+            f.write("5")
+        t0 = time.perf_counter()
+        got[key] = fn()
+        times[key + "_s"].append(time.perf_counter() - t0)
+        grew[key + "_bytes"].append(status("VmHWM") - base)
+assert got["before"] == got["now"], got  # the same windows, the same rows
+print(json.dumps({"accesses": cp.accesses, "transfers": int(cp.peer_hits + cp.remote_admits),
+                  "windows": got["now"][0], "node_rows": got["now"][1], **times, **grew}))
 """
 
 
@@ -129,6 +219,9 @@ def main() -> None:
     ap.add_argument("--capacity", type=float, default=0.5, help="the cluster's cache, a fraction of the items")
     ap.add_argument("--window", type=int, default=8, help="steps a transfer window (the loader's default)")
     ap.add_argument("--model-epochs", type=int, default=90)
+    ap.add_argument("--baseline", type=int, default=0, metavar="N",
+                    help="time the step from the plan to the transfer thread's part both ways, N times each, at "
+                         "the largest size (0: not)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "cluster_plan_scale.json"))
     args = ap.parse_args()
     sys.path.insert(0, HERE)
@@ -152,10 +245,13 @@ def main() -> None:
         rows.append(row)
         gib = 2**30
         print(f"  {lead['accesses']:,} accesses. Planning rank: capture {lead['capture_s']:.1f} s, plan "
-              f"{lead['plan_s']:.1f} s, node part {lead['share_s']:.1f} s, write {lead['write_s']:.2f} s; peak "
+              f"{lead['plan_s']:.1f} s, node part {lead['share_s']:.1f} s, its transfers {lead['transfers_s']:.2f} s "
+              f"({lead['node_transfers']:,} of {lead['transfers']:,}, {lead['windows']} windows) and their "
+              f"routes {lead['routes_s']:.2f} s, write {lead['write_s']:.2f} s; peak "
               f"{lead['peak_bytes'] / gib:.2f} GiB ({lead['peak_bytes'] / lead['accesses']:.0f} B an access), "
-              f"{lead['kept_bytes'] / gib:.2f} GiB kept after ({lead['kept_without_plan_bytes'] / gib:.2f} GiB "
-              f"without the global plan); node part {lead['share_file_bytes'] / 2**20:.0f} MiB "
+              f"{lead['kept_bytes'] / gib:.2f} GiB with the plan, {lead['after_bytes'] / gib:.2f} GiB once it let "
+              f"it go (transfers {lead['transfers_bytes'] / 2**20:.0f} MiB, routes "
+              f"{lead['routes_bytes'] / 2**20:.0f} MiB); node part {lead['share_file_bytes'] / 2**20:.0f} MiB "
               f"({follow['positions']:,} positions)", flush=True)
         print(f"  Rank that does not plan: {follow['map_s']:.2f} s, peak {follow['peak_bytes'] / 2**20:.0f} MiB "
               f"(mapped files included), its own {follow['own_bytes'] / 2**20:.0f} MiB. A node of {ranks}: "
@@ -172,7 +268,8 @@ def main() -> None:
         slope, icpt = np.polyfit(acc, y, 1) if len(rows) > 1 else (y[0] / acc[0], 0.0)
         return float(slope * model["accesses"] + icpt)
 
-    for key in ("capture_s", "plan_s", "share_s", "write_s", "peak_bytes", "kept_bytes", "share_file_bytes"):
+    for key in ("capture_s", "plan_s", "share_s", "transfers_s", "routes_s", "write_s", "peak_bytes", "kept_bytes",
+                "after_bytes", "share_file_bytes"):
         model[f"leader_{key}"] = fit([r["leader"][key] for r in rows])
     for key in ("map_s", "peak_bytes", "own_bytes"):
         model[f"follower_{key}"] = max(0.0, fit([r["follower"][key] for r in rows]))
@@ -181,12 +278,26 @@ def main() -> None:
     gib = 2**30
     print(f"modelled, {args.model_epochs} epochs ({model['accesses']:,} accesses): planning rank "
           f"{model['leader_capture_s'] + model['leader_plan_s'] + model['leader_share_s']:.0f} s, peak "
-          f"{model['leader_peak_bytes'] / gib:.1f} GiB; a rank that does not plan {model['follower_map_s']:.1f} s, "
+          f"{model['leader_peak_bytes'] / gib:.1f} GiB, {model['leader_after_bytes'] / gib:.2f} GiB held while "
+          f"training; a rank that does not plan {model['follower_map_s']:.1f} s, "
           f"{model['follower_own_bytes'] / 2**20:.0f} MiB of its own; node of {ranks}: "
           f"{model['node_peak_bytes'] / gib:.1f} GiB (every rank planning: "
           f"{model['every_rank_plans_bytes'] / gib:.1f} GiB)")
+    baseline = None
+    if args.baseline > 0:
+        e = max(r["epochs"] for r in rows)
+        print(f"the step to the transfer thread's part at {e} epochs, {args.baseline} times each way", flush=True)
+        baseline = _child(BASELINE, args.items, e, args.nodes, ranks, args.batch, int(args.capacity * args.items),
+                          args.window, args.baseline)
+        baseline["epochs"] = e
+        med = {k: float(np.median(baseline[k])) for k in ("before_s", "now_s", "before_bytes", "now_bytes")}
+        baseline["median"] = med
+        print(f"  {baseline['node_rows']:,} rows of node 0 of {baseline['transfers']:,}, {baseline['windows']} "
+              f"windows: before (the whole table) {med['before_s']:.2f} s, +{med['before_bytes'] / gib:.2f} GiB; "
+              f"now {med['now_s']:.2f} s, +{med['now_bytes'] / 2**20:.0f} MiB (medians of {args.baseline})")
     with open(args.out, "w") as f:
-        json.dump({"machine": machine(), "args": vars(args), "rows": rows, "model": model}, f, indent=1)
+        json.dump({"machine": machine(), "args": vars(args), "rows": rows, "model": model, "baseline": baseline}, f,
+                  indent=1)
     print("wrote", args.out)
 
 

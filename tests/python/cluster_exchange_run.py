@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from opt4torch import cluster  # noqa: E402
 from opt4torch._codec import decode  # noqa: E402
-from opt4torch._exchange import Exchange, record_of  # noqa: E402
+from opt4torch._exchange import Exchange, NodeTransfers, record_of  # noqa: E402
 from opt4torch.cluster import job_plan  # noqa: E402
 from opt4torch.data import CODEC_MARGIN, OPTCache, PlannedDataset  # noqa: E402
 
@@ -103,7 +103,7 @@ def main() -> None:
     if args.rooms == "short":  # the record's bound, as the loader gives it; too small for every 37th item
         rooms = sizes + CODEC_MARGIN
         rooms[::37] = sizes[::37] // 2
-    exchange = Exchange(cp, np_, rooms=rooms)
+    exchange = Exchange(NodeTransfers.of(cp, node), np_, rooms=rooms)
     # Received items whose room is too small: sent empty, so read from storage.
     short = sum(int(np_.seq[at]) % 37 == 0 for k in exchange.windows for at in exchange.incoming(k)) if \
         rooms is not None else 0

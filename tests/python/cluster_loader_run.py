@@ -19,6 +19,7 @@ all-reduce makes them); --step-seconds S: each step computes S seconds
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -31,7 +32,7 @@ import numpy as np
 import torch.distributed as dist
 
 import opt4torch
-from opt4torch.planning.cluster import plans_made
+from opt4torch.planning.cluster import ClusterPlan, plans_made
 
 
 def size_of(x: int) -> int:
@@ -128,7 +129,15 @@ def main() -> None:
                        "plans_made": plans_made()}, f)
         dist.destroy_process_group()
         return
-    run_loader(args, rank, ds, loader, figures, stalled)
+    run_loader(args, rank, ds, loader, figures, stalled, plans_alive())
+
+
+def plans_alive() -> int:
+    """Cluster plans alive in this process (after a collection): a leader
+    lets its plan go once it took its node's part and transfers
+    (distributed/setup.py), so a built loader holds none."""
+    gc.collect()
+    return sum(isinstance(o, ClusterPlan) for o in gc.get_objects())
 
 
 def make_loader(args: Any, ds: Items, total: int, figures: list[dict[str, Any]]) -> Any:
@@ -143,7 +152,7 @@ def make_loader(args: Any, ds: Items, total: int, figures: list[dict[str, Any]])
 
 
 def run_loader(args: Any, rank: int, ds: Items, loader: Any, figures: list[dict[str, Any]],
-               stalled: list[int]) -> None:
+               stalled: list[int], alive: int) -> None:
     wrong = samples = 0
     seen: list[int] = []
     for epoch in range(args.epochs):
@@ -190,7 +199,7 @@ def run_loader(args: Any, rank: int, ds: Items, loader: Any, figures: list[dict[
         "incoming": {str(k): len(rt.exchange.incoming(k)) for k in rt.exchange.windows}
         if hasattr(rt, "exchange") else None,
         # Each node's first rank plans; the others map its node plan.
-        "plans_made": plans_made(), "plan_type": type(cp).__name__,
+        "plans_made": plans_made(), "plan_type": type(cp).__name__, "plans_alive": alive,
         "node_plan_digest": hashlib.sha256(b"".join(np.ascontiguousarray(getattr(rt.plan, k)).tobytes() for k in (
             "seq", "op", "role", "source", "forward", "window", "position"))).hexdigest(),
         "pool_plan_fingerprint": loader.cache.plan.fingerprint,

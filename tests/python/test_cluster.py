@@ -375,6 +375,69 @@ def test_node_plans_in_bytes(case: tuple, page: int, window: int, data: st.DataO
         assert cp.peer_bytes == 0 and cp.late == 0 and alone is None
 
 
+@given(clusters(), st.integers(1, 4), st.integers(1, 40), st.data())
+def test_a_nodes_transfers_without_the_whole_table(case: tuple, window: int, chunk: int, data: st.DataObject
+                                                   ) -> None:
+    """What a node's transfer thread keeps of the plan (NodeTransfers, on the
+    planning rank, which then lets the plan go): its rows found a chunk of
+    positions at a time (transfers_of), never making the cluster's table,
+    are that table's rows for it, by window then position, and the windows
+    with a transfer anywhere are the table's; with a warm prefix too. The
+    table itself is held to its definition, position by position. What an
+    Exchange keeps of them (routes: each window's rows, as group ranks,
+    with the node-plan index each received item goes to) is what a plain
+    loop over the rows gives."""
+    from opt4torch.distributed.exchange import NodeTransfers, routes
+
+    seqs, node_of, caps, batch, items = case
+    warm = None
+    if data.draw(st.booleans()):
+        warm = [data.draw(st.lists(st.integers(0, items - 1), max_size=4, unique=True)) if n in node_of else []
+                for n in range(len(caps))]
+    cp = cluster_plan(seqs, node_of, caps, items=items, batch_size=batch, item_bytes=3, window=window, warm=warm)
+    w, nodes = cp.windows(), cp.nodes
+    ref = []  # (position, window, src, dst, kind): a peer hit sent the window before, an admit kept away after
+    for t, k in enumerate(cp.kinds.tolist()):
+        if k == PEER_HIT:
+            ref.append((t, int(w[t]) - 1, int(nodes[t]), int(cp.reader[t]), k))
+        elif k == ADMIT and nodes[t] != cp.reader[t]:
+            ref.append((t, int(w[t]) + 1, int(cp.reader[t]), int(nodes[t]), k))
+    tr = cp.transfers()
+    assert list(zip(*(tr[k].tolist() for k in ("position", "window", "src", "dst", "kind")))) == ref
+    assert cp.transfer_windows(chunk).tolist() == np.unique(tr["window"]).tolist()
+    for n in range(cp.n_nodes):
+        mine = (tr["src"] == n) | (tr["dst"] == n)
+        part = cp.transfers_of(n, chunk)
+        assert part.keys() == tr.keys()
+        assert all(part[k].tolist() == v[mine].tolist() for k, v in tr.items())
+        t = NodeTransfers.of(cp, n)
+        order = np.lexsort((tr["position"][mine], tr["window"][mine]))
+        for k in ("window", "position", "src", "dst", "kind", "item"):
+            assert getattr(t, k).tolist() == tr[k][mine][order].tolist(), k
+        assert t.windows.tolist() == np.unique(tr["window"]).tolist()
+        assert (t.node, t.n_nodes, t.checksum) == (n, cp.n_nodes, cp.checksum)
+        assert type(t.figures) is cluster.ClusterFigures  # the figures alone, not the plan
+        p = cp.node_plan(n)
+        peers = data.draw(st.permutations(range(cp.n_nodes)))
+        room = t.item * 3 + 1
+        where = {(int(r), int(x)): i for i, (r, x) in enumerate(zip(p.role, p.position)) if r != cluster.WORKER}
+        reads = {int(p.position[i]): int(i) for i in p.reads}
+        out: dict[int, list[tuple]] = {}
+        got: dict[int, list[tuple]] = {}
+        for k, x, s, d, kd, r in zip(*(a.tolist() for a in (t.window, t.position, t.src, t.dst, t.kind, room))):
+            if s == n:
+                out.setdefault(k, []).append((peers[d], x, kd, r))
+            if d == n:
+                got.setdefault(k, []).append((peers[s], x, reads[x] if kd == PEER_HIT else where[(cluster.RECEIVE, x)],
+                                              r))
+        sent, received, send_at = routes(t, p, list(peers), room)
+        for k in range(-1, int(w.max(initial=0)) + 3):
+            assert sent.get(k) == out.get(k, []) and received.get(k) == sorted(got.get(k, [])), k
+        assert send_at == {x: i for (r, x), i in where.items() if r == cluster.SEND}
+    with pytest.raises(opt4torch.InvalidInputError, match="outside"):
+        cp.transfers_of(cp.n_nodes)
+
+
 def test_node_plan_needs_windows() -> None:
     with pytest.raises(opt4torch.InvalidInputError, match="windows"):
         cluster_plan([[0, 1]], None, 1).node_plan(0)

@@ -58,6 +58,7 @@ def test_every_node_reads_what_the_plan_says(tmp_path, prefetch: bool) -> None:
         assert (st["peer_items_sent"], st["peer_items_received"]) == (plan["peer_items_sent"],
                                                                       plan["peer_items_received"])
         plan_reads += plan["storage_reads"]
+        assert r["plans_alive"] == 0  # each rank planned (a node of its own), and let the plan go
     # The nodes' storage reads add up to the cluster plan's: fewer than the
     # accesses less the hits any one node could make alone.
     assert sum(r["storage_reads"] for r in ranks) == plan_reads < ranks[0]["accesses"]
@@ -146,6 +147,9 @@ def test_the_ranks_of_a_node_share_its_pool(tmp_path, node_env: str | None, alon
         # Only the node's first rank planned; the others mapped the same node plan and pool plan.
         # Every rank keeps the plan's figures alone (loader.cluster_plan), not its global arrays.
         assert (first["plans_made"], first["plan_type"]) == (1, "ClusterFigures")
+        # ... and once its loader is built it holds no cluster plan: its transfer thread has its node's
+        # transfers (NodeTransfers), the plan itself was let go.
+        assert [r["plans_alive"] for r in members] == [0] * len(members)
         for r in others:
             assert (r["plans_made"], r["plan_type"]) == (0, "ClusterFigures")
             assert r["node_plan_digest"] == first["node_plan_digest"]

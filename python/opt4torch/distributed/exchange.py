@@ -42,15 +42,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..planning.cluster import ADMIT, PEER_HIT, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
+from ..planning.clusterfigures import ClusterFigures
 from ..pool.codec import encode
 from .regroup import ExchangeGroup
 
-__all__ = ["Exchange", "Window", "record_of"]
+__all__ = ["Exchange", "NodeTransfers", "Window", "record_of", "routes"]
 
 #: Errors kept with their window (every failed window is counted in
 #: Exchange.failed; a node that left for good fails every window after).
@@ -71,6 +74,69 @@ def _flags(k: int, heads: np.ndarray) -> list[bool]:
     return [bool(h) for h in heads.tolist()]
 
 
+@dataclass(frozen=True)
+class NodeTransfers:
+    """What a node's transfer thread needs of the cluster plan, taken from
+    it once, on the rank that planned (distributed/setup.py, beside the
+    node's share), so that the plan itself can go (docs/cluster.md, "After
+    planning"): this node's rows of :meth:`ClusterPlan.transfers` (those it
+    sends or receives), by window, then timeline position; the windows in
+    which any node sends something (every node runs a collective in those,
+    and only those); and the plan's figures (its checksum, the number of
+    nodes, each node's counts for ``stats()``)."""
+
+    node: int
+    figures: ClusterFigures
+    #: Sorted: the windows with a transfer anywhere in the cluster.
+    windows: npt.NDArray[np.int64]
+    window: npt.NDArray[np.int64]
+    position: npt.NDArray[np.int64]
+    src: npt.NDArray[np.int64]
+    dst: npt.NDArray[np.int64]
+    kind: npt.NDArray[np.uint8]
+    item: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, cp: ClusterPlan, node: int) -> NodeTransfers:
+        """Node ``node``'s transfers, without making the whole cluster's
+        table (:meth:`ClusterPlan.transfers_of`,
+        :meth:`ClusterPlan.transfer_windows`); nothing of ``cp`` is kept."""
+        tr = cp.transfers_of(node)
+        order = np.lexsort((tr["position"], tr["window"]))
+        return cls(int(node), cp.figures(), cp.transfer_windows(),
+                   *(np.ascontiguousarray(tr[k][order]) for k in ("window", "position", "src", "dst", "kind",
+                                                                  "item")))
+
+    @property
+    def n_nodes(self) -> int:
+        return self.figures.n_nodes
+
+    @property
+    def checksum(self) -> int:
+        return self.figures.checksum
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its arrays."""
+        return sum(a.nbytes for a in (self.windows, self.window, self.position, self.src, self.dst, self.kind,
+                                      self.item))
+
+
+def _index_of(node_plan: NodePlan, role: int, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The node plan's index of the position of this role serving each
+    timeline position (each is served once by a role)."""
+    at = np.flatnonzero(node_plan.role == role)
+    served = node_plan.position[at]
+    order = np.argsort(served, kind="stable")
+    at, served = at[order], served[order]
+    j = np.minimum(np.searchsorted(served, positions), max(served.size - 1, 0))
+    if positions.size and (served.size == 0 or not np.array_equal(served[j], positions)):
+        missing = positions[served[j] != positions] if served.size else positions
+        raise ValueError(f"node {node_plan.node}'s plan has no position of role {role} for timeline position "
+                         f"{int(missing[0])}: the transfers are not this node plan's")
+    return at[j]
+
+
 class Window:
     """One window's exchange from :meth:`Exchange.begin` to
     :meth:`Exchange.complete`: ``ok`` is None while its collective is in
@@ -87,59 +153,88 @@ class Window:
         self.received: Callable[[], tuple[list[bytes], list[bool]]] | None = None
 
 
+class _ByWindow:
+    """A node's transfer rows (int64 columns), by window: each window's rows
+    are handed out as tuples when asked for (a window has a few thousand,
+    the node's run has millions: at ImageNet-1k, 90 epochs, 64 nodes 1.7 M,
+    55 MB as arrays against about 250 MB as tuples)."""
+
+    __slots__ = ("_rows", "_at")
+
+    def __init__(self, window: npt.NDArray[np.int64], *cols: npt.NDArray[Any]) -> None:
+        """``window`` sorted; ``cols`` the rows' fields, in that order."""
+        self._rows = np.stack([np.asarray(c, dtype=np.int64) for c in cols], axis=1) if cols else np.empty((0, 0))
+        bounds = [0, *(np.flatnonzero(np.diff(window)) + 1).tolist(), window.size]
+        self._at = {int(window[a]): (a, b) for a, b in zip(bounds[:-1], bounds[1:])} if window.size else {}
+
+    def get(self, k: int) -> list[tuple[int, ...]]:
+        """Window k's rows (none: an empty list)."""
+        a, b = self._at.get(k, (0, 0))
+        return [tuple(r) for r in self._rows[a:b].tolist()]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its rows."""
+        return int(self._rows.nbytes)
+
+
+def routes(t: NodeTransfers, node_plan: NodePlan, peers: list[int], room: npt.NDArray[np.int64]
+           ) -> tuple[_ByWindow, _ByWindow, dict[int, int]]:
+    """What an :class:`Exchange` keeps of its node's transfers, by window,
+    with the peers as group ranks (``peers[n]``, node n's) and each row's
+    room (``room``): what this node sends, (dst, position, kind, room), by
+    position (the rows come by window, then position); what it receives,
+    (src, position, node-plan index, room), by sender, then position (the
+    bytes arrive grouped by sender); and the node-plan index of each SEND
+    by the timeline position it serves."""
+    group_rank = np.asarray(peers, dtype=np.int64)
+    node = t.node
+    out = np.flatnonzero(t.src == node)
+    sent = _ByWindow(t.window[out], group_rank[t.dst[out]], t.position[out], t.kind[out], room[out])
+    got = np.flatnonzero(t.dst == node)
+    got = got[np.lexsort((t.position[got], group_rank[t.src[got]], t.window[got]))]
+    peer = t.kind[got] == PEER_HIT
+    at = np.empty(got.size, dtype=np.int64)  # where in this node's plan each received item goes
+    at[peer] = _index_of(node_plan, WORKER, t.position[got[peer]])
+    at[~peer] = _index_of(node_plan, RECEIVE, t.position[got[~peer]])
+    received = _ByWindow(t.window[got], group_rank[t.src[got]], t.position[got], at, room[got])
+    sends = np.flatnonzero(node_plan.role == SEND)
+    return sent, received, dict(zip(node_plan.position[sends].tolist(), sends.tolist()))
+
+
 class Exchange:
     """One node's side of the windowed transfers of a cluster plan."""
 
-    def __init__(self, cp: ClusterPlan, node_plan: NodePlan, group: Any = None,
+    def __init__(self, transfers: NodeTransfers, node_plan: NodePlan, group: Any = None,
                  peers: list[int] | None = None, timeout: float = 60.0, rooms: np.ndarray | None = None) -> None:
         import torch.distributed as dist
 
-        self.cp, self.plan, self.node = cp, node_plan, node_plan.node
+        t = transfers
+        if t.node != node_plan.node:
+            raise ValueError(f"the transfers are node {t.node}'s, the node plan node {node_plan.node}'s")
+        self.plan, self.node = node_plan, node_plan.node
         if group is None:
             group = dist.group.WORLD
         self.world = dist.get_world_size(group)
         #: Each node's rank in the group.
-        self.peers = list(range(cp.n_nodes)) if peers is None else [int(r) for r in peers]
-        if (self.world != cp.n_nodes or sorted(self.peers) != list(range(self.world))
+        self.peers = list(range(t.n_nodes)) if peers is None else [int(r) for r in peers]
+        if (self.world != t.n_nodes or sorted(self.peers) != list(range(self.world))
                 or dist.get_rank(group) != self.peers[self.node]):
-            raise ValueError(f"one rank a node: this group has {self.world} ranks for {cp.n_nodes} nodes "
+            raise ValueError(f"one rank a node: this group has {self.world} ranks for {t.n_nodes} nodes "
                              f"(group ranks {self.peers}), and this is rank {dist.get_rank(group)} for node "
                              f"{self.node}")
         #: The group, made again after a failed window.
         self.groups = ExchangeGroup(group, self.peers[self.node], self.world, timeout,
-                                    f"{cp.checksum:x}/{'.'.join(map(str, self.peers))}")
-        tr = cp.transfers()
-        order = np.lexsort((tr["position"], tr["window"]))
-        win, pos, src, dst, kind, item = (tr[k][order] for k in ("window", "position", "src", "dst", "kind", "item"))
+                                    f"{t.checksum:x}/{'.'.join(map(str, self.peers))}")
         #: Each item's room in the one collective of a window (its record's
         #: bound: the bytes the plan gives it, the codec's margin included),
         #: or None: a collective of the lengths first, then one of the bytes.
         self.rooms = None if rooms is None else np.asarray(rooms, dtype=np.int64)
-        room = np.zeros(item.size, np.int64) if self.rooms is None else self.rooms[item]
+        room = np.zeros(t.item.size, np.int64) if self.rooms is None else self.rooms[t.item]
         #: Windows with a transfer anywhere in the cluster: every rank runs
         #: a collective in those, and only those.
-        self.windows = np.unique(win).tolist()
-        # Only this node's rows go through the Python loop below: at
-        # ImageNet-1k, 90 epochs, 64 nodes the cluster has 55 M transfers.
-        ours = np.flatnonzero((src == self.node) | (dst == self.node))
-        win, pos, src, dst, kind, room = (a[ours] for a in (win, pos, src, dst, kind, room))
-        # By window, with the peers as group ranks.
-        self._out: dict[int, list[tuple[int, int, int, int]]] = {}  # (dst, position, kind, room)
-        self._in: dict[int, list[tuple[int, int, int, int]]] = {}  # (src, position, node-plan index, room)
-        # Where in this node's plan each received item goes.
-        p = node_plan
-        where = {(int(r), int(t)): i for i, (r, t) in enumerate(zip(p.role, p.position)) if r != WORKER}
-        reads = {int(t): i for i, t in zip(p.reads.tolist(), p.position[p.reads].tolist())}
-        for k, t, s, d, kd, r in zip(win.tolist(), pos.tolist(), src.tolist(), dst.tolist(), kind.tolist(),
-                                     room.tolist()):
-            if s == self.node:
-                self._out.setdefault(k, []).append((self.peers[d], t, kd, r))
-            if d == self.node:
-                at = reads[t] if kd == PEER_HIT else where[(RECEIVE, t)]
-                self._in.setdefault(k, []).append((self.peers[s], t, at, r))
-        for got in self._in.values():  # the bytes arrive grouped by sender (its group rank)
-            got.sort()
-        self._send_at = {t: i for (r, t), i in where.items() if r == SEND}
+        self.windows = t.windows.tolist()
+        self._out, self._in, self._send_at = routes(t, node_plan, self.peers, room)
         self._windows = set(self.windows)
         #: Forwards read by this node's ranks, by timeline position, until sent.
         self.outbox: dict[int, Any] = {}
@@ -182,7 +277,7 @@ class Exchange:
 
     def incoming(self, k: int) -> list[int]:
         """The node-plan positions window k's collective brings items for."""
-        return [at for _, _, at, _ in self._in.get(k, [])]
+        return [at for _, _, at, _ in self._in.get(k)]
 
     def run(self, k: int, read_pool: Callable[[int], bytes], closing: bool = False) -> bool:
         """Window k's exchange, a collective of every rank: ``read_pool(i)``
@@ -206,7 +301,7 @@ class Exchange:
             w.ok = True
             return w
         parts: list[list[bytes]] = [[] for _ in range(self.world)]
-        for d, t, kd, _ in self._out.get(k, []):
+        for d, t, kd, _ in self._out.get(k):
             assert kd in (PEER_HIT, ADMIT)
             parts[d].append(read_pool(self._send_at[t]) if kd == PEER_HIT else self.outbox.pop(t, b""))
         w.items = sum(len(bs) for bs in parts)
@@ -257,7 +352,7 @@ class Exchange:
         self.seconds += self._last_end - w.t0
         self.items_sent += w.items
         self.bytes_sent += w.moved
-        incoming = self._in.get(k, [])
+        incoming = self._in.get(k)
         for (_, _, at, _), record in zip(incoming, got):
             self.inbox[at] = record
         self.items_received += len(incoming)
@@ -270,12 +365,12 @@ class Exchange:
         """Window k's items without bounds on their sizes: each pair's
         closing flag and its items' lengths first, then the bytes. Returns
         the bytes sent, the records received, in the order of
-        ``self._in[k]``, and each node's closing flag."""
+        ``self._in.get(k)``, and each node's closing flag."""
         import torch
 
         lengths = [np.array([int(closing)] + [len(b) for b in bs], dtype=np.int64) for bs in parts]
         expect = [1] * self.world
-        for s, _, _, _ in self._in.get(k, []):
+        for s, _, _, _ in self._in.get(k):
             expect[s] += 1
         got_sizes = torch.empty(sum(expect), dtype=torch.int64)
         self.groups.all_to_all(group, got_sizes, torch.from_numpy(np.concatenate(lengths)), expect,
@@ -305,12 +400,12 @@ class Exchange:
         not keep either) goes as length 0: lost, read from storage by its
         reader, as a failed window's. Returns the bytes sent at once, with
         the collective issued, and what waits for its end and gives the
-        records received (in the order of ``self._in[k]``) and each node's
+        records received (in the order of ``self._in.get(k)``) and each node's
         closing flag."""
         import torch
 
         out: list[list[int]] = [[] for _ in range(self.world)]
-        for d, _, _, r in self._out.get(k, []):
+        for d, _, _, r in self._out.get(k):
             out[d].append(r)
         counts = [8 + 8 * len(rs) + sum(rs) for rs in out]
         send = np.zeros(sum(counts), dtype=np.uint8)
@@ -327,7 +422,7 @@ class Exchange:
                 at += r
             moved += int(lens.sum())
             self.oversize += int((lens == 0).sum()) - sum(1 for b in bs if not b)
-        incoming = self._in.get(k, [])
+        incoming = self._in.get(k)
         expect = [8] * self.world
         for s, _, _, r in incoming:
             expect[s] += 8 + r

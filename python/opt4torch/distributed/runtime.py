@@ -25,8 +25,8 @@ import numpy as np
 from .. import _engine
 from ..io.forksafe import ForkGate
 from ..planning.sizing import CODEC_MARGIN
-from ..planning.cluster import FROM_PEER, RECEIVE, SEND, WORKER, ClusterPlan, NodePlan
-from .exchange import Exchange, Window, record_of
+from ..planning.cluster import FROM_PEER, RECEIVE, SEND, WORKER, NodePlan
+from .exchange import Exchange, NodeTransfers, Window, record_of
 from .follower import plan_keys
 
 __all__ = ["ClusterRuntime"]
@@ -55,19 +55,19 @@ class ClusterRuntime:
     it still holds when it stops, it releases.
     """
 
-    def __init__(self, cp: ClusterPlan, node_plan: NodePlan, pool_name: str, dataset: Any, *, reader: Any,
+    def __init__(self, transfers: NodeTransfers, node_plan: NodePlan, pool_name: str, dataset: Any, *, reader: Any,
                  allow_pickle: bool = False, group: Any = None, peers: list[int] | None = None,
                  storage_sizes: np.ndarray | None = None, timeout: float = 60.0,
                  epoch_starts: list[int] | None = None) -> None:
         import torch.distributed as dist
 
-        self.cp, self.plan, self.dataset, self.allow_pickle = cp, node_plan, dataset, allow_pickle
-        self.plan_keys = plan_keys(cp, node_plan, storage_sizes)
+        self.plan, self.dataset, self.allow_pickle = node_plan, dataset, allow_pickle
+        self.plan_keys = plan_keys(transfers.figures, node_plan, storage_sizes)
         # Each item's room in its window's one collective: its record's bound,
         # the bytes the pool plans for it (None without per-item sizes: two
         # collectives a window, the lengths first).
         rooms = None if storage_sizes is None else storage_sizes.astype(np.int64) + CODEC_MARGIN
-        self.exchange = Exchange(cp, node_plan, group, peers, timeout, rooms=rooms)
+        self.exchange = Exchange(transfers, node_plan, group, peers, timeout, rooms=rooms)
         #: This rank (the node's first): where the node's transfer figures are.
         self.leader = dist.get_rank()
         p = node_plan

@@ -24,6 +24,7 @@ from ..planning.clusterplan import ClusterFigures, ClusterPlan, NodePlan
 from ..planning.plan import Plan
 from ..planning.sizing import CODEC_MARGIN, STAGING_MIN_CLUSTER, item_sizes, parse_bytes, staging_slots
 from ..pool.cache import OPTCache
+from .exchange import NodeTransfers
 from .handoff import NodeShare, read_share, remove_share, share_path, write_share
 from .node import release_group
 from .follower import ClusterFollower
@@ -65,9 +66,10 @@ class ClusterSetup:
     #: The shared files of this node's part, on its leader until its ranks
     #: have mapped them (cluster_pool removes them).
     share: str | None = None
-    #: The whole plan, on the ranks that made it (each node's first), for
-    #: its transfer thread; None on the node's other ranks.
-    full: ClusterPlan | None = None
+    #: What the node's transfer thread needs of the plan, on the rank that
+    #: made it (the node's first), which keeps nothing else of the plan;
+    #: None on the node's other ranks.
+    transfers: NodeTransfers | None = None
     #: What the node's old pool holds, on the rank that owns it, when a
     #: live loader resumed (distributed/warm.py): the plan starts with it,
     #: and the new pool is warmed from it.
@@ -130,9 +132,9 @@ def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sample
         ordered = sorted(leaders)
         exchange_group = dist.new_group(ordered, backend="gloo", timeout=datetime.timedelta(seconds=float(timeout)))
         peers = [ordered.index(r) for r in leaders]
-    accesses = epochs * len(sampler) * world
-    cp, share, path = plan_once_per_node(sampler, epochs, agreed, group=group, opts=opts, progress=progress,
-                                         wait=float(timeout) + PLAN_WAIT_PER_ACCESS * accesses)
+    wait = float(timeout) + PLAN_WAIT_PER_ACCESS * epochs * len(sampler) * world
+    share, path, transfers = plan_once_per_node(sampler, epochs, agreed, group=group, opts=opts, progress=progress,
+                                                wait=wait)
     node_plan, plan = share.node_plan, share.plan
     try:
         starts, own, floors = _batches(node_plan, share.ranks, rank, sampler, epochs, int(batch_size))
@@ -143,7 +145,7 @@ def cluster_setup(dataset: Any, *, batch_size: int, shuffle: bool | None, sample
     return ClusterSetup(cp=share.figures, node=node, node_plan=node_plan, plan=plan, pool_page=pool_page,
                         group=group, exchange_group=exchange_group, peers=peers, leader=leaders[node],
                         starts=starts, own=own, floors=floors, storage_sizes=raw, sampler=sampler, share=path,
-                        full=cp if isinstance(cp, ClusterPlan) else None, held=held)
+                        transfers=transfers, held=held)
 
 
 def _batches(node_plan: NodePlan, ranks: np.ndarray, rank: int, sampler: Any, epochs: int, batch_size: int
@@ -193,16 +195,19 @@ def share_of(full: ClusterPlan, node: int) -> NodeShare:
 
 
 def plan_once_per_node(sampler: Any, epochs: int, agreed: JobAgreement, *, group: Any, opts: dict[str, Any],
-                       progress: bool | None, wait: float) -> tuple[ClusterFigures, NodeShare, str | None]:
+                       progress: bool | None, wait: float) -> tuple[NodeShare, str | None, NodeTransfers | None]:
     """The cluster plan, made once a node: on each node's first rank (its
     leader), which writes its node's part to shared memory when the node
     has other ranks; they map it. One collective on every rank after the
     leaders planned (bounded by ``wait`` seconds on a group of its own when
     some rank waits for its leader, else on ``group``) hands over where
     each node's part is, compares the leaders' checksums, and carries a
-    leader's failure to every rank as an error that names it. Returns the
-    plan (its figures alone on a rank that did not plan), this rank's share,
-    and the shared files' path on a leader that wrote them."""
+    leader's failure to every rank as an error that names it. Returns this
+    rank's share (the plan's figures in it), the shared files' path on a
+    leader that wrote them, and on a leader what its transfer thread needs
+    of the plan (:class:`NodeTransfers`): the plan itself is let go before
+    the gather, so that the leader holds only its node's part from then on
+    (docs/cluster.md, "After planning")."""
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -212,8 +217,8 @@ def plan_once_per_node(sampler: Any, epochs: int, agreed: JobAgreement, *, group
     handoff = group
     if followers:  # a rank that does not plan waits as long as planning takes
         handoff = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=wait))
-    cp: ClusterFigures | None = None
     share: NodeShare | None = None
+    transfers: NodeTransfers | None = None
     path: str | None = None
     failure: BaseException | None = None
     said: dict[str, Any] | None = None
@@ -226,11 +231,13 @@ def plan_once_per_node(sampler: Any, epochs: int, agreed: JobAgreement, *, group
                 raise ValueError(f"ranks {np.flatnonzero(~reading).tolist()} read nothing in the cluster plan: "
                                  "every rank needs at least one sample")
             share = share_of(full, node)
+            transfers = NodeTransfers.of(full, node)
+            said = {"checksum": full.checksum, "path": None}
+            del full  # nothing else holds it: the node's part and its transfers are copies
             if agreed.node_of_rank.count(node) > 1:
                 path = share_path(agreed.token, node)
                 write_share(path, share)
-            cp = full
-            said = {"checksum": full.checksum, "path": path}
+                said["path"] = path
         except Exception as exc:  # every rank hears of it: none waits for a plan that will not come
             failure = exc
             said = {"error": f"{type(exc).__name__}: {exc}"}
@@ -260,12 +267,10 @@ def plan_once_per_node(sampler: Any, epochs: int, agreed: JobAgreement, *, group
         if share is None:
             got = everyone[agreed.leaders[node]]
             share = read_share(str(got["path"]))
-            cp = share.figures
     except BaseException:
         remove_share(path)
         raise
-    assert cp is not None
-    return cp, share, path
+    return share, path, transfers
 
 
 def _epoch_lengths(sampler: Any, epochs: int) -> list[int]:
@@ -298,7 +303,7 @@ def cluster_pool(c: ClusterSetup, dataset: Any, *, reader: Any, allow_pickle: bo
     cache: OPTCache | None = None
     try:
         if leader:
-            assert c.full is not None, "a node's first rank made the plan"
+            assert c.transfers is not None, "a node's first rank made the plan"
             cache = OPTCache(plan, c.pool_page, wait_timeout=wait_timeout, staging_slots=int(staging))
             # A warm prefix (a live loader resumed): the plan's first positions
             # are the items the old pool holds that the new plan keeps, copied
@@ -308,7 +313,7 @@ def cluster_pool(c: ClusterSetup, dataset: Any, *, reader: Any, allow_pickle: bo
                 kept, loaded = warm_pool(c.held, cache, dataset, allow_pickle)
                 cache._earlier.update(kept=kept, kept_loaded=loaded)
             cache.transfers = ClusterRuntime(
-                c.full, c.node_plan, cache.name, dataset, reader=reader(cache.name, len(c.node_plan)),
+                c.transfers, c.node_plan, cache.name, dataset, reader=reader(cache.name, len(c.node_plan)),
                 allow_pickle=allow_pickle, group=c.exchange_group, peers=c.peers, storage_sizes=c.storage_sizes,
                 timeout=timeout, epoch_starts=[int(s[0]) for s in c.starts if s.size])
         dist.all_gather_object(name, cache.name if cache is not None else None, group=c.group)

@@ -44,6 +44,7 @@ import numpy.typing as npt
 
 from .. import _engine
 from .._engine import InvalidInputError
+from .clusterfigures import NODE_KEYS, ClusterFigures
 from .plan import Plan
 from .timeline import Timeline
 
@@ -56,18 +57,10 @@ ADMIT: int = _engine.CLUSTER_ADMIT
 BYPASS: int = _engine.CLUSTER_BYPASS
 LATE: int = _engine.CLUSTER_LATE
 _NONE = _engine.CLUSTER_NONE
-
-#: The per-node counts :meth:`ClusterPlan.node_stats` gives. ``local_hits``,
-#: ``peer_hits``, ``peer_bytes_sent``, ``peer_bytes_received`` and
-#: ``plan_storage_bytes`` are also keys of the DataLoader's ``stats()`` with
-#: ``cluster=True`` (there the first four are measured).
-NODE_KEYS: tuple[str, ...] = (
-    "capacity", "accesses", "local_hits", "peer_hits", "storage_reads", "admits", "bypasses",
-    "plan_storage_bytes", "homed", "peer_items_sent", "peer_items_received", "peer_bytes_sent",
-    "peer_bytes_received", "peak_resident", "late", "warm",
-)
-
-
+#: Positions a pass over a plan's kinds and nodes takes at a time
+#: (:meth:`ClusterPlan.transfers_of`): its masks stay a few tens of MB at
+#: ImageNet-1k, 90 epochs (115 M positions).
+_CHUNK = 1 << 23
 
 #: A node plan's roles (:meth:`ClusterPlan.node_plan`): a read by one of the
 #: node's ranks, an item from a peer stored in the node's pool, a read of the
@@ -113,182 +106,6 @@ class NodePlan:
     def reads(self) -> npt.NDArray[np.int64]:
         """The node plan's positions of its ranks' reads, in timeline order."""
         return np.flatnonzero(self.role == WORKER)
-
-
-
-class ClusterFigures:
-    """The figures of a cluster plan, without its per-position arrays: the
-    nodes' capacities, the totals, each node's counts (:meth:`node_stats`)
-    and the checksum. A :class:`ClusterPlan` is one; on the ranks of a job
-    that did not plan (``cluster=True``: each node's first rank plans, its
-    other ranks receive their node's part, distributed/handoff.py) this is
-    what ``loader.cluster_plan`` is."""
-
-    __slots__ = ("capacities", "page_size", "window", "_info", "_per_node")
-
-    def __init__(self, capacities: np.ndarray, info: dict[str, int], per_node: list[dict[str, int]],
-                 page_size: int = 0, window: int | None = None) -> None:
-        #: What each node holds: items, or pages of ``page_size`` bytes
-        #: for a plan in bytes.
-        self.capacities = capacities
-        #: 0 for a plan in items.
-        self.page_size = page_size
-        #: Steps a transfer window (``None``: transfers assumed in time).
-        self.window = window
-        self._info = info
-        self._per_node = per_node
-
-    def figures(self) -> ClusterFigures:
-        """These figures alone (what a node's other ranks receive)."""
-        return ClusterFigures(np.array(self.capacities, dtype=np.int64), dict(self._info),
-                              [dict(d) for d in self._per_node], self.page_size, self.window)
-
-    @property
-    def sized(self) -> bool:
-        """Whether capacities are in bytes (pages) rather than items."""
-        return self.page_size > 0
-
-    @property
-    def unplaced(self) -> int:
-        """Plans in bytes: generations no node had enough free pages for
-        (read from storage at each of their accesses instead)."""
-        return int(self._info["unplaced"])
-
-    @property
-    def unplaced_hits(self) -> int:
-        """The aggregate plan's hits lost to :attr:`unplaced` generations."""
-        return int(self._info["unplaced_hits"])
-
-    @property
-    def late(self) -> int:
-        """With windows: the aggregate plan's hits that cannot arrive in
-        time, read from storage instead (:data:`LATE`)."""
-        return int(self._info["late"])
-
-    @property
-    def alone(self) -> bool:
-        """Whether each node plans alone (``cluster_plan(alone=)``): every
-        hit local, nothing sent, because one plan over the cluster would
-        have read no fewer bytes from storage (or ``alone=True``)."""
-        return bool(self._info.get("alone", 0))
-
-    @property
-    def n_nodes(self) -> int:
-        return int(self.capacities.size)
-
-    @property
-    def accesses(self) -> int:
-        return int(self._info["accesses"])
-
-    def __len__(self) -> int:
-        return self.accesses
-
-    @property
-    def hits(self) -> int:
-        """Local and peer hits: the aggregate plan's hits."""
-        return int(self._info["hits"])
-
-    @property
-    def local_hits(self) -> int:
-        return int(self._info["local_hits"])
-
-    @property
-    def peer_hits(self) -> int:
-        return int(self._info["peer_hits"])
-
-    @property
-    def admits(self) -> int:
-        return int(self._info["admits"])
-
-    @property
-    def bypasses(self) -> int:
-        return int(self._info["bypasses"])
-
-    @property
-    def storage_reads(self) -> int:
-        """Admits and bypasses (LATE reads included)."""
-        return self.admits + self.bypasses
-
-    @property
-    def remote_admits(self) -> int:
-        """Admits kept at a node other than the one that read them (one
-        transfer each)."""
-        return int(self._info["remote_admits"])
-
-    @property
-    def storage_bytes(self) -> int:
-        return int(self._info["storage_bytes"])
-
-    @property
-    def peer_bytes(self) -> int:
-        """Every transfer between nodes, counted once (peer hits and admits
-        kept away from their reader)."""
-        return int(self._info["peer_bytes"])
-
-    @property
-    def checksum(self) -> int:
-        """XXH3-64 of the plan's fingerprint, the capacities and every
-        position's reader, kind and node."""
-        return int(self._info["checksum"])
-
-    def node_stats(self) -> list[dict[str, int]]:
-        """Per node, the counts of :data:`NODE_KEYS`."""
-        out = []
-        for n, d in enumerate(self._per_node):
-            out.append({
-                "capacity": int(self.capacities[n]),
-                "accesses": d["accesses"],
-                "local_hits": d["local_hits"],
-                "peer_hits": d["peer_hits"],
-                "storage_reads": d["admits"] + d["bypasses"],
-                "admits": d["admits"],
-                "bypasses": d["bypasses"],
-                "plan_storage_bytes": d["storage_bytes"],
-                "homed": d["homed"],
-                "peer_items_sent": d["peer_items_sent"],
-                "peer_items_received": d["peer_items_received"],
-                "peer_bytes_sent": d["peer_bytes_sent"],
-                "peer_bytes_received": d["peer_bytes_received"],
-                "peak_resident": d["peak_resident"],
-                "late": d["late"],
-                "warm": d["warm"],
-            })
-        return out
-
-    def stats(self) -> dict[str, Any]:
-        """Totals and per-node counts as plain JSON-ready values."""
-        T = self.accesses
-        return {
-            "accesses": T,
-            "nodes": self.n_nodes,
-            "alone": self.alone,
-            "capacity": int(self._info["capacity"]),
-            "hits": self.hits,
-            "local_hits": self.local_hits,
-            "peer_hits": self.peer_hits,
-            "admits": self.admits,
-            "bypasses": self.bypasses,
-            "remote_admits": self.remote_admits,
-            "page_size": self.page_size,
-            "unplaced": self.unplaced,
-            "unplaced_hits": self.unplaced_hits,
-            "window": self.window,
-            "late": self.late,
-            "warm": int(self._info["warm"]),
-            "hit_rate": self.hits / T if T else 0.0,
-            "local_hit_rate": self.local_hits / T if T else 0.0,
-            "peer_hit_rate": self.peer_hits / T if T else 0.0,
-            "storage_bytes": self.storage_bytes,
-            "peer_bytes": self.peer_bytes,
-            "checksum": f"{self.checksum:016x}",
-            "per_node": self.node_stats(),
-        }
-
-    def __repr__(self) -> str:
-        T = max(self.accesses, 1)
-        return (f"<{type(self).__name__} {self.accesses} accesses over {self.n_nodes} nodes, capacity "
-                f"{int(self._info['capacity'])}: local {self.local_hits / T:.4f}, peer {self.peer_hits / T:.4f}, "
-                f"storage {self.storage_reads / T:.4f}>")
 
 
 
@@ -353,18 +170,67 @@ class ClusterPlan(ClusterFigures):
         it read from storage to the item's home). A plan with windows adds
         ``window``, the window the transfer is sent in: the one before the
         peer hit's, the one after the ADMIT's."""
-        kinds, raw, reader = self.kinds, self._nodes, self.reader
-        peer = kinds == PEER_HIT
-        away = (kinds == ADMIT) & (raw != reader)
-        pos = np.flatnonzero(peer | away)
-        is_peer = peer[pos]
-        src = np.where(is_peer, raw[pos], reader[pos]).astype(np.int64)
-        dst = np.where(is_peer, reader[pos], raw[pos]).astype(np.int64)
+        return self._transfer_rows(self._transfer_positions(None, _CHUNK))
+
+    def transfers_of(self, node: int, chunk: int = 0) -> dict[str, np.ndarray]:
+        """Node ``node``'s rows of :meth:`transfers` (those it sends or
+        receives), the same keys, in timeline order, found without making
+        the whole cluster's table: one pass over the plan's kinds and nodes,
+        ``chunk`` positions at a time (0: the module's), whose masks are all
+        it allocates beside the node's rows."""
+        node = int(node)
+        if not 0 <= node < self.n_nodes:
+            raise InvalidInputError(f"node {node} is outside [0, {self.n_nodes})")
+        return self._transfer_rows(self._transfer_positions(node, chunk or _CHUNK))
+
+    def transfer_windows(self, chunk: int = 0) -> npt.NDArray[np.int64]:
+        """The windows in which some node sends something (sorted): the
+        distinct ``window`` values of :meth:`transfers`, found without making
+        its table (``chunk`` as in :meth:`transfers_of`)."""
+        if self.window is None:
+            raise InvalidInputError("this plan has no windows: plan with window= (steps a window)")
+        chunk = chunk or _CHUNK
+        win, step = int(self.window), self.timeline.step
+        # A transfer goes one window before (a peer hit) or after (an admit)
+        # the read's: index w + 1 holds window w.
+        seen = np.zeros(self.timeline.steps // win + 3, dtype=bool)
+        for a in range(0, self.kinds.size, chunk):
+            peer, away = self._transfer_masks(a, a + chunk)
+            w = step[a:a + chunk] // win
+            seen[w[peer]] = True
+            seen[w[away] + 2] = True
+        return np.flatnonzero(seen).astype(np.int64) - 1
+
+    def _transfer_masks(self, a: int, b: int) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+        """Positions [a, b) that are a transfer: peer hits (the holder
+        sends), and admits kept away from their reader (the reader sends)."""
+        kinds, raw = self.kinds[a:b], self._nodes[a:b]
+        return kinds == PEER_HIT, (kinds == ADMIT) & (raw != self.reader[a:b])
+
+    def _transfer_positions(self, node: int | None, chunk: int) -> npt.NDArray[np.int64]:
+        """The timeline positions of the transfers (``node``'s only, when
+        given), a chunk of positions at a time."""
+        parts = []
+        for a in range(0, self.kinds.size, chunk):
+            peer, away = self._transfer_masks(a, a + chunk)
+            mask = peer | away
+            if node is not None:
+                mask &= (self._nodes[a:a + chunk] == node) | (self.reader[a:a + chunk] == node)
+            parts.append(np.flatnonzero(mask) + a)
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    def _transfer_rows(self, pos: npt.NDArray[np.int64]) -> dict[str, np.ndarray]:
+        """:meth:`transfers`' rows of these transfer positions."""
+        kinds, raw, reader = self.kinds[pos], self._nodes[pos], self.reader[pos]
+        is_peer = kinds == PEER_HIT
+        src = np.where(is_peer, raw, reader).astype(np.int64)
+        dst = np.where(is_peer, reader, raw).astype(np.int64)
         item = self.seq[pos]
-        out = {"position": pos, "step": self.timeline.step[pos], "src": src, "dst": dst, "item": item,
-               "bytes": self.item_size(item), "kind": kinds[pos]}
+        step = self.timeline.step[pos]
+        out = {"position": pos, "step": step, "src": src, "dst": dst, "item": item,
+               "bytes": self.item_size(item), "kind": kinds}
         if self.window is not None:
-            out["window"] = self.windows()[pos] + np.where(is_peer, -1, 1)
+            out["window"] = step // self.window + np.where(is_peer, -1, 1)
         return out
 
     def node_plan(self, node: int) -> NodePlan:
@@ -451,7 +317,7 @@ class ClusterPlan(ClusterFigures):
         if not 0 <= node < self.n_nodes:
             raise InvalidInputError(f"node {node} is outside [0, {self.n_nodes})")
         mine = np.flatnonzero(self.reader == node)
-        tr = self.transfers()
+        tr = self.transfers_of(node)
         sends, receives = tr["src"] == node, tr["dst"] == node
         return {
             "node": node,

@@ -50,8 +50,8 @@ def choose(alone: bool | None, placed: Placed, seq: np.ndarray, items: int, read
 
 
 def nodes_alone(seq: np.ndarray, items: int, reader: np.ndarray, caps: np.ndarray, page: int,
-           sizes: np.ndarray | None, item_bytes: int, window_of: np.ndarray | None, prefix: int
-           ) -> Placed | str:
+                sizes: np.ndarray | None, item_bytes: int, window_of: np.ndarray | None, prefix: int
+                ) -> Placed | str:
     """Each node's own OPT plan over its own reads at its own capacity, as
     a cluster plan's kinds, nodes and figures (``cluster_plan(alone=True)``):
     each node placed by the engine as a cluster of one, so every hit is
@@ -62,8 +62,13 @@ def nodes_alone(seq: np.ndarray, items: int, reader: np.ndarray, caps: np.ndarra
     info: dict[str, int] = {}
     per_node: list[dict[str, int]] = []
     sums = []
+    # Each node's positions, in timeline order: one stable sort by node (not
+    # a pass over the timeline a node: 64 nodes at ImageNet-1k, 90 epochs).
+    by_node = np.argsort(reader, kind="stable")
+    counts = np.bincount(reader, minlength=caps.size)
+    ends = np.cumsum(counts)
     for n in range(caps.size):
-        mine = np.flatnonzero(reader == n)
+        mine = by_node[ends[n] - counts[n]:ends[n]]
         sub = seq[mine]
         if mine.size:
             need = 1 if sizes is None or page == 0 else -(-int(sizes[np.unique(sub)].max()) // page)

@@ -124,14 +124,21 @@ def test_warm_prefix_equals_reference(case: tuple, sized: bool, window: int | No
     assert cp.stats()["warm"] == int(kept.sum())
     # Every hit of the rest is the aggregate plan's, over prefix and rest.
     assert cp.hits + cp.late + cp.unplaced_hits == cp.plan.hits
-    if window is not None:  # each node's plan: its kept warm items first, stored, never read by a worker
-        for n in range(n_nodes):
-            np_ = cp.node_plan(n)
-            w = np.flatnonzero(np_.role == cluster.WARM)
-            assert w.tolist() == list(range(w.size))
-            assert sorted(np_.seq[w].tolist()) == sorted(cp.seq[:cp.prefix][kept & (cp.reader[:cp.prefix] == n)]
-                                                           .tolist())
-            cp.pool_plan(n, np_)  # the engine checks that it fits the node's capacity
+    if window is not None:
+        check_warm_node_plans(cp)
+
+
+def check_warm_node_plans(cp: cluster.ClusterPlan) -> None:
+    """Each node's plan: its kept warm items first, stored, never read by a
+    worker; and the pool's plan fits the node's capacity."""
+    kept = cp.kinds[:cp.prefix] == ADMIT
+    for n in range(cp.n_nodes):
+        np_ = cp.node_plan(n)
+        w = np.flatnonzero(np_.role == cluster.WARM)
+        assert w.tolist() == list(range(w.size))
+        assert sorted(np_.seq[w].tolist()) == sorted(cp.seq[:cp.prefix][kept & (cp.reader[:cp.prefix] == n)]
+                                                       .tolist())
+        cp.pool_plan(n, np_)  # the engine checks that it fits the node's capacity
 
 
 def test_warm_prefix_refused() -> None:
@@ -530,7 +537,9 @@ def test_nodes_alone_are_each_nodes_own_plan(case: tuple, sized: bool, window: i
         if mine.size and not cp.prefix:
             assert cp.node_stats()[n]["local_hits"] == reference.belady(cp.seq[mine].tolist(), caps[n],
                                                                          items=items).hits
-    if window is not None and not cp.prefix:  # (check_node_plans reads no warm prefix)
+    if window is not None and cp.prefix:
+        check_warm_node_plans(cp)
+    elif window is not None:
         check_node_plans(cp)
     auto = cluster_plan(seqs, node_of, caps, alone=None, **kw)
     expect = with_cluster.storage_bytes > (1 - cluster.MIN_SAVING) * cp.storage_bytes

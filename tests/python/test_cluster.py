@@ -548,6 +548,21 @@ def test_nodes_alone_are_each_nodes_own_plan(case: tuple, sized: bool, window: i
     assert np.array_equal(auto.kinds, (cp if expect else with_cluster).kinds)
 
 
+@given(st.lists(st.integers(0, 5), max_size=60), st.integers(1, 7))
+def test_positions_by_node_across_chunks(reader: list[int], chunk: int) -> None:
+    """Each node's positions, sorted a chunk at a time, are exactly where
+    it reads, in order, whatever the chunk."""
+    from opt4torch.planning import alone
+
+    r = np.asarray(reader, dtype=np.uint32)
+    saved, alone._CHUNK = alone._CHUNK, chunk
+    try:
+        got = alone.positions_by_node(r, 7)
+    finally:
+        alone._CHUNK = saved
+    assert [g.tolist() for g in got] == [np.flatnonzero(r == n).tolist() for n in range(7)]
+
+
 def test_two_nodes_of_a_quarter_plan_alone_and_four_do_not() -> None:
     """DistributedSampler shuffles, 4 epochs: two nodes that each hold a
     quarter of the dataset save under 1 % of the storage reads by one plan

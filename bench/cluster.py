@@ -160,7 +160,7 @@ def rank_main(args: argparse.Namespace) -> None:
         out.update({k: st.get(k) for k in ("hits", "plan_hits", "stall_rate", "fallbacks", "local_hits", "peer_hits",
                                            "plan_local_hits", "plan_peer_hits", "peer_bytes_sent",
                                            "peer_bytes_received", "plan_storage_bytes", "cluster_errors",
-                                           "plan_alone")})
+                                           "plan_alone", "exchange_thread_cpu_seconds")})
         if rt is None:  # a node planning alone: its plan's miss bytes
             plan = loader.cache.plan
             sizes = ds.item_sizes()
@@ -212,6 +212,7 @@ def summary(ranks: list[dict]) -> dict[str, Any]:
         out["peer_hits"] = sum(r["peer_hits"] for r in ranks)
         out["cluster_errors"] = sum(len(r["cluster_errors"] or []) for r in ranks)
         out["plan_alone"] = ranks[0]["plan_alone"]
+        out["exchange_thread_cpu_seconds"] = [r.get("exchange_thread_cpu_seconds") for r in ranks]
     return out
 
 

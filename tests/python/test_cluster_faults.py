@@ -61,6 +61,7 @@ def test_a_late_window_costs_storage_reads_and_the_next_ones_work(tmp_path) -> N
         # The exchange's rate: bytes sent and received a second inside the
         # collectives that worked, and in the live figures over each interval.
         assert st["exchange_seconds"] > 0
+        assert st["exchange_thread_cpu_seconds"] > 0  # the transfer thread's own CPU
         assert st["peer_bytes_per_s"] == pytest.approx(
             (st["peer_bytes_sent"] + st["peer_bytes_received"]) / st["exchange_seconds"])
         figs = rk["figures"]

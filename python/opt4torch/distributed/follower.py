@@ -44,8 +44,9 @@ class ClusterFollower:
     share the node's pool, and its first rank moves the items. Their
     ``stats()`` give the node's pool counters and the plan's figures; the
     measured transfers (``local_hits``, ``peer_hits``, ``peer_bytes_*``,
-    ``peer_items_*``, ``exchange_seconds``) and their faults
-    (``cluster_errors``, ``cluster_failed_windows``, ``cluster_regroups``)
+    ``peer_items_*``, ``exchange_seconds``, ``exchange_thread_cpu_seconds``)
+    and their faults (``cluster_errors``, ``cluster_failed_windows``,
+    ``cluster_regroups``)
     are the first rank's thread's to see, and are None here."""
 
     error: BaseException | None = None
@@ -73,5 +74,6 @@ class ClusterFollower:
     def stats(self, hits: int) -> dict[str, Any]:
         return {"local_hits": None, "peer_hits": None, "peer_bytes_sent": None, "peer_bytes_received": None,
                 "peer_items_sent": None, "peer_items_received": None, "peer_bytes_per_s": None,
-                "exchange_seconds": None, **self.plan_keys, "cluster_errors": None, "cluster_leader": self.leader,
+                "exchange_seconds": None, "exchange_thread_cpu_seconds": None, **self.plan_keys,
+                "cluster_errors": None, "cluster_leader": self.leader,
                 "cluster_failed_windows": None, "cluster_regroups": None}

@@ -155,6 +155,9 @@ class ClusterRuntime:
         self.own_sends = 0  # its reads of its SENDs (HITs of the plan)
         self.storage_reads = 0  # items it read from storage (forwards, and RECEIVEs whose window failed)
         self.begun_early = 0  # turns whose collective went out in the delivery before (_begin_early)
+        #: The thread's own CPU seconds so far (as of its last turn): what the
+        #: exchange takes of the cores training runs on.
+        self.thread_cpu = 0.0
 
     # ---- the thread ----
 
@@ -278,6 +281,7 @@ class ClusterRuntime:
                                           else None)
                     if early is not None:
                         begun, loading = early
+                    self.thread_cpu = time.thread_time()
         except BaseException as e:  # noqa: BLE001 - kept for stats(); the readers load instead
             self.error = e.with_traceback(None)  # no cycle through this frame (see Exchange.run)
         finally:
@@ -286,6 +290,7 @@ class ClusterRuntime:
                 self.exchange.complete(begun)
             self._in_window = None
             self._release(list(self._claims))
+            self.thread_cpu = time.thread_time()
 
     def _begin(self, k: int, readers: Executor) -> tuple[Window, list[Future[bytes]]]:
         """Turn k's start: window k + 1's forwards put to the readers (read
@@ -462,6 +467,7 @@ class ClusterRuntime:
             "peer_items_received": ex.items_received,
             "peer_bytes_per_s": ex.bytes_per_s,
             "exchange_seconds": ex.seconds,
+            "exchange_thread_cpu_seconds": self.thread_cpu,
             **self.plan_keys,
             "cluster_leader": self.leader,
             "cluster_errors": errors + ([f"{type(self.error).__name__}: {self.error}"] if self.error is not None

@@ -273,6 +273,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
       PyModule_AddIntConstant(m, "STORE_GIVEN_UP", OPT4_STORE_GIVEN_UP) < 0 ||
       PyModule_AddIntConstant(m, "STORE_DONE", OPT4_STORE_DONE) < 0 ||
       PyModule_AddIntConstant(m, "STORE_NOT_YET", OPT4_STORE_NOT_YET) < 0 ||
+      PyModule_AddIntConstant(m, "HEAD_BLOCK", OPT4_HEAD_BLOCK) < 0 ||
       /* the engine's defaults and limits (include/opt4.h): Python reads them here */
       PyModule_AddIntConstant(m, "DEFAULT_WAIT_TIMEOUT_MS", OPT4_DEFAULT_WAIT_TIMEOUT_MS) < 0 ||
       PyModule_AddIntConstant(m, "DEFAULT_MAX_PROCS", OPT4_DEFAULT_MAX_PROCS) < 0 ||

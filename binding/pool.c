@@ -844,6 +844,78 @@ static PyObject *pool_prefetch_store(PoolObject *self, PyObject *args) {
   return out;
 }
 
+/* prefetch_store_many(positions, records, timeout) -> (done, results): the
+ * claimed positions stored in order, each record one buffer, all without the
+ * GIL (a cluster node's transfer thread hands over a window's items so: one
+ * call, not two a item). Each is tried as prefetch_store(t, [record], True)
+ * is, and while that says STORE_NOT_YET (the consumers are still far from t)
+ * the call sleeps on their progress until they come near (32 positions).
+ * It returns once every position is done, or when such a wait ends without
+ * them near after timeout seconds (or at once on an interrupted handle):
+ * done positions, the first, are handed over or given up (results[j] as
+ * prefetch_store's); the caller holds the rest and decides (the loader may
+ * be ending), then calls again from there. */
+static PyObject *pool_prefetch_store_many(PoolObject *self, PyObject *args) {
+  PyObject *positions, *records;
+  double timeout;
+  if (!PyArg_ParseTuple(args, "OOd", &positions, &records, &timeout)) return NULL;
+  if (!(timeout >= 0)) return PyErr_Format(PyExc_ValueError, "timeout must be >= 0 seconds, got %g", timeout);
+  Py_ssize_t n = 0;
+  uint64_t *pos = positions_from(positions, &n);
+  if (pos == NULL) return NULL;
+  PyObject *out = NULL;
+  gathered g = {NULL, NULL, 0};
+  int *results = PyMem_Calloc((size_t)(n ? n : 1), sizeof *results);
+  if (results == NULL) {
+    PyErr_NoMemory();
+    goto leave;
+  }
+  if (gather(records, &g) < 0) goto leave;
+  if (g.n != n) {
+    PyErr_Format(PyExc_ValueError, "%zd positions but %zd records", n, g.n);
+    goto leave;
+  }
+  if (pool_enter(self) < 0) goto leave;
+  uint64_t ns = timeout > 1e9 ? UINT64_MAX : (uint64_t)(timeout * 1e9);
+  if (ns == 0) ns = 1; /* 0 would wait for good */
+  int rc = 0;
+  Py_ssize_t done = 0;
+  Py_BEGIN_ALLOW_THREADS for (; done < n && rc == 0; done++) {
+    const uint64_t near = pos[done] > OPT4_HEAD_BLOCK ? pos[done] - OPT4_HEAD_BLOCK : 0;
+    int result = OPT4_STORE_NOT_YET, reached = 0;
+    for (;;) {
+      /* Near: a store that waits (a consumer may wait for this item). */
+      rc = opt4_pool_wait_head(self->pool, near, 1, &reached);
+      if (rc == 0)
+        rc = reached ? opt4_pool_prefetch_store(self->pool, pos[done], &g.iov[done], 1, &result)
+                     : opt4_pool_prefetch_try_store(self->pool, pos[done], &g.iov[done], 1, &result);
+      if (rc != 0 || result != OPT4_STORE_NOT_YET) break;
+      rc = opt4_pool_wait_head(self->pool, near, ns, &reached);
+      if (rc != 0 || !reached) break;
+    }
+    if (rc == OPT4_EITEMSIZE) {
+      rc = 0;
+      result = -1;
+    }
+    if (rc != 0 || result == OPT4_STORE_NOT_YET) break;
+    results[done] = result;
+  }
+  Py_END_ALLOW_THREADS pool_leave(self);
+  if (rc != 0) {
+    opt4py_raise(rc, "prefetch store");
+    goto leave;
+  }
+  PyObject *list = PyList_New(done);
+  if (list == NULL) goto leave;
+  for (Py_ssize_t j = 0; j < done; j++) PyList_SET_ITEM(list, j, PyLong_FromLong(results[j]));
+  out = Py_BuildValue("(nN)", done, list);
+leave:
+  if (g.iov != NULL) gathered_release(&g);
+  PyMem_Free(results);
+  PyMem_Free(pos);
+  return out;
+}
+
 static PyObject *pool_prefetch_release(PoolObject *self, PyObject *arg) {
   unsigned long long t = PyLong_AsUnsignedLongLong(arg);
   if (t == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
@@ -918,6 +990,9 @@ static PyMethodDef pool_methods[] = {
      "prefetch_claim(lookahead) -> (status, t, item, kind, space)"},
     {"prefetch_claim_at", (PyCFunction)pool_prefetch_claim_at, METH_O,
      "prefetch_claim_at(t) -> (status, t, item, kind, space): the miss at t itself"},
+    {"prefetch_store_many", (PyCFunction)pool_prefetch_store_many, METH_VARARGS,
+     "prefetch_store_many(positions, records, timeout) -> (done, results): claimed positions stored in "
+     "order without the GIL, sleeping on the consumers' progress while they are far"},
     {"prefetch_store", (PyCFunction)pool_prefetch_store, METH_VARARGS,
      "prefetch_store(t, parts, try_only=False) -> 1 handed over, 0 given up, -1 too large, "
      "2 not yet (try_only)"},

@@ -937,8 +937,13 @@ int opt4_pool_prefetch_release(opt4_pool *pool, uint64_t t);
  * until the prefetchers have a head start. O(to - from). */
 int opt4_pool_prefetch_pending(opt4_pool *pool, uint64_t from, uint64_t to, uint64_t *pending);
 
+/* The consumers' progress moves in blocks of this many positions; a
+ * prefetcher's store is "near" (waits as for a consumer) once the consumers
+ * are within one block of it. */
+#define OPT4_HEAD_BLOCK 32u
+
 /* Sleep until the consumers' progress (the furthest position asked for,
- * in steps of 32) reaches position target, at most timeout_ns: on the word
+ * in steps of OPT4_HEAD_BLOCK) reaches position target, at most timeout_ns: on the word
  * the consumer that moves it wakes (a futex), not in a sleep loop. *reached
  * is 1 if it did. For a thread that must keep pace with the consumers (a
  * cluster's transfer thread, docs/cluster.md). An interrupted handle

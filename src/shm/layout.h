@@ -64,7 +64,7 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free");
 #define NO_GEN UINT32_MAX
 /* head moves in blocks of HEAD_BLOCK positions; a sleeper on head_seq
  * waits on bit (block % 32), or on all of them. */
-#define HEAD_BLOCK 32u
+#define HEAD_BLOCK OPT4_HEAD_BLOCK
 #define HEAD_ALL_BLOCKS 0xFFFFFFFFu
 
 #define PS_WORD(gen, st) (((uint64_t)(gen) << 32) | (uint64_t)(st))

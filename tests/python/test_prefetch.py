@@ -15,6 +15,8 @@ import sys
 import threading
 import time
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -250,6 +252,70 @@ def test_a_worker_commits_before_it_waits_for_a_prefetcher_that_waits_for_it() -
         st = cache.stats()
         assert st["timeouts"] == 0 and st["fallbacks"] == 0 and st["prefetched"] == 1, st
         assert elapsed < 10, elapsed  # not the 20 s timeout
+    finally:
+        pf.close()
+        cache.close()
+
+
+def _pairs_pool(n: int) -> tuple[Any, Any]:
+    """A pool of items 0 0 1 1 ... at capacity 1: item k's ADMIT (position
+    2k) replaces item k - 1, whose last read is position 2k - 1, so a store
+    ahead of the consumers must wait for them; and a handle that claims it."""
+    plan = opt4torch.plan(np.repeat(np.arange(n), 2), capacity=1, items=n)
+    cache = opt4torch.OPTCache(plan, 4096, wait_timeout=20)
+    return cache, _engine.pool_attach(cache.name)
+
+
+def test_prefetch_store_many_stores_in_order_as_the_consumers_come_near() -> None:
+    """The transfer thread's store of a window (pool.prefetch_store_many):
+    claimed positions stored in order in one call, each once the consumers
+    come near it; a wait that ends with them still far returns what was
+    done (none here), and a record larger than its space is -1, given to
+    its reader."""
+    from opt4torch.data import PlannedDataset
+
+    n = 100
+    items = [f"item {i}".encode() * (1 + i % 5) for i in range(n)]
+    items[75] = b"x" * 100_000  # larger than its page: too large to keep
+    cache, pf = _pairs_pool(n)
+    try:
+        claimed = list(range(n, 2 * n, 2))  # the ADMITs of items 50-99
+        for t in claimed:
+            assert pf.prefetch_claim_at(t)[0] == _engine.PREFETCH_CLAIMED
+        records = [b"".join(bytes(memoryview(p).cast("B")) for p in encode(items[t // 2])) for t in claimed]
+        t0 = time.monotonic()
+        assert pf.prefetch_store_many(claimed, records, 0.2) == (0, [])  # the consumers are at 0: far
+        assert 0.15 < time.monotonic() - t0 < 10
+        with pytest.raises(ValueError, match="50 positions but 1 records"):
+            pf.prefetch_store_many(claimed, records[:1], 0.2)
+        got: list[tuple[int, list[int]]] = []
+        store = threading.Thread(target=lambda: got.append(pf.prefetch_store_many(claimed, records, 30)))
+        store.start()
+        with pytest.warns(RuntimeWarning, match="does not fit its space"):  # item 75, which its reader loads
+            out = PlannedDataset(items, cache.name, 2 * n, n).__getitems__(list(range(2 * n)))
+        store.join(30)
+        assert out == [x for x in items for _ in range(2)]
+        done, results = got[0]
+        assert done == len(claimed)
+        assert results == [-1 if t == 150 else _engine.STORE_DONE for t in claimed]
+        st = cache.stats()
+        assert st["prefetched"] == len(claimed) - 1 and st["timeouts"] == 0, st
+    finally:
+        pf.close()
+        cache.close()
+
+
+def test_prefetch_store_many_returns_at_once_on_an_interrupted_handle() -> None:
+    """finish() interrupts the transfer thread's handle: a store_many whose
+    consumers are far returns then, with nothing done."""
+    cache, pf = _pairs_pool(40)
+    try:
+        assert pf.prefetch_claim_at(70)[0] == _engine.PREFETCH_CLAIMED
+        threading.Timer(0.3, pf.interrupt).start()
+        t0 = time.monotonic()
+        assert pf.prefetch_store_many([70], [b"record"], 60) == (0, [])
+        assert 0.2 < time.monotonic() - t0 < 10  # woken by the interrupt, not the 60 s
+        pf.prefetch_release(70)
     finally:
         pf.close()
         cache.close()

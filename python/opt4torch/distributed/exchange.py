@@ -53,7 +53,11 @@ from ..planning.clusterfigures import ClusterFigures
 from ..pool.codec import encode
 from .regroup import ExchangeGroup
 
-__all__ = ["Exchange", "NodeTransfers", "Window", "record_of", "routes"]
+__all__ = ["Exchange", "NodeTransfers", "Record", "Window", "record_of", "routes"]
+
+#: An item's record as it travels: bytes, or a view of the buffer it was read
+#: or received in (never copied out of it).
+Record = bytes | bytearray | memoryview
 
 #: Errors kept with their window (every failed window is counted in
 #: Exchange.failed; a node that left for good fails every window after).
@@ -150,7 +154,7 @@ class Window:
         self.items = self.moved = 0
         self.t0 = 0.0
         #: Waits for the collective's end; gives the records received and each node's closing flag.
-        self.received: Callable[[], tuple[list[bytes], list[bool]]] | None = None
+        self.received: Callable[[], tuple[list[Record], list[bool]]] | None = None
 
 
 class _ByWindow:
@@ -268,7 +272,7 @@ class Exchange:
         it again, or once closed)."""
         return self.groups.group
 
-    def keep_forward(self, node_index: int, record: bytes) -> None:
+    def keep_forward(self, node_index: int, record: Record) -> None:
         """The item at this node-plan position was read from storage for
         another node to keep (its record): hold it until the window that
         sends it."""
@@ -279,7 +283,7 @@ class Exchange:
         """The node-plan positions window k's collective brings items for."""
         return [at for _, _, at, _ in self._in.get(k)]
 
-    def run(self, k: int, read_pool: Callable[[int], bytes], closing: bool = False) -> bool:
+    def run(self, k: int, read_pool: Callable[[int], Record], closing: bool = False) -> bool:
         """Window k's exchange, a collective of every rank: ``read_pool(i)``
         gives the record this node's pool holds for node-plan position i
         (its SENDs; ``b""`` sends it empty). ``closing``: this node's flag,
@@ -289,7 +293,7 @@ class Exchange:
         their group again after an earlier one did."""
         return self.complete(self.begin(k, read_pool, closing))
 
-    def begin(self, k: int, read_pool: Callable[[int], bytes], closing: bool = False) -> Window:
+    def begin(self, k: int, read_pool: Callable[[int], Record], closing: bool = False) -> Window:
         """Window k's exchange issued: what this node sends packed, and the
         collective started (gloo runs it in a thread of its own), so that
         the caller can store what the window before brought meanwhile
@@ -300,7 +304,7 @@ class Exchange:
         if k not in self._windows:
             w.ok = True
             return w
-        parts: list[list[bytes]] = [[] for _ in range(self.world)]
+        parts: list[list[Record]] = [[] for _ in range(self.world)]
         for d, t, kd, _ in self._out.get(k):
             assert kd in (PEER_HIT, ADMIT)
             parts[d].append(read_pool(self._send_at[t]) if kd == PEER_HIT else self.outbox.pop(t, b""))
@@ -360,8 +364,8 @@ class Exchange:
         w.ok = True
         return True
 
-    def _two_collectives(self, k: int, group: Any, parts: list[list[bytes]],
-                         closing: bool) -> tuple[int, list[bytes], list[bool]]:
+    def _two_collectives(self, k: int, group: Any, parts: list[list[Record]],
+                         closing: bool) -> tuple[int, list[Record], list[bool]]:
         """Window k's items without bounds on their sizes: each pair's
         closing flag and its items' lengths first, then the bytes. Returns
         the bytes sent, the records received, in the order of
@@ -386,12 +390,12 @@ class Exchange:
         recv = torch.empty(int(got_sizes.sum()), dtype=torch.uint8)
         self.groups.all_to_all(group, recv, send, [int(x.sum()) for x in per_src],
                                [int(x.sum()) for x in lengths])
-        data = recv.numpy().tobytes()
+        data = memoryview(recv.numpy())
         offsets = np.concatenate([[0], np.cumsum(got_sizes.numpy())]).tolist()
         return len(blob), [data[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)], flags
 
-    def _one_collective(self, k: int, group: Any, parts: list[list[bytes]],
-                        closing: bool) -> tuple[int, Callable[[], tuple[list[bytes], list[bool]]]]:
+    def _one_collective(self, k: int, group: Any, parts: list[list[Record]],
+                        closing: bool) -> tuple[int, Callable[[], tuple[list[Record], list[bool]]]]:
         """Window k's items in one collective: every item has its room (its
         record's bound, which both sides know from the plan), so each pair's
         bytes are known before anything is sent. A pair's part is the
@@ -430,10 +434,11 @@ class Exchange:
         buffers = (torch.from_numpy(send), recv)  # both kept until the collective ends
         work = self.groups.all_to_all(group, recv, buffers[0], expect, counts, wait=False)
 
-        def received() -> tuple[list[bytes], list[bool]]:
+        def received() -> tuple[list[Record], list[bool]]:
             work.wait()
             data = buffers[1].numpy()
-            got: list[bytes] = []
+            view = memoryview(data)  # the records stay views of the one buffer received, not copies
+            got: list[Record] = []
             heads: list[int] = []
             at = 0
             for s in range(self.world):
@@ -445,7 +450,7 @@ class Exchange:
                 for r, n in zip(rs, lens):
                     if not 0 <= n <= r:
                         raise ValueError(f"window {k}: group rank {s} sent an item of {n} bytes for a room of {r}")
-                    got.append(data[at:at + n].tobytes())
+                    got.append(view[at:at + n])
                     at += r
             return got, _flags(k, np.array(heads, dtype=np.int64))
 
@@ -466,7 +471,7 @@ class Exchange:
         moved = self.bytes_sent + self.bytes_received
         return moved / self.seconds if self.seconds > 0 else None
 
-    def take(self, node_index: int) -> bytes | None:
+    def take(self, node_index: int) -> Record | None:
         """The record received for this node-plan position, or None when its
         window's collective failed (or an empty one came: a forward lost)."""
         got = self.inbox.pop(node_index, None)

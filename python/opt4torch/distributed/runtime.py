@@ -26,8 +26,9 @@ from .. import _engine
 from ..io.forksafe import ForkGate
 from ..planning.sizing import CODEC_MARGIN
 from ..planning.cluster import FROM_PEER, RECEIVE, SEND, WORKER, NodePlan
-from .exchange import Exchange, NodeTransfers, Window, record_of
+from .exchange import Exchange, NodeTransfers, Record, Window, record_of
 from .follower import plan_keys
+from .pace import turn_paces
 
 __all__ = ["ClusterRuntime"]
 
@@ -55,7 +56,7 @@ class ClusterRuntime:
     it still holds when it stops, it releases.
     """
 
-    def __init__(self, transfers: NodeTransfers, node_plan: NodePlan, pool_name: str, dataset: Any, *, reader: Any,
+    def __init__(self, transfers: NodeTransfers, node_plan: NodePlan, pool_name: str, dataset: Any, *,
                  allow_pickle: bool = False, group: Any = None, peers: list[int] | None = None,
                  storage_sizes: np.ndarray | None = None, timeout: float = 60.0,
                  epoch_starts: list[int] | None = None) -> None:
@@ -92,45 +93,17 @@ class ClusterRuntime:
         self._sends: dict[int, list[int]] = {}
         for i in np.flatnonzero(p.role == SEND).tolist():
             self._sends.setdefault(int(p.window[i]), []).append(i)
-        self._sent: dict[int, bytes] = {}  # node-plan index: record read, until its collective
+        self._sent: dict[int, Record] = {}  # node-plan index: record read (a buffer), until its collective
         # Turn k runs window k's collective and hands over what window k + 1
-        # gets (its forwards, and what the collective brought).
+        # gets (its forwards, and what the collective brought), at its pace.
         self._turns = sorted(set(self.exchange.windows) | {w - 1 for w in self._forwards})
-        # Pace: turn k comes once the workers asked for the reads of window
-        # k - 1 (the first of them, or the last read of all), in the blocks
-        # of 32 positions the pool counts their progress in.
-        # A turn whose read shares its block with its epoch's first read
-        # (``epoch_starts``: node-plan positions) waits for the block after:
-        # else the last reads of the epoch before, or the thread's own reads
-        # of the new epoch's first window, would count as its pace, on the
-        # nodes where the block's edge falls so, and at an epoch's end the
-        # nodes would disagree on their last turn (one of them then waits out
-        # cluster_timeout in a collective nobody else comes to). Never past
-        # the first read of window k + 1, which may wait for turn k's items.
-        reads = p.reads
-        starts = np.sort(np.asarray(epoch_starts if epoch_starts is not None else [], dtype=np.int64))
-        self._pace = {}
-        for k in self._turns:
-            j = int(np.searchsorted(p.window[reads], k - 1)) if reads.size else 0
-            r = int(reads[min(j, reads.size - 1)]) if reads.size else 0
-            self._pace[k] = r // 32 * 32
-            e = int(np.searchsorted(starts, r, side="right")) - 1
-            if reads.size and e >= 0 and int(starts[e]) // 32 == r // 32:
-                after = int(np.searchsorted(p.window[reads], k + 1))
-                cap = int(reads[min(after, reads.size - 1)]) // 32 * 32  # or the last read's block
-                self._pace[k] = max(r // 32 * 32, min(r // 32 * 32 + 32, cap))
-        # The pace of the last read: the workers got there unless the run was cut.
-        self._end = int(reads[-1]) // 32 * 32 if reads.size else 0
+        self._pace, self._end = turn_paces(p, self._turns, epoch_starts)
         #: Threads reading forwards from storage at once. A first epoch's
         #: window has most of a node's reads as forwards (92 of 128 in
         #: bench/cluster.py); at 8 threads and 10 ms a read their wait was a
         #: third of the transfer thread's time (bench/RESULTS.md).
         self.readers = 32
-        # Reads of its own positions (RECEIVEs, SENDs), as a worker reads.
-        # The node's pool as a worker reads it (the loader's PlannedDataset):
-        # a RECEIVE is read here as a worker would.
-        self._view = reader
-        self._view_pool: Any = None
+        self._view_pool: Any = None  # the thread's handle for reads of its own positions
         self.timeout = float(timeout)  # a collective's, at most
         # Workers that are not persistent are forked every epoch while the
         # thread runs. Its calls of the dataset (which may take the user's
@@ -253,7 +226,7 @@ class ClusterRuntime:
         try:
             # The handle its reads of its own positions take (one a thread),
             # for finish() to interrupt.
-            self._view_pool = self._view._pool()
+            self._view_pool = _engine.pool_attach(self._pool_name)
             with ThreadPoolExecutor(max_workers=self.readers, thread_name_prefix="opt4-cluster-read") as readers:
                 loading: list[Future[bytes]] = []
                 for n, k in enumerate(self._turns):
@@ -290,6 +263,8 @@ class ClusterRuntime:
                 self.exchange.complete(begun)
             self._in_window = None
             self._release(list(self._claims))
+            if self._view_pool is not None:
+                self._view_pool.close()
             self.thread_cpu = time.thread_time()
 
     def _begin(self, k: int, readers: Executor) -> tuple[Window, list[Future[bytes]]]:
@@ -368,35 +343,67 @@ class ClusterRuntime:
         with self._gate.busy():
             return record_of(self.dataset[int(self.plan.seq[i])], self.allow_pickle)
 
-    def _hand_over(self, i: int, record: bytes) -> bool:
-        """Store the claimed position i, in position order with the others:
-        a store waits for the reads of what it replaces (pages, a staging
-        slot), which only positions before it hold. While the workers are
-        far from i, sleep on their progress instead of waiting out a store's
-        timeout."""
-        if i not in self._claims:
-            return False
-        near = max(0, i - 32)
-        while True:
-            ending = self._ending()  # an ending loader's workers may read no further: no waiting on them
-            if not ending and self._pool.wait_head(near, _NOW):
-                r = self._pool.prefetch_store(i, [record])
+    def _hand_over(self, items: list[tuple[int, Record]]) -> list[bool]:
+        """Store the claimed positions (with their records), in position
+        order with the others: a store waits for the reads of what it
+        replaces (pages, a staging slot), which only positions before it
+        hold. One call into C stores them without the GIL, sleeping on the
+        workers' progress while they are far from the next one; it comes
+        back every half second for this thread to look whether the loader
+        is ending. Whether each was handed over (False: given up, released,
+        or not claimed: its reader loads it)."""
+        done = [False] * len(items)
+        todo = [(j, i, r) for j, (i, r) in enumerate(items) if i in self._claims]
+        while todo:
+            if self._ending():
+                # An ending loader's workers may read no further: one try each, no waiting on them.
+                for j, i, record in todo:
+                    r = self._pool.prefetch_store(i, [record], True)
+                    if r == _engine.STORE_NOT_YET:
+                        self._release([i])
+                    else:
+                        self._claims.discard(i)
+                        done[j] = r == _engine.STORE_DONE
+                return done
+            n, results = self._pool.prefetch_store_many([i for _, i, _ in todo], [r for _, _, r in todo], 0.5)
+            for (j, i, _), r in zip(todo, results):
+                self._claims.discard(i)
+                done[j] = r == _engine.STORE_DONE
+            todo = todo[n:]
+            if todo and self._stop.is_set():
+                self._release([i for _, i, _ in todo])
                 break
-            r = self._pool.prefetch_store(i, [record], True)
-            if r != _engine.STORE_NOT_YET:
-                break
-            if self._stop.is_set() or ending:
-                self._release([i])
-                return False
-            self._pool.wait_head(near, 0.5)
-        self._claims.discard(i)
-        return r == _engine.STORE_DONE
+        return done
 
     def _read_send(self, i: int) -> None:
         self.own_sends += 1  # a HIT of the plan: counted in the pool's hits
-        self._sent[i] = record_of(self._view[i], self.allow_pickle)
+        record = self._read_own(i, keep=True)
+        assert record is not None
+        self._sent[i] = record
 
-    def _send_record(self, i: int) -> bytes:
+    def _read_own(self, i: int, keep: bool) -> Record | None:
+        """Read node-plan position i (a SEND, or a RECEIVE just stored) as a
+        worker reads it: counted in the pool's hits, and owed to its
+        generation. The record comes as the pool holds it (a view of the
+        read's copy), never decoded and encoded again. Where the pool does
+        not hold it (a store given up), it is loaded from storage when
+        ``keep`` (a SEND's, to send) or when its position is an ADMIT (its
+        reader then stores it, as a worker does), else not at all."""
+        data, entries = self._view_pool.read_batch([i])
+        status, _, a, b = entries[0]
+        if status == _engine.ENTRY_HIT:
+            return memoryview(data)[a:a + b]
+        if status != _engine.ENTRY_LOAD:  # one position alone: neither deferred nor served later
+            raise RuntimeError(f"node-plan position {i} was read as status {status}: the pool does not hold "
+                               "this node's plan")
+        if a != _engine.REASON_ADMIT and not keep:
+            return None
+        record = self._load(i)
+        if a == _engine.REASON_ADMIT:
+            self._view_pool.store_batch([(i, [record])])
+        return record
+
+    def _send_record(self, i: int) -> Record:
         if i not in self._sent:
             self._read_send(i)
         return self._sent.pop(i)
@@ -405,31 +412,47 @@ class ClusterRuntime:
                  then: Callable[[], T] | None = None) -> T | None:
         """Everything window k + 1 gets from this thread, in position order:
         its forwards, and what window k's collective brought; and the reads
-        of its SENDs, kept for window k + 1's collective. Returns what
-        ``then()`` returns, called once those reads are done."""
+        of its SENDs, kept for window k + 1's collective. The stores between
+        two reads go into C as one call. Returns what ``then()`` returns,
+        called once those reads are done."""
         incoming = {i: (self.exchange.take(i) if ok else None) for i in self.exchange.incoming(k)}
         sends = set(self._sends.pop(k + 1, []))
         last_send = max(sends, default=-1)
         done: T | None = None
+        stores: list[tuple[int, Record]] = []
+        kinds: list[str] = []
+
+        def store() -> None:
+            for kind, ok in zip(kinds, self._hand_over(stores)):
+                self.handed_over[kind] += ok
+            stores.clear()
+            kinds.clear()
+
         for i in sorted([*forwards, *incoming, *sends]):
             if then is not None and i > last_send:
+                store()
                 done, then = then(), None
             if i in sends:
+                store()
                 if not self._ending():  # read for a collective an ending loader never runs
                     self._read_send(i)
             elif i in forwards:
-                self.handed_over["forward"] += self._hand_over(i, forwards[i])
+                stores.append((i, forwards[i]))
+                kinds.append("forward")
             elif i in self._receive:
+                store()  # before a load from storage, which the workers may not wait for
                 record = incoming[i]
-                if record is None:
-                    record = self._load(i)
-                self.handed_over["receive"] += self._hand_over(i, record)
+                stores.append((i, record if record is not None else self._load(i)))
+                kinds.append("receive")
+                store()
                 if not self._ending():  # an ending loader's reads are over
-                    self._view[i]  # its read, as a worker's: the generation owes it
+                    self._read_own(i, keep=False)  # its read, as a worker's: the generation owes it
             elif (peer := incoming[i]) is not None:
-                self.handed_over["peer"] += self._hand_over(i, peer)
+                stores.append((i, peer))
+                kinds.append("peer")
             else:
                 self._release([i])
+        store()
         return then() if then is not None else done
 
     def _release(self, positions: list[int]) -> None:

@@ -286,13 +286,11 @@ def _epoch_lengths(sampler: Any, epochs: int) -> list[int]:
         sampler.set_epoch(kept)
 
 
-def cluster_pool(c: ClusterSetup, dataset: Any, *, reader: Any, allow_pickle: bool, wait_timeout: float,
+def cluster_pool(c: ClusterSetup, dataset: Any, *, allow_pickle: bool, wait_timeout: float,
                  staging: int | None, timeout: float) -> OPTCache:
     """This node's pool: made by the node's leader, with its transfers
     (claimed before any prefetcher's), attached by the node's other ranks,
-    which follow the leader's transfers. ``reader(pool_name, accesses)``
-    gives the dataset as a worker reads it (the transfers read RECEIVEs as a
-    worker would)."""
+    which follow the leader's transfers."""
     import torch.distributed as dist
 
     plan = c.plan
@@ -313,9 +311,9 @@ def cluster_pool(c: ClusterSetup, dataset: Any, *, reader: Any, allow_pickle: bo
                 kept, loaded = warm_pool(c.held, cache, dataset, allow_pickle)
                 cache._earlier.update(kept=kept, kept_loaded=loaded)
             cache.transfers = ClusterRuntime(
-                c.transfers, c.node_plan, cache.name, dataset, reader=reader(cache.name, len(c.node_plan)),
-                allow_pickle=allow_pickle, group=c.exchange_group, peers=c.peers, storage_sizes=c.storage_sizes,
-                timeout=timeout, epoch_starts=[int(s[0]) for s in c.starts if s.size])
+                c.transfers, c.node_plan, cache.name, dataset, allow_pickle=allow_pickle, group=c.exchange_group,
+                peers=c.peers, storage_sizes=c.storage_sizes, timeout=timeout,
+                epoch_starts=[int(s[0]) for s in c.starts if s.size])
         dist.all_gather_object(name, cache.name if cache is not None else None, group=c.group)
     finally:  # the node's ranks mapped its share before this gather
         remove_share(c.share)

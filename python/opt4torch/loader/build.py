@@ -327,7 +327,7 @@ def build_local(dataset: Any, o: Options, transform: Callable[[Any], Any] | None
                  units=units, dist_sampler=dist_sampler)
 
 
-def build_cluster(dataset: Any, o: Options, reader: Callable[[str, int], Any]) -> Built:
+def build_cluster(dataset: Any, o: Options) -> Built:
     """``cluster=True`` (issue 18; docs/cluster.md): one plan over every
     node's memory. This rank's node keeps a pool that runs its part of
     the plan, and a transfer thread of the loader's own exchanges items
@@ -357,7 +357,7 @@ def build_cluster(dataset: Any, o: Options, reader: Callable[[str, int], Any]) -
                       epochs=o.epochs, cache_bytes=o.cache_bytes, cache_items=o.cache_items,
                       item_bytes=o.item_bytes, page_size=o.page_size, allow_pickle=o.allow_pickle, window=window,
                       timeout=timeout, alone=o.cluster_alone, progress=o.progress, probe=probe_item_bytes)
-    cache = cluster_pool(c, dataset, reader=reader, allow_pickle=o.allow_pickle, wait_timeout=o.wait_timeout,
+    cache = cluster_pool(c, dataset, allow_pickle=o.allow_pickle, wait_timeout=o.wait_timeout,
                          staging=o.staging_slots, timeout=timeout)
     seed = None if o.sampler is not None else (0 if o.seed is None else int(o.seed))  # cluster_setup's
     return Built(cache=cache, starts=c.starts, own=c.own, floors=c.floors, seed=seed, seed_drawn=False,

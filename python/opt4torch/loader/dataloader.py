@@ -167,10 +167,7 @@ class DataLoader(Checkpoints, Replans, tud.DataLoader[Any]):
             cluster_timeout=cluster_timeout, cluster_alone=cluster_alone)
         self._reporter = Reporter.make(log_every, on_stats, tensorboard)
 
-        def reader(pool_name: str, accesses: int) -> PlannedDataset:  # a cluster's transfers read as workers do
-            return PlannedDataset(dataset, pool_name, accesses, len(dataset), allow_pickle=allow_pickle)
-
-        built = build_cluster(dataset, o, reader) if cluster else build_local(dataset, o, transform)
+        built = build_cluster(dataset, o) if cluster else build_local(dataset, o, transform)
         if built.units is not None:
             dataset, transform = built.units
         self._wire(dataset, built, batched=o.batched or cluster,

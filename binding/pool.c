@@ -885,10 +885,11 @@ static PyObject *pool_prefetch_store_many(PoolObject *self, PyObject *args) {
     int result = OPT4_STORE_NOT_YET, reached = 0;
     for (;;) {
       /* Near: a store that waits (a consumer may wait for this item). */
-      rc = opt4_pool_wait_head(self->pool, near, 1, &reached);
+      uint64_t head = 0;
+      rc = opt4_pool_head(self->pool, &head);
       if (rc == 0)
-        rc = reached ? opt4_pool_prefetch_store(self->pool, pos[done], &g.iov[done], 1, &result)
-                     : opt4_pool_prefetch_try_store(self->pool, pos[done], &g.iov[done], 1, &result);
+        rc = head >= near ? opt4_pool_prefetch_store(self->pool, pos[done], &g.iov[done], 1, &result)
+                          : opt4_pool_prefetch_try_store(self->pool, pos[done], &g.iov[done], 1, &result);
       if (rc != 0 || result != OPT4_STORE_NOT_YET) break;
       rc = opt4_pool_wait_head(self->pool, near, ns, &reached);
       if (rc != 0 || !reached) break;
@@ -955,6 +956,16 @@ static PyObject *pool_wait_head(PoolObject *self, PyObject *args) {
   return PyBool_FromLong(reached);
 }
 
+/* head() -> the consumers' progress now, without waiting (a look). */
+static PyObject *pool_head(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
+  if (pool_enter(self) < 0) return NULL;
+  uint64_t head = 0;
+  int rc = opt4_pool_head(self->pool, &head);
+  pool_leave(self);
+  if (rc != 0) return opt4py_raise(rc, "head");
+  return PyLong_FromUnsignedLongLong(head);
+}
+
 static PyObject *pool_interrupt(PoolObject *self, PyObject *Py_UNUSED(ignored)) {
   if (self->pool == NULL) Py_RETURN_NONE;
   opt4_pool_interrupt(self->pool);
@@ -963,6 +974,8 @@ static PyObject *pool_interrupt(PoolObject *self, PyObject *Py_UNUSED(ignored)) 
 
 static PyMethodDef pool_methods[] = {
     {"close", (PyCFunction)pool_close, METH_NOARGS, "Detach (does not remove the pool)."},
+    {"head", (PyCFunction)pool_head, METH_NOARGS,
+     "head() -> the consumers' progress now (the position wait_head waits on), without waiting"},
     {"wait_head", (PyCFunction)pool_wait_head, METH_VARARGS,
      "wait_head(target, timeout) -> bool: sleep until the consumers reach position target"},
     {"unlink", (PyCFunction)pool_unlink, METH_NOARGS, "Remove the pool's segments."},

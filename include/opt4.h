@@ -950,6 +950,11 @@ int opt4_pool_prefetch_pending(opt4_pool *pool, uint64_t from, uint64_t to, uint
  * returns at once. */
 int opt4_pool_wait_head(opt4_pool *pool, uint64_t target, uint64_t timeout_ns, int *reached);
 
+/* The consumers' progress now (what opt4_pool_wait_head waits on), without
+ * waiting: a look costs a load, where a wait of any timeout costs a system
+ * call. */
+int opt4_pool_head(const opt4_pool *pool, uint64_t *head);
+
 /* Make every wait on this handle, in progress (from another thread) or
  * later, end at once as if timed out: for shutting a prefetch thread down
  * without waiting out the pool's timeout. Only that handle is affected. */

@@ -272,6 +272,12 @@ int opt4_pool_wait_head(opt4_pool *pool, uint64_t target, uint64_t timeout_ns, i
   return 0;
 }
 
+int opt4_pool_head(const opt4_pool *pool, uint64_t *head) {
+  if (pool == NULL || head == NULL) return opt4__fail(OPT4_EINVAL, "pool or head is NULL");
+  *head = atomic_load(&pool->h->head);
+  return 0;
+}
+
 int opt4_pool_interrupt(opt4_pool *pool) {
   if (pool == NULL) return opt4__fail(OPT4_EINVAL, "pool is NULL");
   atomic_store(&pool->interrupted, 1);

@@ -283,6 +283,7 @@ def test_prefetch_store_many_stores_in_order_as_the_consumers_come_near() -> Non
         for t in claimed:
             assert pf.prefetch_claim_at(t)[0] == _engine.PREFETCH_CLAIMED
         records = [b"".join(bytes(memoryview(p).cast("B")) for p in encode(items[t // 2])) for t in claimed]
+        assert pf.head() == 0  # a look at the consumers' progress, which wait_head waits on
         t0 = time.monotonic()
         assert pf.prefetch_store_many(claimed, records, 0.2) == (0, [])  # the consumers are at 0: far
         assert 0.15 < time.monotonic() - t0 < 10
@@ -297,6 +298,8 @@ def test_prefetch_store_many_stores_in_order_as_the_consumers_come_near() -> Non
         assert out == [x for x in items for _ in range(2)]
         done, results = got[0]
         assert done == len(claimed)
+        assert pf.head() == (2 * n - 1) // _engine.HEAD_BLOCK * _engine.HEAD_BLOCK  # the last read's block
+        assert pf.wait_head(pf.head(), 0.01) and not pf.wait_head(pf.head() + 1, 0.01)
         assert results == [-1 if t == 150 else _engine.STORE_DONE for t in claimed]
         st = cache.stats()
         assert st["prefetched"] == len(claimed) - 1 and st["timeouts"] == 0, st

@@ -34,10 +34,6 @@ __all__ = ["ClusterRuntime"]
 
 T = TypeVar("T")
 
-#: A wait_head() timeout that only looks: a timeout of 0 waits for good (the
-#: futex's), which a check of the workers' progress must never do.
-_NOW = 1e-9
-
 
 class ClusterRuntime:
     """A node's transfer thread (docs/cluster.md, "The receive side, under
@@ -211,7 +207,7 @@ class ClusterRuntime:
         except Exception:  # noqa: BLE001 - the pool is gone: nobody reads any more
             return False
         try:
-            return bool(watch.wait_head(self._end, _NOW))
+            return watch.head() >= self._end
         finally:
             watch.close()
 
@@ -285,7 +281,7 @@ class ClusterRuntime:
         SENDs (docs/cluster.md, "The order within a window matters"): only
         at its pace, not ending, and with one collective a window (two run
         to their end as issued); else it starts in _run as any turn."""
-        if self.exchange.rooms is None or self._ending() or not self._pool.wait_head(self._pace[k], _NOW):
+        if self.exchange.rooms is None or self._ending() or self._pool.head() < self._pace[k]:
             return None
         self.begun_early += 1
         return self._begin(k, readers)
@@ -330,7 +326,7 @@ class ClusterRuntime:
         import torch.distributed as dist
 
         while not self._stop.is_set() and dist.is_initialized():
-            if self._finishing.is_set() or self._pool.wait_head(self._pace[k], _NOW):
+            if self._finishing.is_set() or self._pool.head() >= self._pace[k]:
                 return True
             if self._ending():
                 return False

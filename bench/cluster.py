@@ -167,6 +167,13 @@ def rank_main(args: argparse.Namespace) -> None:
             out["plan_storage_bytes"] = int(sizes[plan.seq[plan.kinds != opt4torch.HIT]].sum())
         loader.cache.close()
     out["close_seconds"] = time.perf_counter() - closing  # the transfer thread's last turns, and close()
+    # The CPU the rank's process took (every thread: training, transfers,
+    # prefetchers, gloo) and its workers' (reaped: not persistent).
+    import resource
+
+    out["process_cpu_seconds"] = time.process_time()
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["workers_cpu_seconds"] = kids.ru_utime + kids.ru_stime
     with open(f"{args.out}.{rank}.json", "w") as f:
         json.dump(out, f)
     dist.barrier()
@@ -213,6 +220,8 @@ def summary(ranks: list[dict]) -> dict[str, Any]:
         out["cluster_errors"] = sum(len(r["cluster_errors"] or []) for r in ranks)
         out["plan_alone"] = ranks[0]["plan_alone"]
         out["exchange_thread_cpu_seconds"] = [r.get("exchange_thread_cpu_seconds") for r in ranks]
+    out["process_cpu_seconds"] = [r.get("process_cpu_seconds") for r in ranks]
+    out["workers_cpu_seconds"] = [r.get("workers_cpu_seconds") for r in ranks]
     return out
 
 

@@ -844,75 +844,154 @@ static PyObject *pool_prefetch_store(PoolObject *self, PyObject *args) {
   return out;
 }
 
-/* prefetch_store_many(positions, records, timeout) -> (done, results): the
- * claimed positions stored in order, each record one buffer, all without the
- * GIL (a cluster node's transfer thread hands over a window's items so: one
- * call, not two a item). Each is tried as prefetch_store(t, [record], True)
- * is, and while that says STORE_NOT_YET (the consumers are still far from t)
- * the call sleeps on their progress until they come near (32 positions).
- * It returns once every position is done, or when such a wait ends without
- * them near after timeout seconds (or at once on an interrupted handle):
- * done positions, the first, are handed over or given up (results[j] as
- * prefetch_store's); the caller holds the rest and decides (the loader may
- * be ending), then calls again from there. */
-static PyObject *pool_prefetch_store_many(PoolObject *self, PyObject *args) {
-  PyObject *positions, *records;
+/* Store claimed position t as prefetch_store(t, [record], True) would, and
+ * while that says STORE_NOT_YET (the consumers are still far from t) sleep
+ * on their progress until they come within a block, then store as a waiting
+ * store (a consumer may wait for this item). *result: prefetch_store's
+ * (-1 too large), or OPT4_STORE_NOT_YET when a wait of ns ended with the
+ * consumers still far (or at once on an interrupted handle). */
+static int store_near(opt4_pool *pool, uint64_t t, const opt4_iovec *record, uint64_t ns, int *result) {
+  const uint64_t near = t > OPT4_HEAD_BLOCK ? t - OPT4_HEAD_BLOCK : 0;
+  int rc = 0, reached = 0;
+  *result = OPT4_STORE_NOT_YET;
+  for (;;) {
+    uint64_t head = 0;
+    rc = opt4_pool_head(pool, &head); /* a look: a load, not a system call */
+    if (rc == 0)
+      rc = head >= near ? opt4_pool_prefetch_store(pool, t, record, 1, result)
+                        : opt4_pool_prefetch_try_store(pool, t, record, 1, result);
+    if (rc != 0 || *result != OPT4_STORE_NOT_YET) break;
+    rc = opt4_pool_wait_head(pool, near, ns, &reached);
+    if (rc != 0 || !reached) break;
+  }
+  if (rc == OPT4_EITEMSIZE) {
+    *result = -1;
+    return 0;
+  }
+  return rc;
+}
+
+/* The ops of prefetch_deliver. */
+enum { DELIVER_STORE = 0, DELIVER_READ = 1 };
+
+/* prefetch_deliver(positions, ops, records, timeout, reader) -> (done, data,
+ * results): a cluster node's transfer thread's delivery of a window, in
+ * position order, in one call without the GIL (docs/cluster.md, "The run
+ * time"). ops[j] (bytes-like, one a position) says what to do at
+ * positions[j]: DELIVER_STORE stores the next of records (one buffer each)
+ * at that claimed position of this handle (store_near); DELIVER_READ reads
+ * it through reader (another handle of the same pool) as a worker reads it,
+ * its record copied into data. results[j] is (code, a, b): a store's
+ * (prefetch_store's result, 0, 0); a read's as read_batch's entry (ENTRY_HIT:
+ * offset in data and length; ENTRY_LOAD: the reason). It stops after a read
+ * that is not a HIT (the caller loads it as a worker would) and before a
+ * store whose wait ended with the consumers still far (the caller decides:
+ * the loader may be ending); done says how many ops were done. */
+static PyObject *pool_prefetch_deliver(PoolObject *self, PyObject *args) {
+  PyObject *positions, *ops_obj, *records;
+  PoolObject *reader;
   double timeout;
-  if (!PyArg_ParseTuple(args, "OOd", &positions, &records, &timeout)) return NULL;
+  if (!PyArg_ParseTuple(args, "OOOdO!", &positions, &ops_obj, &records, &timeout, &PoolType, &reader)) return NULL;
   if (!(timeout >= 0)) return PyErr_Format(PyExc_ValueError, "timeout must be >= 0 seconds, got %g", timeout);
+  if (reader == self) return PyErr_Format(PyExc_ValueError, "the reader must be another handle than the storer");
   Py_ssize_t n = 0;
   uint64_t *pos = positions_from(positions, &n);
   if (pos == NULL) return NULL;
-  PyObject *out = NULL;
+  PyObject *out = NULL, *data = NULL;
+  Py_buffer ops = {0};
   gathered g = {NULL, NULL, 0};
-  int *results = PyMem_Calloc((size_t)(n ? n : 1), sizeof *results);
-  if (results == NULL) {
+  int entered = 0;
+  uint64_t *a = PyMem_Calloc((size_t)(n ? n : 1), sizeof *a), *b = PyMem_Calloc((size_t)(n ? n : 1), sizeof *b);
+  int *code = PyMem_Calloc((size_t)(n ? n : 1), sizeof *code);
+  if (a == NULL || b == NULL || code == NULL) {
     PyErr_NoMemory();
     goto leave;
   }
+  if (PyObject_GetBuffer(ops_obj, &ops, PyBUF_SIMPLE) < 0) goto leave;
   if (gather(records, &g) < 0) goto leave;
-  if (g.n != n) {
-    PyErr_Format(PyExc_ValueError, "%zd positions but %zd records", n, g.n);
+  const uint8_t *op = ops.buf;
+  Py_ssize_t stores = 0;
+  for (Py_ssize_t j = 0; j < ops.len; j++) stores += op[j] == DELIVER_STORE;
+  if (ops.len != n || stores != g.n) {
+    PyErr_Format(PyExc_ValueError, "%zd positions, %zd ops (%zd stores) and %zd records: one op a position, "
+                 "one record a store", n, ops.len, stores, g.n);
     goto leave;
   }
   if (pool_enter(self) < 0) goto leave;
-  uint64_t ns = timeout > 1e9 ? UINT64_MAX : (uint64_t)(timeout * 1e9);
-  if (ns == 0) ns = 1; /* 0 would wait for good */
-  int rc = 0;
-  Py_ssize_t done = 0;
-  Py_BEGIN_ALLOW_THREADS for (; done < n && rc == 0; done++) {
-    const uint64_t near = pos[done] > OPT4_HEAD_BLOCK ? pos[done] - OPT4_HEAD_BLOCK : 0;
-    int result = OPT4_STORE_NOT_YET, reached = 0;
-    for (;;) {
-      /* Near: a store that waits (a consumer may wait for this item). */
-      uint64_t head = 0;
-      rc = opt4_pool_head(self->pool, &head);
-      if (rc == 0)
-        rc = head >= near ? opt4_pool_prefetch_store(self->pool, pos[done], &g.iov[done], 1, &result)
-                          : opt4_pool_prefetch_try_store(self->pool, pos[done], &g.iov[done], 1, &result);
-      if (rc != 0 || result != OPT4_STORE_NOT_YET) break;
-      rc = opt4_pool_wait_head(self->pool, near, ns, &reached);
-      if (rc != 0 || !reached) break;
-    }
-    if (rc == OPT4_EITEMSIZE) {
-      rc = 0;
-      result = -1;
-    }
-    if (rc != 0 || result == OPT4_STORE_NOT_YET) break;
-    results[done] = result;
+  if (pool_enter(reader) < 0) {
+    pool_leave(self);
+    goto leave;
   }
-  Py_END_ALLOW_THREADS pool_leave(self);
-  if (rc != 0) {
-    opt4py_raise(rc, "prefetch store");
+  entered = 1;
+  /* Room for every read's record, each at a 16-byte boundary (as read_batch's). */
+  uint64_t total = BATCH_ALIGN;
+  for (Py_ssize_t j = 0; j < n; j++) {
+    if (op[j] == DELIVER_STORE) continue;
+    uint64_t space = 0;
+    int rc = op[j] == DELIVER_READ ? opt4_pool_space(reader->pool, pos[j], &space) : OPT4_EINVAL;
+    if (rc != 0) {
+      opt4py_raise(rc, "prefetch deliver");
+      goto leave;
+    }
+    total += ALIGN_UP(space);
+  }
+  data = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total);
+  if (data == NULL) goto leave;
+  uint8_t *buf = (uint8_t *)PyByteArray_AS_STRING(data);
+  uint64_t used = ALIGN_UP((uintptr_t)buf) - (uintptr_t)buf;
+  const uint64_t ns = timeout > 1e9 ? UINT64_MAX : timeout * 1e9 < 1 ? 1 : (uint64_t)(timeout * 1e9);
+  int rc = 0;
+  Py_ssize_t done = 0, store = 0;
+  Py_BEGIN_ALLOW_THREADS for (; done < n; done++) {
+    if (op[done] == DELIVER_STORE) {
+      int result = 0;
+      rc = store_near(self->pool, pos[done], &g.iov[store], ns, &result);
+      if (rc != 0 || result == OPT4_STORE_NOT_YET) break;
+      code[done] = result;
+      store++;
+      continue;
+    }
+    opt4_get_result res;
+    rc = opt4_pool_get(reader->pool, pos[done], &pos[done], 1, buf + used, total - used, &res);
+    if (rc != 0) break;
+    if (res.status == OPT4_GET_HIT) {
+      code[done] = ENTRY_HIT;
+      a[done] = used;
+      b[done] = res.len;
+      used = ALIGN_UP(used + res.len);
+      continue;
+    }
+    code[done] = res.status == OPT4_GET_AGAIN ? ENTRY_AGAIN : res.status == OPT4_GET_DEFER ? ENTRY_DEFER : ENTRY_LOAD;
+    a[done] = res.status == OPT4_GET_LOAD ? res.reason : res.status == OPT4_GET_DEFER ? res.defer_to : 0;
+    done++; /* done: the caller loads it */
+    break;
+  }
+  Py_END_ALLOW_THREADS if (rc != 0) {
+    opt4py_raise(rc, "prefetch deliver");
     goto leave;
   }
   PyObject *list = PyList_New(done);
   if (list == NULL) goto leave;
-  for (Py_ssize_t j = 0; j < done; j++) PyList_SET_ITEM(list, j, PyLong_FromLong(results[j]));
-  out = Py_BuildValue("(nN)", done, list);
+  for (Py_ssize_t j = 0; j < done; j++) {
+    PyObject *t = Py_BuildValue("(iKK)", code[j], (unsigned long long)a[j], (unsigned long long)b[j]);
+    if (t == NULL) {
+      Py_DECREF(list);
+      goto leave;
+    }
+    PyList_SET_ITEM(list, j, t);
+  }
+  out = Py_BuildValue("(nON)", done, data, list);
 leave:
+  if (entered) {
+    pool_leave(reader);
+    pool_leave(self);
+  }
+  Py_XDECREF(data);
   if (g.iov != NULL) gathered_release(&g);
-  PyMem_Free(results);
+  if (ops.obj != NULL) PyBuffer_Release(&ops);
+  PyMem_Free(a);
+  PyMem_Free(b);
+  PyMem_Free(code);
   PyMem_Free(pos);
   return out;
 }
@@ -1003,9 +1082,9 @@ static PyMethodDef pool_methods[] = {
      "prefetch_claim(lookahead) -> (status, t, item, kind, space)"},
     {"prefetch_claim_at", (PyCFunction)pool_prefetch_claim_at, METH_O,
      "prefetch_claim_at(t) -> (status, t, item, kind, space): the miss at t itself"},
-    {"prefetch_store_many", (PyCFunction)pool_prefetch_store_many, METH_VARARGS,
-     "prefetch_store_many(positions, records, timeout) -> (done, results): claimed positions stored in "
-     "order without the GIL, sleeping on the consumers' progress while they are far"},
+    {"prefetch_deliver", (PyCFunction)pool_prefetch_deliver, METH_VARARGS,
+     "prefetch_deliver(positions, ops, records, timeout, reader) -> (done, data, results): claimed positions "
+     "stored and own positions read in order, without the GIL (a cluster node's transfer thread's delivery)"},
     {"prefetch_store", (PyCFunction)pool_prefetch_store, METH_VARARGS,
      "prefetch_store(t, parts, try_only=False) -> 1 handed over, 0 given up, -1 too large, "
      "2 not yet (try_only)"},
@@ -1106,7 +1185,9 @@ int opt4py_pool_init(PyObject *module) {
       PyModule_AddIntConstant(module, "ENTRY_AGAIN", ENTRY_AGAIN) < 0 ||
       PyModule_AddIntConstant(module, "STORE_NOT_STORED", STORE_NOT_STORED) < 0 ||
       PyModule_AddIntConstant(module, "STORE_STORED", STORE_STORED) < 0 ||
-      PyModule_AddIntConstant(module, "STORE_TOO_LARGE", STORE_TOO_LARGE) < 0)
+      PyModule_AddIntConstant(module, "STORE_TOO_LARGE", STORE_TOO_LARGE) < 0 ||
+      PyModule_AddIntConstant(module, "DELIVER_STORE", DELIVER_STORE) < 0 ||
+      PyModule_AddIntConstant(module, "DELIVER_READ", DELIVER_READ) < 0)
     return -1;
   return PyModule_AddFunctions(module, pool_functions);
 }

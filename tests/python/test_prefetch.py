@@ -266,8 +266,12 @@ def _pairs_pool(n: int) -> tuple[Any, Any]:
     return cache, _engine.pool_attach(cache.name)
 
 
-def test_prefetch_store_many_stores_in_order_as_the_consumers_come_near() -> None:
-    """The transfer thread's store of a window (pool.prefetch_store_many):
+def _record(obj: Any) -> bytes:
+    return b"".join(bytes(memoryview(p).cast("B")) for p in encode(obj))
+
+
+def test_prefetch_deliver_stores_in_order_as_the_consumers_come_near() -> None:
+    """A cluster node's transfer thread's stores (pool.prefetch_deliver):
     claimed positions stored in order in one call, each once the consumers
     come near it; a wait that ends with them still far returns what was
     done (none here), and a record larger than its space is -1, given to
@@ -278,48 +282,92 @@ def test_prefetch_store_many_stores_in_order_as_the_consumers_come_near() -> Non
     items = [f"item {i}".encode() * (1 + i % 5) for i in range(n)]
     items[75] = b"x" * 100_000  # larger than its page: too large to keep
     cache, pf = _pairs_pool(n)
+    reader = _engine.pool_attach(cache.name)
     try:
         claimed = list(range(n, 2 * n, 2))  # the ADMITs of items 50-99
         for t in claimed:
             assert pf.prefetch_claim_at(t)[0] == _engine.PREFETCH_CLAIMED
-        records = [b"".join(bytes(memoryview(p).cast("B")) for p in encode(items[t // 2])) for t in claimed]
+        records = [_record(items[t // 2]) for t in claimed]
+        stores = bytes([_engine.DELIVER_STORE]) * len(claimed)
         assert pf.head() == 0  # a look at the consumers' progress, which wait_head waits on
         t0 = time.monotonic()
-        assert pf.prefetch_store_many(claimed, records, 0.2) == (0, [])  # the consumers are at 0: far
+        assert pf.prefetch_deliver(claimed, stores, records, 0.2, reader)[::2] == (0, [])  # the consumers: far
         assert 0.15 < time.monotonic() - t0 < 10
-        with pytest.raises(ValueError, match="50 positions but 1 records"):
-            pf.prefetch_store_many(claimed, records[:1], 0.2)
-        got: list[tuple[int, list[int]]] = []
-        store = threading.Thread(target=lambda: got.append(pf.prefetch_store_many(claimed, records, 30)))
+        with pytest.raises(ValueError, match="50 positions, 50 ops .50 stores. and 1 records"):
+            pf.prefetch_deliver(claimed, stores, records[:1], 0.2, reader)
+        with pytest.raises(ValueError, match="another handle"):
+            pf.prefetch_deliver(claimed, stores, records, 0.2, pf)
+        got: list[tuple[int, bytearray, list[tuple[int, int, int]]]] = []
+        store = threading.Thread(target=lambda: got.append(pf.prefetch_deliver(claimed, stores, records, 30, reader)))
         store.start()
         with pytest.warns(RuntimeWarning, match="does not fit its space"):  # item 75, which its reader loads
             out = PlannedDataset(items, cache.name, 2 * n, n).__getitems__(list(range(2 * n)))
         store.join(30)
         assert out == [x for x in items for _ in range(2)]
-        done, results = got[0]
+        done, _, results = got[0]
         assert done == len(claimed)
+        assert results == [(-1 if t == 150 else _engine.STORE_DONE, 0, 0) for t in claimed]
         assert pf.head() == (2 * n - 1) // _engine.HEAD_BLOCK * _engine.HEAD_BLOCK  # the last read's block
         assert pf.wait_head(pf.head(), 0.01) and not pf.wait_head(pf.head() + 1, 0.01)
-        assert results == [-1 if t == 150 else _engine.STORE_DONE for t in claimed]
         st = cache.stats()
         assert st["prefetched"] == len(claimed) - 1 and st["timeouts"] == 0, st
     finally:
+        reader.close()
         pf.close()
         cache.close()
 
 
-def test_prefetch_store_many_returns_at_once_on_an_interrupted_handle() -> None:
-    """finish() interrupts the transfer thread's handle: a store_many whose
+def test_prefetch_deliver_reads_its_own_positions_between_its_stores() -> None:
+    """Reads and stores in position order in one call: a read is a
+    worker's (its record copied out as the pool holds it); a store waits
+    for the reads of what it replaces, the call's own reads among them (a
+    stored ADMIT is read at its own position too, as its consumer would). A
+    read the pool cannot serve (an ADMIT nobody stored) ends the call there,
+    for the caller to load it as a worker does."""
+    n = 4
+    items = [f"item {i}".encode() * 3 for i in range(n)]
+    cache, pf = _pairs_pool(n)  # 0 0 1 1 2 2 3 3 at capacity 1
+    reader = _engine.pool_attach(cache.name)
+    try:
+        for t in (2, 4, 6):
+            assert pf.prefetch_claim_at(t)[0] == _engine.PREFETCH_CLAIMED
+        S, R = _engine.DELIVER_STORE, _engine.DELIVER_READ
+        positions = [0, 1, 2, 2, 3, 4, 4, 5, 6, 6, 7]
+        ops = bytes([R, R, S, R, R, S, R, R, S, R, R])
+        records = [_record(items[k]) for k in (1, 2, 3)]
+        done, _, results = pf.prefetch_deliver(positions, ops, records, 10, reader)
+        assert (done, results) == (1, [(_engine.ENTRY_LOAD, _engine.REASON_ADMIT, 0)])  # item 0: nobody stored it
+        assert reader.store_batch([(0, encode(items[0]))]) == [_engine.STORE_STORED]  # as a worker commits it
+        t0 = time.monotonic()
+        done, data, results = pf.prefetch_deliver(positions[1:], ops[1:], records, 10, reader)
+        assert done == len(positions) - 1 and time.monotonic() - t0 < 5  # no store waited out the timeout
+        reads = [(t, r) for t, op, r in zip(positions[1:], ops[1:], results) if op == R]
+        assert [r[0] for _, r in reads] == [_engine.ENTRY_HIT] * len(reads)
+        assert [bytes(data[a:a + b]) for _, (_, a, b) in reads] == [_record(items[t // 2]) for t, _ in reads]
+        assert [r for op, r in zip(ops[1:], results) if op == S] == [(_engine.STORE_DONE, 0, 0)] * 3
+        st = cache.stats()
+        # The HITs (1, 3, 5, 7), and the ADMITs, prefetched but for the one loaded (a miss each).
+        assert st["hits"] == 4 and st["misses"] == 4 and st["prefetched"] == 3 and st["timeouts"] == 0, st
+    finally:
+        reader.close()
+        pf.close()
+        cache.close()
+
+
+def test_prefetch_deliver_returns_at_once_on_an_interrupted_handle() -> None:
+    """finish() interrupts the transfer thread's handle: a delivery whose
     consumers are far returns then, with nothing done."""
     cache, pf = _pairs_pool(40)
+    reader = _engine.pool_attach(cache.name)
     try:
         assert pf.prefetch_claim_at(70)[0] == _engine.PREFETCH_CLAIMED
         threading.Timer(0.3, pf.interrupt).start()
         t0 = time.monotonic()
-        assert pf.prefetch_store_many([70], [b"record"], 60) == (0, [])
+        assert pf.prefetch_deliver([70], bytes([_engine.DELIVER_STORE]), [b"record"], 60, reader)[::2] == (0, [])
         assert 0.2 < time.monotonic() - t0 < 10  # woken by the interrupt, not the 60 s
         pf.prefetch_release(70)
     finally:
+        reader.close()
         pf.close()
         cache.close()
 

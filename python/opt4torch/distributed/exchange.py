@@ -399,59 +399,62 @@ class Exchange:
         """Window k's items in one collective: every item has its room (its
         record's bound, which both sides know from the plan), so each pair's
         bytes are known before anything is sent. A pair's part is the
-        sender's closing flag (int64), its items' lengths (int64), then each
-        item in its room. A record larger than its room (one the pool would
-        not keep either) goes as length 0: lost, read from storage by its
-        reader, as a failed window's. Returns the bytes sent at once, with
-        the collective issued, and what waits for its end and gives the
-        records received (in the order of ``self._in.get(k)``) and each node's
-        closing flag."""
+        sender's closing flag (int64), its items' lengths (int64), the items
+        one after another, then zeros up to the sum of their rooms. A record
+        larger than its room (one the pool would not keep either) goes as
+        length 0: lost, read from storage by its reader, as a failed
+        window's. The part is packed by one join (a copy of each record),
+        and what came stays views of the one buffer received. Returns the
+        bytes sent at once, with the collective issued, and what waits for
+        its end and gives the records received (in the order of
+        ``self._in.get(k)``) and each node's closing flag."""
         import torch
 
         out: list[list[int]] = [[] for _ in range(self.world)]
         for d, _, _, r in self._out.get(k):
             out[d].append(r)
         counts = [8 + 8 * len(rs) + sum(rs) for rs in out]
-        send = np.zeros(sum(counts), dtype=np.uint8)
-        at, moved = 0, 0
+        pieces: list[Record] = []
+        moved = 0
         for bs, rs in zip(parts, out):
-            send[at:at + 8] = np.array([int(closing)], dtype=np.int64).view(np.uint8)
-            at += 8
-            lens = np.array([len(b) if len(b) <= r else 0 for b, r in zip(bs, rs)], dtype=np.int64)
-            send[at:at + 8 * lens.size] = lens.view(np.uint8)
-            at += 8 * lens.size
-            for b, r, n in zip(bs, rs, lens.tolist()):
-                if n:
-                    send[at:at + n] = np.frombuffer(b, dtype=np.uint8)
-                at += r
-            moved += int(lens.sum())
-            self.oversize += int((lens == 0).sum()) - sum(1 for b in bs if not b)
+            lens = [len(b) if len(b) <= r else 0 for b, r in zip(bs, rs)]
+            pieces.append(np.array([int(closing), *lens], dtype=np.int64).tobytes())
+            pieces.extend(b for b, n in zip(bs, lens) if n)
+            pieces.append(bytes(sum(rs) - sum(lens)))
+            moved += sum(lens)
+            self.oversize += sum(1 for b, n in zip(bs, lens) if b and not n)
+        send = bytearray().join(pieces)
         incoming = self._in.get(k)
         expect = [8] * self.world
-        for s, _, _, r in incoming:
+        rooms: list[list[int]] = [[] for _ in range(self.world)]
+        for s, _, _, r in incoming:  # by sender, as they arrive
             expect[s] += 8 + r
+            rooms[s].append(r)
         recv = torch.empty(sum(expect), dtype=torch.uint8)
-        buffers = (torch.from_numpy(send), recv)  # both kept until the collective ends
+        buffers = (torch.frombuffer(send, dtype=torch.uint8) if send else torch.empty(0, dtype=torch.uint8),
+                   recv)  # both kept until the collective ends
         work = self.groups.all_to_all(group, recv, buffers[0], expect, counts, wait=False)
 
         def received() -> tuple[list[Record], list[bool]]:
             work.wait()
             data = buffers[1].numpy()
-            view = memoryview(data)  # the records stay views of the one buffer received, not copies
+            view = memoryview(data)
             got: list[Record] = []
             heads: list[int] = []
             at = 0
             for s in range(self.world):
                 heads.append(int(data[at:at + 8].view(np.int64)[0]))
-                at += 8
-                rs = [r for src, _, _, r in incoming if src == s]
-                lens = data[at:at + 8 * len(rs)].view(np.int64).tolist()
-                at += 8 * len(rs)
-                for r, n in zip(rs, lens):
-                    if not 0 <= n <= r:
-                        raise ValueError(f"window {k}: group rank {s} sent an item of {n} bytes for a room of {r}")
-                    got.append(view[at:at + n])
-                    at += r
+                rs = np.asarray(rooms[s], dtype=np.int64)
+                lens = data[at + 8:at + 8 + 8 * rs.size].view(np.int64)
+                at += 8 + 8 * rs.size
+                bad = np.flatnonzero((lens < 0) | (lens > rs))
+                if bad.size:
+                    j = int(bad[0])
+                    raise ValueError(f"window {k}: group rank {s} sent an item of {int(lens[j])} bytes for a room "
+                                     f"of {int(rs[j])}")
+                starts = (at + np.cumsum(lens) - lens).tolist()
+                got.extend(view[a:a + n] for a, n in zip(starts, lens.tolist()))
+                at += int(rs.sum())
             return got, _flags(k, np.array(heads, dtype=np.int64))
 
         return moved, received

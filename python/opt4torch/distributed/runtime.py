@@ -339,65 +339,64 @@ class ClusterRuntime:
         with self._gate.busy():
             return record_of(self.dataset[int(self.plan.seq[i])], self.allow_pickle)
 
-    def _hand_over(self, items: list[tuple[int, Record]]) -> list[bool]:
-        """Store the claimed positions (with their records), in position
-        order with the others: a store waits for the reads of what it
-        replaces (pages, a staging slot), which only positions before it
-        hold. One call into C stores them without the GIL, sleeping on the
-        workers' progress while they are far from the next one; it comes
-        back every half second for this thread to look whether the loader
-        is ending. Whether each was handed over (False: given up, released,
-        or not claimed: its reader loads it)."""
-        done = [False] * len(items)
-        todo = [(j, i, r) for j, (i, r) in enumerate(items) if i in self._claims]
-        while todo:
+    def _do(self, ops: list[tuple[int, int, Record, str]]) -> None:
+        """A delivery's ops, (position, DELIVER_STORE or DELIVER_READ,
+        record (a read's: empty), what), in position order: a store waits for the reads of
+        what it replaces (pages, a staging slot), which only positions
+        before it hold, among them this thread's own reads (its SENDs, its
+        RECEIVEs, read as a worker reads them: counted, and owed to their
+        generation). One call into C does them without the GIL, sleeping on
+        the workers' progress while they are far from the next store; it
+        comes back every half second for this thread to look whether the
+        loader is ending. A SEND's record is kept as the pool holds it (a
+        view of the read's copy), never decoded and encoded again."""
+        ops = [o for o in ops if o[1] != _engine.DELIVER_STORE or o[0] in self._claims]
+        while ops:
             if self._ending():
-                # An ending loader's workers may read no further: one try each, no waiting on them.
-                for j, i, record in todo:
+                # An ending loader's workers read no further: a store is tried once, no read is made.
+                for i, _, record, what in (o for o in ops if o[1] == _engine.DELIVER_STORE):
                     r = self._pool.prefetch_store(i, [record], True)
                     if r == _engine.STORE_NOT_YET:
                         self._release([i])
                     else:
                         self._claims.discard(i)
-                        done[j] = r == _engine.STORE_DONE
-                return done
-            n, results = self._pool.prefetch_store_many([i for _, i, _ in todo], [r for _, _, r in todo], 0.5)
-            for (j, i, _), r in zip(todo, results):
-                self._claims.discard(i)
-                done[j] = r == _engine.STORE_DONE
-            todo = todo[n:]
-            if todo and self._stop.is_set():
-                self._release([i for _, i, _ in todo])
-                break
-        return done
+                        self.handed_over[what] += r == _engine.STORE_DONE
+                return
+            n, data, results = self._pool.prefetch_deliver(
+                [o[0] for o in ops], bytes(o[1] for o in ops),
+                [o[2] for o in ops if o[1] == _engine.DELIVER_STORE], 0.5, self._view_pool)
+            got = memoryview(data)
+            for (i, op, _, what), (code, a, b) in zip(ops, results):
+                if op == _engine.DELIVER_STORE:
+                    self._claims.discard(i)
+                    self.handed_over[what] += code == _engine.STORE_DONE
+                elif code == _engine.ENTRY_HIT:
+                    if what == "send":
+                        self._sent[i] = got[a:a + b]
+                elif (loaded := self._missed(i, code, a, keep=what == "send")) is not None:
+                    self._sent[i] = loaded
+            ops = ops[n:]
+            if ops and self._stop.is_set():
+                self._release([o[0] for o in ops if o[1] == _engine.DELIVER_STORE])
+                return
 
-    def _read_send(self, i: int) -> None:
-        self.own_sends += 1  # a HIT of the plan: counted in the pool's hits
-        record = self._read_own(i, keep=True)
-        assert record is not None
-        self._sent[i] = record
-
-    def _read_own(self, i: int, keep: bool) -> Record | None:
-        """Read node-plan position i (a SEND, or a RECEIVE just stored) as a
-        worker reads it: counted in the pool's hits, and owed to its
-        generation. The record comes as the pool holds it (a view of the
-        read's copy), never decoded and encoded again. Where the pool does
-        not hold it (a store given up), it is loaded from storage when
-        ``keep`` (a SEND's, to send) or when its position is an ADMIT (its
-        reader then stores it, as a worker does), else not at all."""
-        data, entries = self._view_pool.read_batch([i])
-        status, _, a, b = entries[0]
-        if status == _engine.ENTRY_HIT:
-            return memoryview(data)[a:a + b]
+    def _missed(self, i: int, status: int, reason: int, keep: bool) -> Record | None:
+        """Its own position i read as not held (a store given up): loaded
+        from storage when ``keep`` (a SEND's record, to send) or when i is an
+        ADMIT (then stored, as a worker does), else not at all."""
         if status != _engine.ENTRY_LOAD:  # one position alone: neither deferred nor served later
             raise RuntimeError(f"node-plan position {i} was read as status {status}: the pool does not hold "
                                "this node's plan")
-        if a != _engine.REASON_ADMIT and not keep:
+        if reason != _engine.REASON_ADMIT and not keep:
             return None
         record = self._load(i)
-        if a == _engine.REASON_ADMIT:
+        if reason == _engine.REASON_ADMIT:
             self._view_pool.store_batch([(i, [record])])
-        return record
+        return record if keep else None
+
+    def _read_send(self, i: int) -> None:
+        self.own_sends += 1  # a HIT of the plan: counted in the pool's hits
+        self._do([(i, _engine.DELIVER_READ, b"", "send")])
 
     def _send_record(self, i: int) -> Record:
         if i not in self._sent:
@@ -408,47 +407,40 @@ class ClusterRuntime:
                  then: Callable[[], T] | None = None) -> T | None:
         """Everything window k + 1 gets from this thread, in position order:
         its forwards, and what window k's collective brought; and the reads
-        of its SENDs, kept for window k + 1's collective. The stores between
-        two reads go into C as one call. Returns what ``then()`` returns,
-        called once those reads are done."""
+        of its SENDs, kept for window k + 1's collective: one call into C
+        (:meth:`_do`), or two when ``then()`` is called once those reads are
+        done (it returns what that returns)."""
+        STORE, READ = _engine.DELIVER_STORE, _engine.DELIVER_READ
         incoming = {i: (self.exchange.take(i) if ok else None) for i in self.exchange.incoming(k)}
         sends = set(self._sends.pop(k + 1, []))
         last_send = max(sends, default=-1)
         done: T | None = None
-        stores: list[tuple[int, Record]] = []
-        kinds: list[str] = []
-
-        def store() -> None:
-            for kind, ok in zip(kinds, self._hand_over(stores)):
-                self.handed_over[kind] += ok
-            stores.clear()
-            kinds.clear()
-
+        ops: list[tuple[int, int, Record, str]] = []
         for i in sorted([*forwards, *incoming, *sends]):
             if then is not None and i > last_send:
-                store()
+                self._do(ops)
+                ops = []
                 done, then = then(), None
             if i in sends:
-                store()
                 if not self._ending():  # read for a collective an ending loader never runs
-                    self._read_send(i)
+                    self.own_sends += 1  # a HIT of the plan: counted in the pool's hits
+                    ops.append((i, READ, b"", "send"))
             elif i in forwards:
-                stores.append((i, forwards[i]))
-                kinds.append("forward")
+                ops.append((i, STORE, forwards[i], "forward"))
             elif i in self._receive:
-                store()  # before a load from storage, which the workers may not wait for
                 record = incoming[i]
-                stores.append((i, record if record is not None else self._load(i)))
-                kinds.append("receive")
-                store()
-                if not self._ending():  # an ending loader's reads are over
-                    self._read_own(i, keep=False)  # its read, as a worker's: the generation owes it
+                if record is None:  # its window failed: loaded here, after what comes before it
+                    self._do(ops)
+                    ops = []
+                    record = self._load(i)
+                ops.append((i, STORE, record, "receive"))
+                if not self._ending():  # its read, as a worker's: the generation owes it
+                    ops.append((i, READ, b"", "receive"))
             elif (peer := incoming[i]) is not None:
-                stores.append((i, peer))
-                kinds.append("peer")
+                ops.append((i, STORE, peer, "peer"))
             else:
                 self._release([i])
-        store()
+        self._do(ops)
         return then() if then is not None else done
 
     def _release(self, positions: list[int]) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import _engine
 from ..io.forksafe import ForkGate
-from ..planning.sizing import CODEC_MARGIN
+from ..planning.sizing import CODEC_MARGIN, PREFETCH_MAX_THREADS
 from ..planning.cluster import FROM_PEER, RECEIVE, SEND, WORKER, NodePlan
 from .exchange import Exchange, NodeTransfers, Record, Window, record_of
 from .follower import plan_keys
@@ -55,7 +55,7 @@ class ClusterRuntime:
     def __init__(self, transfers: NodeTransfers, node_plan: NodePlan, pool_name: str, dataset: Any, *,
                  allow_pickle: bool = False, group: Any = None, peers: list[int] | None = None,
                  storage_sizes: np.ndarray | None = None, timeout: float = 60.0,
-                 epoch_starts: list[int] | None = None) -> None:
+                 epoch_starts: list[int] | None = None, readers: int = PREFETCH_MAX_THREADS) -> None:
         import torch.distributed as dist
 
         self.plan, self.dataset, self.allow_pickle = node_plan, dataset, allow_pickle
@@ -94,11 +94,12 @@ class ClusterRuntime:
         # gets (its forwards, and what the collective brought), at its pace.
         self._turns = sorted(set(self.exchange.windows) | {w - 1 for w in self._forwards})
         self._pace, self._end = turn_paces(p, self._turns, epoch_starts)
-        #: Threads reading forwards from storage at once. A first epoch's
-        #: window has most of a node's reads as forwards (92 of 128 in
-        #: bench/cluster.py); at 8 threads and 10 ms a read their wait was a
-        #: third of the transfer thread's time (bench/RESULTS.md).
-        self.readers = 32
+        #: Threads reading forwards from storage at once: the loader's
+        #: prefetch_max_threads, the bound its storage prefetcher has. A first
+        #: epoch's window has most of a node's reads as forwards (92 of 128 in
+        #: bench/cluster.py); at 32 threads and 10 ms a read the first epoch
+        #: took 1.3x per-node OPT's, at 64 as long (bench/RESULTS.md).
+        self.readers = int(readers)
         self._view_pool: Any = None  # the thread's handle for reads of its own positions
         self.timeout = float(timeout)  # a collective's, at most
         # Workers that are not persistent are forked every epoch while the

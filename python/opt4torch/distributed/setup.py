@@ -287,10 +287,11 @@ def _epoch_lengths(sampler: Any, epochs: int) -> list[int]:
 
 
 def cluster_pool(c: ClusterSetup, dataset: Any, *, allow_pickle: bool, wait_timeout: float,
-                 staging: int | None, timeout: float) -> OPTCache:
+                 staging: int | None, timeout: float, readers: int) -> OPTCache:
     """This node's pool: made by the node's leader, with its transfers
     (claimed before any prefetcher's), attached by the node's other ranks,
-    which follow the leader's transfers."""
+    which follow the leader's transfers. ``readers``: the threads the
+    leader's transfer thread reads forwards from storage with."""
     import torch.distributed as dist
 
     plan = c.plan
@@ -313,7 +314,7 @@ def cluster_pool(c: ClusterSetup, dataset: Any, *, allow_pickle: bool, wait_time
             cache.transfers = ClusterRuntime(
                 c.transfers, c.node_plan, cache.name, dataset, allow_pickle=allow_pickle, group=c.exchange_group,
                 peers=c.peers, storage_sizes=c.storage_sizes, timeout=timeout,
-                epoch_starts=[int(s[0]) for s in c.starts if s.size])
+                epoch_starts=[int(s[0]) for s in c.starts if s.size], readers=readers)
         dist.all_gather_object(name, cache.name if cache is not None else None, group=c.group)
     finally:  # the node's ranks mapped its share before this gather
         remove_share(c.share)

@@ -358,7 +358,7 @@ def build_cluster(dataset: Any, o: Options) -> Built:
                       item_bytes=o.item_bytes, page_size=o.page_size, allow_pickle=o.allow_pickle, window=window,
                       timeout=timeout, alone=o.cluster_alone, progress=o.progress, probe=probe_item_bytes)
     cache = cluster_pool(c, dataset, allow_pickle=o.allow_pickle, wait_timeout=o.wait_timeout,
-                         staging=o.staging_slots, timeout=timeout)
+                         staging=o.staging_slots, timeout=timeout, readers=int(o.prefetch_max_threads))
     seed = None if o.sampler is not None else (0 if o.seed is None else int(o.seed))  # cluster_setup's
     return Built(cache=cache, starts=c.starts, own=c.own, floors=c.floors, seed=seed, seed_drawn=False,
                  group=None, replan=None, cluster_plan=c.cp, node=c.node, node_plan=c.node_plan,

@@ -92,7 +92,8 @@ class DataLoader(Checkpoints, Replans, tud.DataLoader[Any]):
         a second times a read's time, twice over), grows by half again
         whenever they load misses themselves, and goes down when they need
         a quarter of it or less; at most ``prefetch_max_threads`` (default 64; equal to
-        ``prefetch_threads`` for a fixed count). ``lookahead`` bounds how far
+        ``prefetch_threads`` for a fixed count; with ``cluster=True`` also the
+        threads the transfer thread reads forwards with). ``lookahead`` bounds how far
         ahead, in positions, and
         ``staging_slots`` how many items that bypass the cache may wait in
         its staging ring (each takes one cached item's space). ``spare_pages``
